@@ -1,0 +1,13 @@
+// Built when the toolchain has no CUDA: every CUDA request fails with a clear message.
+#include "core/tensor.h"
+
+namespace mt::device_mem {
+
+[[noreturn]] static void no_cuda() { MT_THROW("this moetrain was built without CUDA; use --device cpu"); }
+void* cuda_alloc(size_t) { no_cuda(); }
+void cuda_free(void*) {}
+void cuda_copy(void*, Device, const void*, Device, size_t) { no_cuda(); }
+void cuda_memset0(void*, size_t) { no_cuda(); }
+bool cuda_available() { return false; }
+
+}  // namespace mt::device_mem

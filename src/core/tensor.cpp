@@ -1,0 +1,183 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace mt {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Tensor::Tensor(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype, Device device)
+    : owner_(std::move(owner)), data_(data), shape_(std::move(shape)), dtype_(dtype), device_(device) {
+  for (int64_t d : shape_) MT_CHECK(d >= 0, "negative dim in shape ", shape_str(shape_));
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  void* p = device_mem::alloc(device, bytes == 0 ? 1 : bytes);
+  std::shared_ptr<void> owner(p, [device](void* q) { device_mem::free(device, q); });
+  return Tensor(owner, p, shape, dtype, device);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.zero_();
+  return t;
+}
+
+int64_t Tensor::size(int64_t d) const {
+  int64_t n = dim();
+  if (d < 0) d += n;
+  MT_CHECK(d >= 0 && d < n, "dim ", d, " out of range for ", desc());
+  return shape_[size_t(d)];
+}
+
+Tensor Tensor::view(const Shape& shape) const {
+  Shape s = shape;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == -1) {
+      MT_CHECK(infer < 0, "view ", shape_str(shape), " has two -1 dims");
+      infer = int64_t(i);
+    } else {
+      known *= s[i];
+    }
+  }
+  if (infer >= 0) {
+    MT_CHECK(known > 0 && numel() % known == 0, "cannot view ", desc(), " as ", shape_str(shape));
+    s[size_t(infer)] = numel() / known;
+  }
+  MT_CHECK(shape_numel(s) == numel(), "cannot view ", desc(), " as ", shape_str(shape));
+  return Tensor(owner_, data_, s, dtype_, device_);
+}
+
+Tensor Tensor::rows(int64_t start, int64_t len) const {
+  MT_CHECK(dim() >= 1 && start >= 0 && len >= 0 && start + len <= shape_[0], "rows(", start, ", ", len,
+           ") out of range for ", desc());
+  Shape s = shape_;
+  s[0] = len;
+  size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / size_t(shape_[0]);
+  return Tensor(owner_, static_cast<char*>(data_) + size_t(start) * row_bytes, s, dtype_, device_);
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == device_) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return *this;
+  MT_CHECK(is_cpu(), "dtype conversion of ", desc(), " is CPU-only here");
+  Tensor out = empty(shape_, dtype, Device::CPU);
+  int64_t n = numel();
+  auto load = [&](int64_t i) -> double {
+    switch (dtype_) {
+      case DType::F32: return static_cast<const float*>(data_)[i];
+      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data_)[i]);
+      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data_)[i]);
+      case DType::I32: return static_cast<const int32_t*>(data_)[i];
+      case DType::I64: return double(static_cast<const int64_t*>(data_)[i]);
+    }
+    return 0;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    double v = load(i);
+    switch (dtype) {
+      case DType::F32: static_cast<float*>(out.raw())[i] = float(v); break;
+      case DType::BF16: static_cast<uint16_t*>(out.raw())[i] = f32_to_bf16(float(v)); break;
+      case DType::F16: static_cast<uint16_t*>(out.raw())[i] = f32_to_f16(float(v)); break;
+      case DType::I32: static_cast<int32_t*>(out.raw())[i] = int32_t(v); break;
+      case DType::I64: static_cast<int64_t*>(out.raw())[i] = int64_t(v); break;
+    }
+  }
+  return out;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  MT_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy_from ", src.desc(), " into ", desc());
+  device_mem::copy(data_, device_, src.data_, src.device_, nbytes());
+}
+
+void Tensor::zero_() { device_mem::memset0(data_, device_, nbytes()); }
+
+void Tensor::fill_(float value) {
+  MT_CHECK(is_cpu() && dtype_ == DType::F32, "fill_ needs a CPU f32 tensor, got ", desc());
+  float* p = data<float>();
+  for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = value;
+}
+
+std::string Tensor::desc() const {
+  return str(dtype_name(dtype_), shape_str(shape_), " ", device_name(device_));
+}
+
+void check_shape(const Tensor& t, const Shape& want, const char* what) {
+  MT_CHECK(t.shape() == want, what, " has shape ", shape_str(t.shape()), ", expected ", shape_str(want));
+}
+
+void check_dtype(const Tensor& t, DType want, const char* what) {
+  MT_CHECK(t.dtype() == want, what, " has dtype ", dtype_name(t.dtype()), ", expected ", dtype_name(want));
+}
+
+void check_same_device(std::initializer_list<const Tensor*> ts, const char* op) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t || t->numel() == 0) continue;
+    if (!first) first = t;
+    MT_CHECK(t->device() == first->device(), op, ": tensors on different devices: ", first->desc(), " and ",
+             t->desc());
+  }
+}
+
+namespace device_mem {
+void* cuda_alloc(size_t bytes);
+void cuda_free(void* p);
+void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void cuda_memset0(void* p, size_t bytes);
+
+void* alloc(Device d, size_t bytes) {
+  if (d == Device::CUDA) return cuda_alloc(bytes);
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  MT_CHECK(p != nullptr, "out of host memory allocating ", bytes, " bytes");
+  return p;
+}
+
+void free(Device d, void* p) {
+  if (d == Device::CUDA) return cuda_free(p);
+  std::free(p);
+}
+
+void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::CPU && src_dev == Device::CPU) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  cuda_copy(dst, dst_dev, src, src_dev, bytes);
+}
+
+void memset0(void* p, Device d, size_t bytes) {
+  if (bytes == 0) return;
+  if (d == Device::CUDA) return cuda_memset0(p, bytes);
+  std::memset(p, 0, bytes);
+}
+}  // namespace device_mem
+
+}  // namespace mt

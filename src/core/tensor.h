@@ -1,0 +1,103 @@
+// Tensor: a typed, shaped view of memory on one device. Tensors are always contiguous row-major
+// (the last dim varies fastest); views (reshape, a range of rows) share the storage and keep it
+// alive. Storage is reference counted and may be owned (allocated here), borrowed from an arena,
+// or mapped from a file; the tensor does not care which.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace mt {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);  // "[2, 3, 4]"
+int64_t shape_numel(const Shape& s);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Wraps memory kept alive by `owner` (may be null for memory the caller keeps alive).
+  Tensor(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype, Device device);
+
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+
+  bool defined() const { return data_ != nullptr || numel() == 0; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim() const { return int64_t(shape_.size()); }
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool is_cpu() const { return device_ == Device::CPU; }
+
+  void* raw() const { return data_; }
+  template <class T>
+  T* data() const;  // checks that T matches dtype
+
+  // Same storage, new shape with the same number of elements; one dim may be -1.
+  Tensor view(const Shape& shape) const;
+  // Rows [start, start+len) along dim 0; shares storage.
+  Tensor rows(int64_t start, int64_t len) const;
+  // Deep copy (same device) and conversion (CPU only for non-f32 conversions).
+  Tensor clone() const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device) const;
+  void copy_from(const Tensor& src);  // same shape and dtype; any devices
+  void zero_();
+  void fill_(float value);  // f32 only
+
+  std::string desc() const;  // "f32[2, 3] cpu"
+
+ private:
+  std::shared_ptr<void> owner_;
+  void* data_ = nullptr;
+  Shape shape_;
+  DType dtype_ = DType::F32;
+  Device device_ = Device::CPU;
+};
+
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> { static constexpr DType value = DType::F32; };
+template <>
+struct DTypeOf<int32_t> { static constexpr DType value = DType::I32; };
+template <>
+struct DTypeOf<int64_t> { static constexpr DType value = DType::I64; };
+template <>
+struct DTypeOf<uint16_t> { static constexpr DType value = DType::BF16; };  // bf16 or f16 bits
+
+template <class T>
+T* Tensor::data() const {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    MT_CHECK(dtype_ == DType::BF16 || dtype_ == DType::F16, "16-bit access to ", desc());
+  } else {
+    MT_CHECK(dtype_ == DTypeOf<T>::value, "tensor ", desc(), " accessed as ", dtype_name(DTypeOf<T>::value));
+  }
+  return static_cast<T*>(data_);
+}
+
+// Argument checks used by ops: shape, dtype, device, with the tensor's role in the message.
+void check_shape(const Tensor& t, const Shape& want, const char* what);
+void check_dtype(const Tensor& t, DType want, const char* what);
+void check_same_device(std::initializer_list<const Tensor*> ts, const char* op);
+
+// Device memory hooks: the CPU versions live in tensor.cpp; the CUDA versions are compiled from
+// backend/cuda/memory.cu when the build has CUDA, or backend/cuda/memory_stub.cpp otherwise.
+namespace device_mem {
+void* alloc(Device d, size_t bytes);
+void free(Device d, void* p);
+void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void memset0(void* p, Device d, size_t bytes);
+bool cuda_available();  // true when built with CUDA and a GPU is visible
+}  // namespace device_mem
+
+}  // namespace mt

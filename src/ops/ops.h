@@ -1,0 +1,139 @@
+// The op interface: one signature per op, implemented by every backend (backend/cpu now,
+// backend/cuda next). The model calls only these.
+//
+// Contracts (as in llm.c):
+//   - all float tensors are f32 on CPU; tensors are contiguous row-major;
+//   - parameter gradients use += (they accumulate over micro-batches and branches);
+//   - activation gradients use = unless the argument says "+=";
+//   - outputs are preallocated by the caller with the documented shape; ops check shapes and
+//     dtypes and fail with the tensor's role, its shape and the expected shape.
+//
+// Shape letters: T tokens (B*S flattened, batch-major), B batch, S sequence length, D hidden,
+// V vocab, H query heads, G key/value heads, Hd head dim, N rows of any kind, E experts, K top-k,
+// F expert hidden dim, R = T*K dispatched rows, I linear input dim, O linear output dim.
+#pragma once
+#include <cstdint>
+#include <span>
+
+#include "core/tensor.h"
+
+namespace mt::ops {
+
+// ---- GEMM and linear layers (HF weight layout: w_OI is [out, in]) ----
+// y_TO = x_TI @ w_OI^T
+void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
+// dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += dy_TO^T @ x_TI. dx may be null.
+void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
+                Tensor& dw_OI);
+
+// ---- embedding: ids_T is i64, each in [0, V) (checked) ----
+void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);  // dtable +=
+
+// ---- RMSNorm over the last dim: y = w * x / sqrt(mean(x^2) + eps), fp64 accumulation ----
+// Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N is saved for backward.
+void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
+void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
+                  Tensor& dw_D);  // dx =, dw +=
+
+// ---- RoPE, rotate-half form, in place on x_TNHd ([T, heads, Hd]); pos_T is i32 ----
+// inv_freq[i] = theta^(-2i/Hd) for i < Hd/2; angle = pos * inv_freq[i];
+// out[..., i] = x[i] cos - x[i + Hd/2] sin; out[..., i + Hd/2] = x[i + Hd/2] cos + x[i] sin.
+void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta);
+void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta);  // applies the inverse rotation
+
+// ---- causal grouped-query attention over B sequences of length S (T = B*S) ----
+// q_THHd [T, H, Hd], k_TGHd/v_TGHd [T, G, Hd], H % G == 0, query head h uses kv head h / (H/G).
+// scale = 1/sqrt(Hd). out_THHd [T, H, Hd]; lse_TH [T, H] = log-sum-exp of the scaled scores (saved).
+void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
+                   Tensor& out_THHd, Tensor& lse_TH);
+// dq =, dk =, dv =
+void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
+                   const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd,
+                   Tensor& dk_TGHd, Tensor& dv_TGHd);
+
+// ---- router: probs = softmax(logits) in fp32 (fp64 accumulation); top-k by probability ----
+// Ties are broken by the lower expert index (as torch.topk on CPU does for equal values in practice).
+// topk_idx_TK is i32, sorted by descending probability; topk_w_TK are the probabilities, divided by
+// their sum when norm_topk.
+void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
+                Tensor& topk_w_TK);
+// dlogits_TE = softmax-backward of dP, where dP = (d of the top-k weights through the optional
+// renormalisation, scattered to their experts) + dprobs_TE (extra gradient on all probabilities,
+// e.g. from the aux loss; may be null). dlogits =.
+void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
+                bool norm_topk, Tensor& dlogits_TE);
+
+// ---- load-balancing aux loss (transformers' load_balancing_loss_func) ----
+// Router rows of all sparse layers are pooled as one set of N rows. counts_E (i64) += number of
+// top-k assignments to each expert in topk_idx_TK.
+void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E);
+// sums_E (f32 [E]) += column sums of probs_TE, accumulated in fp64 within the call.
+void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E);
+// aux = E * sum_e (counts_e / N) * (sums_e / N)
+double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N);
+// dprobs_TE += dloss * E * counts_e / N^2 for every row (gradient flows through P only)
+void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE);
+
+// ---- token permutation by expert (dropless) ----
+// Assignment a = t*K + k (token t's k-th choice). The dispatch order sorts assignments by expert,
+// stably (so within an expert, by a). Outputs (all i32 except offsets):
+//   offsets_E1 [E+1] i64: rows of expert e are [offsets[e], offsets[e+1]);
+//   assign_of_row_R [R]: the assignment in dispatched row r;
+//   row_of_assign_TK [T, K]: the dispatched row of assignment (t, k).
+void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,
+                        Tensor& row_of_assign_TK);
+// xp_RD[r] = x_TD[assign_of_row[r] / K]
+void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD);
+// dx_TD += scatter of dxp_RD back to tokens
+void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD);
+// y_TD[t] = sum_k w_TK[t,k] * yp_RD[row_of_assign[t,k]]   (y =)
+void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD);
+// dyp_RD[row(t,k)] = w[t,k] * dy[t]  (=);  dw_TK[t,k] = <dy[t], yp[row(t,k)]>  (=)
+void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                   Tensor& dyp_RD, Tensor& dw_TK);
+
+// ---- SwiGLU: gu_N2F holds [gate | up] along the last dim; h = silu(gate) * up ----
+void swiglu_fwd(const Tensor& gu_N2F, Tensor& h_NF);
+void swiglu_bwd(const Tensor& dh_NF, const Tensor& gu_N2F, Tensor& dgu_N2F);  // dgu =
+
+// ---- experts, grouped form: one GEMM chain per expert over its contiguous dispatched rows ----
+// w_gate_up_E2FD [E, 2F, D] (rows [0,F) gate, [F,2F) up), w_down_EDF [E, D, F].
+// gu_R2F = xp @ w_gate_up[e]^T; h_RF = swiglu(gu); yp_RD = h @ w_down[e]^T. gu and h are saved.
+void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                 const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
+// dxp =, dw_gate_up +=, dw_down +=
+void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                 const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+
+// ---- experts, reference form: a plain loop over experts and the tokens routed to each ----
+// y_TD = sum_k w_TK[t,k] * expert_{idx[t,k]}(x_TD[t]); no permutation, no saved state.
+void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                     const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD);
+// dx =, dw_TK =, dw_gate_up +=, dw_down += (recomputes what it needs)
+void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                     const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+
+// ---- cross-entropy with ignore index -100 (labels_T i64, already aligned with logits rows) ----
+// Returns the sum over valid rows of (lse - logit[label]) in fp64; lse_T is saved; *n_valid = rows
+// whose label != -100. Labels outside [0, V) other than -100 are an error naming the row and value.
+double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid);
+// dlogits_TV = scale * (softmax - onehot(label)) for valid rows, 0 for ignored rows (=)
+void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, float scale,
+                       Tensor& dlogits_TV);
+
+// ---- optimizer and gradient utilities ----
+struct AdamWHyper {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  int64_t step = 1;  // 1-based step count after this update (for bias correction)
+};
+// torch.optim.AdamW semantics (decoupled decay p *= 1 - lr*wd first), with g read as grad_scale*g.
+void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale);
+double sum_squares(const Tensor& x);  // fp64 accumulation
+void scale_(Tensor& x, float s);
+void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
+bool all_finite(const Tensor& x);
+
+}  // namespace mt::ops

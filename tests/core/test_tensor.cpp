@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include "core/arena.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+using namespace mt;
+
+TEST(Tensor, ViewRowsAndClone) {
+  Tensor t = Tensor::zeros({4, 3});
+  float* p = t.data<float>();
+  for (int i = 0; i < 12; ++i) p[i] = float(i);
+  Tensor r = t.rows(1, 2);
+  EXPECT_EQ(r.shape(), (Shape{2, 3}));
+  EXPECT_EQ(r.data<float>()[0], 3.0f);
+  Tensor v = t.view({-1, 6});
+  EXPECT_EQ(v.shape(), (Shape{2, 6}));
+  Tensor c = t.clone();
+  c.data<float>()[0] = 42;
+  EXPECT_EQ(p[0], 0.0f);
+  EXPECT_THROW(t.view({5, -1}), Error);
+  EXPECT_THROW(t.rows(3, 2), Error);
+  EXPECT_THROW(t.data<int32_t>(), Error);
+}
+
+TEST(Tensor, DtypeRoundTrip) {
+  Tensor t = Tensor::empty({5});
+  float vals[5] = {1.0f, -2.5f, 3.140625f, 0.0f, 65504.0f};
+  for (int i = 0; i < 5; ++i) t.data<float>()[i] = vals[i];
+  Tensor b = t.to(DType::BF16).to(DType::F32);
+  Tensor h = t.to(DType::F16).to(DType::F32);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(h.data<float>()[i], vals[i]);
+    EXPECT_NEAR(b.data<float>()[i], vals[i], std::abs(vals[i]) / 128);
+  }
+  EXPECT_EQ(f32_to_bf16(1.00390625f), f32_to_bf16(1.0f));  // ties to even
+  EXPECT_EQ(f16_to_f32(f32_to_f16(1e-7f)), f16_to_f32(2));  // subnormal rounds to nearest
+}
+
+TEST(Arena, AlignsAndReportsOverflow) {
+  Arena a(1024);
+  Tensor x = a.alloc({3});
+  Tensor y = a.alloc({3});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(y.raw()) % 256, 0u);
+  EXPECT_NE(x.raw(), y.raw());
+  try {
+    a.alloc({1000});
+    FAIL() << "expected overflow";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("arena out of memory"), std::string::npos);
+  }
+  a.reset();
+  EXPECT_EQ(a.alloc({3}).raw(), x.raw());
+  EXPECT_GE(a.peak(), 256u + 12u);
+}
+
+TEST(Rng, DeterministicAndRoughlyNormal) {
+  Rng a(7), b(7);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(a.next_u64(), b.next_u64());
+  Rng r(1);
+  double s = 0, s2 = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    double z = r.normal();
+    s += z;
+    s2 += z * z;
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.03);
+  EXPECT_NEAR(s2 / n, 1.0, 0.05);
+}
