@@ -1,0 +1,53 @@
+// ModelConfig: the Qwen3-MoE / Qwen3 architecture hyper-parameters, read from and written to a
+// Hugging Face config.json, plus the built-in presets of DESIGN.md (tiny, demo, bench-4L,
+// qwen3-30b-a3b). Dense Qwen3 is the same model with num_experts = 0.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct ModelConfig {
+  std::string architecture = "Qwen3MoeForCausalLM";  // or "Qwen3ForCausalLM" (dense)
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;            // D
+  int64_t num_hidden_layers = 0;      // L
+  int64_t num_attention_heads = 0;    // H
+  int64_t num_key_value_heads = 0;    // G
+  int64_t head_dim = 0;               // Hd (config.json may omit it: hidden_size / heads)
+  int64_t intermediate_size = 0;      // dense MLP hidden dim (dense layers)
+  int64_t moe_intermediate_size = 0;  // F
+  int64_t num_experts = 0;            // E (0 = dense model)
+  int64_t num_experts_per_tok = 0;    // K
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  bool norm_topk_prob = true;
+  bool output_router_logits = false;  // adds router_aux_loss_coef * aux to the loss
+  double router_aux_loss_coef = 0.001;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  int64_t max_position_embeddings = 32768;
+  bool tie_word_embeddings = false;
+  double initializer_range = 0.02;
+  int64_t bos_token_id = -1, eos_token_id = -1;  // -1 = absent
+
+  bool is_sparse_layer(int64_t layer) const;  // transformers' rule (decoder_sparse_step, mlp_only_layers)
+  int64_t num_parameters() const;             // all parameters (tied embedding counted once)
+  int64_t active_matmul_parameters() const;   // per token: attention + active experts/dense MLP + lm_head
+  void validate() const;                      // throws mt::Error naming the field, value and rule
+};
+
+// Parses config.json text / file. Accepts the field spellings of the Hub configs and of current
+// transformers (e.g. rope_theta at top level or inside rope_parameters / rope_scaling).
+// Unknown architectures are an error naming the architecture and the supported ones.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& origin = "config.json");
+ModelConfig load_model_config(const std::string& path);  // path to config.json or a model directory
+std::string model_config_to_json(const ModelConfig& c);   // transformers-loadable config.json text
+void save_model_config(const ModelConfig& c, const std::string& path);
+
+// Built-in presets: "tiny", "demo", "bench-4L", "qwen3-30b-a3b". Unknown name: error listing them.
+ModelConfig preset_model_config(const std::string& name);
+std::vector<std::string> preset_names();
+
+}  // namespace mt
