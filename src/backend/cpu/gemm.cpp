@@ -1,0 +1,32 @@
+// Row-major sgemm over OpenBLAS (see gemm.h). Dimensions are checked against int, the index type of
+// the CBLAS interface, so that a huge matrix fails loudly instead of wrapping around.
+#include "backend/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <climits>
+
+#include "core/error.h"
+
+namespace mt::cpu {
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  MT_CHECK(M >= 0 && N >= 0 && K >= 0, "sgemm sizes M=", M, " N=", N, " K=", K);
+  for (int64_t d : {M, N, K, lda, ldb, ldc})
+    MT_CHECK(d <= INT_MAX, "sgemm dimension ", d, " exceeds the BLAS int range");
+  if (M == 0 || N == 0) return;
+  MT_CHECK(ldc >= N, "sgemm ldc=", ldc, " < N=", N);
+  MT_CHECK(lda >= (trans_a ? M : K) && lda >= 1, "sgemm lda=", lda, " too small");
+  MT_CHECK(ldb >= (trans_b ? K : N) && ldb >= 1, "sgemm ldb=", ldb, " too small");
+  if (K == 0) {
+    // BLAS would do this too, but some builds read A/B anyway; do it by hand to be safe.
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+}  // namespace mt::cpu

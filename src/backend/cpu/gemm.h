@@ -1,0 +1,16 @@
+// Row-major single-precision GEMM for the CPU backend, a thin wrapper over OpenBLAS's cblas_sgemm.
+// Every CPU op that multiplies matrices goes through here so that the BLAS choice lives in one file.
+#pragma once
+#include <cstdint>
+
+namespace mt::cpu {
+
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, all row-major.
+// op(A) is [M,K]: A is stored [M,K] (lda >= K) or, when trans_a, [K,M] (lda >= M).
+// op(B) is [K,N]: B is stored [K,N] (ldb >= N) or, when trans_b, [N,K] (ldb >= K).
+// beta == 0 overwrites C (garbage/NaN in C is ignored, as BLAS promises). Sizes of 0 are allowed:
+// with K == 0 the product is zero, so C = beta * C.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+}  // namespace mt::cpu
