@@ -1,26 +1,37 @@
-// Arena: one device allocation handed out as aligned tensors by bumping an offset. Activations of a
-// step live in an arena that is reset between steps, so a step allocates nothing from the system
-// after the first. Tensors from an arena keep the arena's block alive but are invalid after reset().
+// Arena: device memory handed out as aligned tensors by bumping an offset. Activations of a
+// micro-batch live in an arena that is reset between micro-batches. When a request does not fit,
+// the arena chains another block; reset() then replaces the chain by one block as large as the
+// peak, so from the second micro-batch on a step allocates nothing from the system.
+// Tensors from an arena keep their block alive but their contents are undefined after reset().
 #pragma once
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace mt {
 
 class Arena {
  public:
-  Arena(size_t bytes, Device device = Device::CPU);
+  explicit Arena(size_t bytes = 0, Device device = Device::CPU);
   Tensor alloc(const Shape& shape, DType dtype = DType::F32);
   Tensor zeros(const Shape& shape, DType dtype = DType::F32);
-  void reset() { offset_ = 0; }
-  size_t used() const { return offset_; }
-  size_t peak() const { return peak_; }
-  size_t capacity() const { return capacity_; }
+  void reset();
+  size_t used() const { return used_before_ + offset_; }  // bytes handed out since reset
+  size_t peak() const { return peak_; }                   // largest used() ever
+  size_t capacity() const;                                // bytes held in blocks
   Device device() const { return device_; }
 
  private:
   static constexpr size_t kAlign = 256;
-  std::shared_ptr<void> block_;
-  size_t capacity_ = 0, offset_ = 0, peak_ = 0;
+  struct Block {
+    std::shared_ptr<void> mem;
+    size_t size;
+  };
+  void add_block(size_t bytes);
+  std::vector<Block> blocks_;
+  size_t offset_ = 0;       // within the last block
+  size_t used_before_ = 0;  // bytes used in earlier blocks of the chain
+  size_t peak_ = 0;
   Device device_;
 };
 
