@@ -1,0 +1,71 @@
+// Parameter layout: every parameter of the model is a named slice of ONE flat f32 buffer (as in
+// llm.c), in block order: embed, layer 0 ... layer L-1, final norm, lm_head. Gradients and AdamW
+// states are flat buffers with the same table, so the optimizer is one call and a shard of any
+// of them is an offset and a size. Names are the Hugging Face tensor names; the experts of a
+// layer are stored fused as transformers (v5) does: gate_up_proj [E, 2F, D] (gate rows first)
+// and down_proj [E, D, F]. A dense MLP's gate_proj and up_proj are adjacent, so together they are
+// one [2I, D] matrix. With tied embeddings lm_head is the embedding parameter used twice.
+#pragma once
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace mt {
+
+struct ParamEntry {
+  std::string name;  // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  Shape shape;
+  int64_t offset = 0;  // in elements, into the flat buffer
+  int64_t numel = 0;
+  int64_t layer = -1;  // transformer block, or -1 for embed / final norm / lm_head
+};
+
+class ParamTable {
+ public:
+  explicit ParamTable(const ModelConfig& c);
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  const ParamEntry* find(const std::string& name) const;  // null when absent
+  const ParamEntry& at(const std::string& name) const;    // error naming the parameter when absent
+  int64_t total() const { return total_; }
+  // Elements [begin, end) of the flat buffer that belong to block `layer` (-1: not a block).
+  std::pair<int64_t, int64_t> layer_range(int64_t layer) const;
+
+ private:
+  void add(const std::string& name, const Shape& shape, int64_t layer);
+  std::vector<ParamEntry> entries_;
+  std::unordered_map<std::string, size_t> index_;
+  int64_t total_ = 0;
+};
+
+// Views of one flat buffer (parameters, gradients or optimizer states) by role.
+struct LayerWeights {
+  Tensor in_norm;          // (D)
+  Tensor q, k, v;          // (H*Hd, D), (G*Hd, D), (G*Hd, D)
+  Tensor q_norm, k_norm;   // (Hd)
+  Tensor o;                // (D, H*Hd)
+  Tensor post_norm;        // (D)
+  bool sparse = false;
+  Tensor router;           // (E, D)          sparse layers
+  Tensor experts_gate_up;  // (E, 2F, D)      sparse layers
+  Tensor experts_down;     // (E, D, F)       sparse layers
+  Tensor mlp_gate_up;      // (2I, D)         dense layers: gate_proj rows then up_proj rows
+  Tensor mlp_down;         // (D, I)          dense layers
+};
+
+struct ModelWeights {
+  Tensor embed;  // (V, D)
+  std::vector<LayerWeights> layers;
+  Tensor norm;     // (D)
+  Tensor lm_head;  // (V, D); the same memory as embed when tied
+};
+
+Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape);
+ModelWeights bind_weights(const ModelConfig& c, const ParamTable& table, const Tensor& flat);
+
+// HF-style random init: normal(0, initializer_range) for matrices and embeddings, ones for norms.
+void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed);
+
+}  // namespace mt

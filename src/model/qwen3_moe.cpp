@@ -1,0 +1,263 @@
+#include "model/qwen3_moe.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace mt {
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "none") return Recompute::None;
+  if (s == "full") return Recompute::Full;
+  MT_THROW("recompute '", s, "' is not supported; allowed: none, full");
+}
+
+const char* recompute_name(Recompute r) { return r == Recompute::None ? "none" : "full"; }
+
+// What a block's backward needs. The first group is always kept for the whole micro-batch; the
+// second is kept (recompute none) or rebuilt from the first just before the block's backward.
+struct Qwen3MoeModel::LayerActs {
+  Tensor x;                                       // (T, D) block input
+  Tensor probs, idx, wts;                         // (T, E) f32, (T, K) i32, (T, K) f32: routing decision
+  Tensor offsets, assign_of_row, row_of_assign;   // (E+1) i64, (R) i32, (T, K) i32: dispatch plan
+  Tensor xn1, rstd1, q, k, v, qr, kr, rstd_q, rstd_k, att, lse, h1, xn2, rstd2;
+  Tensor xp, gu, hh, yp;                          // experts (R rows) or dense MLP (T rows; no xp/yp)
+};
+
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device)
+    : cfg_(config), device_(device), table_(config), keep_(0, device), work_(0, device) {
+  params_ = Tensor::zeros({table_.total()}, DType::F32, device);
+  grads_ = Tensor::zeros({table_.total()}, DType::F32, device);
+  w_ = bind_weights(cfg_, table_, params_);
+  g_ = bind_weights(cfg_, table_, grads_);
+  acts_.resize(size_t(cfg_.num_hidden_layers));
+}
+
+Qwen3MoeModel::~Qwen3MoeModel() = default;
+
+bool Qwen3MoeModel::aux_enabled() const {
+  if (!cfg_.output_router_logits) return false;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    if (cfg_.is_sparse_layer(l)) return true;
+  return false;
+}
+
+LossParts Qwen3MoeModel::forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out) {
+  return run(mb, ce_scale, aux_scale, logits_out, true);
+}
+
+LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) { return run(mb, 0, 0, logits_out, false); }
+
+void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known) {
+  const LayerWeights& w = w_.layers[size_t(l)];
+  const int64_t T = T_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
+                Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
+  const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
+  Arena& A = recompute == Recompute::None ? keep_ : work_;
+
+  a.xn1 = A.alloc({T, D});
+  a.rstd1 = A.alloc({T});
+  ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
+  a.q = A.alloc({T, H * Hd});
+  a.k = A.alloc({T, G * Hd});
+  a.v = A.alloc({T, G * Hd});
+  ops::linear_fwd(a.xn1, w.q, a.q);
+  ops::linear_fwd(a.xn1, w.k, a.k);
+  ops::linear_fwd(a.xn1, w.v, a.v);
+  a.qr = A.alloc({T, H, Hd});
+  a.kr = A.alloc({T, G, Hd});
+  a.rstd_q = A.alloc({T * H});
+  a.rstd_k = A.alloc({T * G});
+  Tensor qr_rows = a.qr.view({T * H, Hd}), kr_rows = a.kr.view({T * G, Hd});
+  ops::rms_norm_fwd(a.q.view({T * H, Hd}), w.q_norm, eps, qr_rows, a.rstd_q);
+  ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
+  ops::rope_fwd(a.qr, pos_T_, theta);
+  ops::rope_fwd(a.kr, pos_T_, theta);
+  a.att = A.alloc({T, H, Hd});
+  a.lse = A.alloc({T, H});
+  ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
+  a.h1 = A.alloc({T, D});
+  ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
+  ops::add_(a.h1, a.x);
+  a.xn2 = A.alloc({T, D});
+  a.rstd2 = A.alloc({T});
+  ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+
+  if (w.sparse) {
+    const int64_t R = T * K, F = cfg_.moe_intermediate_size;
+    if (!routing_known) {
+      Tensor logits = A.alloc({T, E});
+      ops::linear_fwd(a.xn2, w.router, logits);
+      a.probs = keep_.alloc({T, E});
+      a.idx = keep_.alloc({T, K}, DType::I32);
+      a.wts = keep_.alloc({T, K});
+      ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts);
+      a.offsets = keep_.alloc({E + 1}, DType::I64);
+      a.assign_of_row = keep_.alloc({R}, DType::I32);
+      a.row_of_assign = keep_.alloc({T, K}, DType::I32);
+      ops::make_dispatch_plan(a.idx, E, a.offsets, a.assign_of_row, a.row_of_assign);
+    }
+    a.xp = A.alloc({R, D});
+    ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
+    a.gu = A.alloc({R, 2 * F});
+    a.hh = A.alloc({R, F});
+    a.yp = A.alloc({R, D});
+    ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
+    ops::unpermute_fwd(a.yp, a.row_of_assign, a.wts, out);
+  } else {
+    const int64_t I = cfg_.intermediate_size;
+    a.gu = A.alloc({T, 2 * I});
+    a.hh = A.alloc({T, I});
+    ops::linear_fwd(a.xn2, w.mlp_gate_up, a.gu);
+    ops::swiglu_fwd(a.gu, a.hh);
+    ops::linear_fwd(a.hh, w.mlp_down, out);
+  }
+  ops::add_(out, a.h1);
+}
+
+void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale) {
+  const LayerWeights& w = w_.layers[size_t(l)];
+  LayerWeights& g = g_.layers[size_t(l)];
+  const int64_t T = T_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
+                Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
+  const float theta = float(cfg_.rope_theta);
+  Arena& W = work_;
+
+  // FFN: out = h1 + ffn(norm2(h1))
+  Tensor dxn2 = W.zeros({T, D});
+  if (w.sparse) {
+    const int64_t R = T * K;
+    Tensor dyp = W.alloc({R, D}), dwts = W.alloc({T, K}), dxp = W.alloc({R, D});
+    ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
+    ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
+                     g.experts_down);
+    ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
+    Tensor dprobs;
+    if (aux_scale != 0) {
+      dprobs = W.zeros({T, E});
+      ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
+    }
+    Tensor dlogits = W.alloc({T, E});
+    ops::router_bwd(dwts, dprobs.numel() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
+    ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router);
+  } else {
+    const int64_t I = cfg_.intermediate_size;
+    Tensor dhh = W.alloc({T, I}), dgu = W.alloc({T, 2 * I});
+    ops::linear_bwd(dout, a.hh, w.mlp_down, &dhh, false, g.mlp_down);
+    ops::swiglu_bwd(dhh, a.gu, dgu);
+    ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up);
+  }
+  Tensor dh1 = W.alloc({T, D});
+  ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm);
+  ops::add_(dh1, dout);
+
+  // Attention: h1 = x + o_proj(attn(rope(qn), rope(kn), v))
+  Tensor datt = W.alloc({T, H * Hd});
+  ops::linear_bwd(dh1, a.att.view({T, H * Hd}), w.o, &datt, false, g.o);
+  Tensor dqr = W.alloc({T, H, Hd}), dkr = W.alloc({T, G, Hd}), dv = W.alloc({T, G, Hd});
+  ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
+  ops::rope_bwd(dqr, pos_T_, theta);
+  ops::rope_bwd(dkr, pos_T_, theta);
+  Tensor dq = W.alloc({T * H, Hd}), dk = W.alloc({T * G, Hd});
+  ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm);
+  ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm);
+  Tensor dxn1 = W.alloc({T, D});
+  ops::linear_bwd(dq.view({T, H * Hd}), a.xn1, w.q, &dxn1, false, g.q);
+  ops::linear_bwd(dk.view({T, G * Hd}), a.xn1, w.k, &dxn1, true, g.k);
+  ops::linear_bwd(dv.view({T, G * Hd}), a.xn1, w.v, &dxn1, true, g.v);
+  ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm);
+  ops::add_(dx, dh1);
+}
+
+LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out,
+                             bool backward) {
+  const Tensor& ids = mb.input_ids;
+  if (ids.dim() != 2 || ids.dtype() != DType::I64)
+    MT_THROW("input_ids must be i64 [B, S], got ", ids.desc());
+  const bool has_labels = mb.labels.numel() > 0;
+  if (has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
+    MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids.shape()), ", got ", mb.labels.desc());
+  if (backward && !has_labels) MT_THROW("forward_backward needs labels");
+  if (aux_scale != 0 && !aux_enabled())
+    MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
+
+  keep_.reset();
+  work_.reset();
+  B_ = ids.size(0);
+  S_ = ids.size(1);
+  T_ = B_ * S_;
+  const int64_t T = T_, D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
+  const bool cpu = device_ == Device::CPU;
+
+  // Planned before any layer runs: positions and shifted labels (HF: label of t is labels[t+1]).
+  Tensor pos_host = Tensor::empty({T}, DType::I32);
+  Tensor lab_host = Tensor::empty({T}, DType::I64);
+  Tensor ids_host = ids.to(Device::CPU), labels_host = has_labels ? mb.labels.to(Device::CPU) : Tensor();
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t s = 0; s < S_; ++s) {
+      pos_host.data<int32_t>()[b * S_ + s] = int32_t(s);
+      lab_host.data<int64_t>()[b * S_ + s] =
+          has_labels && s + 1 < S_ ? labels_host.data<int64_t>()[b * S_ + s + 1] : int64_t(-100);
+    }
+  pos_T_ = cpu ? pos_host : pos_host.to(device_);
+  Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
+  Tensor ids_T = ids.to(device_).view({T});
+
+  int64_t n_sparse = 0;
+  for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
+  aux_rows_ = T * n_sparse;
+  if (n_sparse > 0) {
+    counts_E_ = keep_.zeros({E}, DType::I64);
+    sums_E_ = keep_.zeros({E});
+  }
+
+  Tensor h = keep_.alloc({T, D});
+  ops::embedding_fwd(ids_T, w_.embed, h);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerActs& a = acts_[size_t(l)];
+    a = LayerActs{};
+    a.x = h;
+    Tensor out = keep_.alloc({T, D});
+    if (recompute == Recompute::Full) work_.reset();
+    forward_layer(l, a, out, false);
+    if (cfg_.is_sparse_layer(l)) {
+      ops::expert_counts(a.idx, E, counts_E_);
+      ops::prob_column_sums(a.probs, sums_E_);
+    }
+    h = out;
+  }
+  work_.reset();
+  Tensor hn = keep_.alloc({T, D}), rstd_f = keep_.alloc({T});
+  ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
+  Tensor logits = keep_.alloc({T, V});
+  ops::linear_fwd(hn, w_.lm_head, logits);
+
+  LossParts out;
+  Tensor lse = keep_.alloc({T});
+  if (has_labels) out.ce_sum = ops::cross_entropy_fwd(logits, labels_T, lse, &out.n_valid);
+  if (aux_enabled()) out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
+  if (logits_out) *logits_out = logits.clone();
+  if (!backward) return out;
+
+  Tensor dlogits = keep_.alloc({T, V});
+  ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
+  Tensor dhn = keep_.alloc({T, D});
+  ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head);
+  Tensor dA = keep_.alloc({T, D}), dB = keep_.alloc({T, D});
+  ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    LayerActs& a = acts_[size_t(l)];
+    work_.reset();
+    if (recompute == Recompute::Full) {
+      Tensor scratch_out = work_.alloc({T, D});
+      forward_layer(l, a, scratch_out, true);
+    }
+    backward_layer(l, a, dA, dB, aux_scale);
+    std::swap(dA, dB);
+  }
+  ops::embedding_bwd(ids_T, dA, g_.embed);
+  return out;
+}
+
+}  // namespace mt

@@ -1,0 +1,79 @@
+// Qwen3-MoE (and dense Qwen3) with explicit per-layer forward and backward, written for one
+// device; parallelism is applied from outside. Parameters, gradients and optimizer states are
+// flat buffers laid out by ParamTable. Activations live in arenas reset per micro-batch.
+//
+// Contracts: forward_backward accumulates (+=) parameter gradients, so micro-batches add up.
+// Everything that needs data about the whole micro-batch (positions, shifted labels) is computed
+// before the first layer and passed in. Full recompute keeps each block's input and routing
+// decision (probabilities, top-k ids and weights, dispatch plan) and recomputes the rest from
+// them, never re-deciding routing, so its results are bit-identical to no recompute.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace mt {
+
+enum class Recompute { None, Full };
+Recompute parse_recompute(const std::string& s);  // "none" | "full"
+const char* recompute_name(Recompute r);
+
+struct MicroBatch {
+  Tensor input_ids;  // i64 (B, S)
+  Tensor labels;     // i64 (B, S), HF semantics (shifted inside), -100 = ignore; may be undefined for forward()
+};
+
+struct LossParts {
+  double ce_sum = 0;    // sum of token cross-entropies over valid labels
+  int64_t n_valid = 0;  // labels != -100 after the shift
+  double aux = 0;       // unscaled load-balancing loss of this micro-batch (0 when disabled)
+  double loss = 0;      // ce_sum * ce_scale + aux * aux_scale, as differentiated
+};
+
+class Qwen3MoeModel {
+ public:
+  explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU);
+  ~Qwen3MoeModel();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ParamTable& table() const { return table_; }
+  Tensor& params() { return params_; }  // f32 (P)
+  Tensor& grads() { return grads_; }    // f32 (P)
+  const ModelWeights& weights() const { return w_; }
+  void zero_grads() { grads_.zero_(); }
+  bool aux_enabled() const;  // output_router_logits and at least one sparse layer
+
+  // Forward and backward of one micro-batch. Gradients of ce_scale * ce_sum + aux_scale * aux
+  // are accumulated into grads(). If logits_out is given, it receives the logits (B*S, V).
+  LossParts forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out = nullptr);
+  // Forward only; labels optional. logits_out receives (B*S, V) when given.
+  LossParts forward(const MicroBatch& mb, Tensor* logits_out);
+
+  Recompute recompute = Recompute::None;
+  size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
+
+ private:
+  struct LayerActs;
+  LossParts run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out, bool backward);
+  void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
+  void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
+
+  ModelConfig cfg_;
+  Device device_;
+  ParamTable table_;
+  Tensor params_, grads_;
+  ModelWeights w_, g_;
+  Arena keep_, work_;
+  // Per micro-batch state planned before the layers run.
+  int64_t B_ = 0, S_ = 0, T_ = 0;
+  Tensor pos_T_;                 // i32 positions (t % S)
+  Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
+  int64_t aux_rows_ = 0;         // N = T * sparse layers
+  std::vector<LayerActs> acts_;
+};
+
+}  // namespace mt
