@@ -90,7 +90,8 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   double m = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {
     const double d = std::abs(double(pa[i]) - double(pb[i]));
-    if (!(d <= m)) m = d;  // NaN propagates
+    if (std::isnan(d)) return d;
+    if (d > m) m = d;
   }
   return m;
 }
