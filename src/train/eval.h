@@ -1,0 +1,26 @@
+// Held-out evaluation of the synthetic addition task: greedy decoding of each problem's answer
+// from its prompt, scored by exact match. Decoding re-runs the forward over the whole prefix for
+// each new token (no KV cache): prompts are a dozen tokens, so this is cheap and uses only the
+// training forward, which is what we want to measure.
+#pragma once
+#include <vector>
+
+#include "data/synthetic.h"
+#include "model/qwen3_moe.h"
+
+namespace mt {
+
+struct EvalResult {
+  int64_t problems = 0;
+  int64_t correct = 0;
+  double exact_match() const { return problems ? 100.0 * double(correct) / double(problems) : 0.0; }
+  std::vector<std::string> samples;  // a few "prompt -> generated (expected)" lines for the log
+};
+
+// Greedy continuation of every prompt by up to max_new tokens; problems are batched by prompt length.
+std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const std::vector<std::vector<int64_t>>& prompts,
+                                                  int64_t max_new, int64_t eos_id);
+
+EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits);
+
+}  // namespace mt

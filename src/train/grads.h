@@ -1,0 +1,28 @@
+// `moetrain grads`: the numerics tool. Reads a Hugging Face model directory and a batch
+// (input_ids, labels: i64 [B, T], HF semantics), runs forward and backward in fp32 and writes
+// loss, aux_loss, logits and grad.<name> for every parameter, named as in the model's files.
+#pragma once
+#include <string>
+
+#include "model/qwen3_moe.h"
+
+namespace mt {
+
+struct GradsOptions {
+  std::string model_dir;
+  std::string batch_path;
+  std::string out_path;
+  Recompute recompute = Recompute::None;
+};
+
+// Loss definition (as transformers): mean token cross-entropy over labels != -100 after the
+// shift, plus router_aux_loss_coef * aux when the config enables router logits.
+struct GradsResult {
+  double loss = 0, aux_loss = 0;
+  int64_t n_valid = 0;
+};
+
+GradsResult run_grads(const GradsOptions& opt);
+int grads_main(const std::vector<std::string>& args);  // parses flags, runs, prints one summary line
+
+}  // namespace mt
