@@ -1,1 +1,45 @@
-int main() { return 0; }
+// The `moetrain` command. `moetrain train` with no arguments trains the demo model on the built-in
+// synthetic addition task; `moetrain grads` is the numerics tool. Errors print one line and exit 1.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "train/grads.h"
+#include "train/train_config.h"
+#include "train/trainer.h"
+
+static const char* kUsage =
+    "usage: moetrain <command> [options]\n"
+    "commands:\n"
+    "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
+    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full]\n"
+    "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
+    "  help    this text; `moetrain train --help` lists every training option\n";
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string cmd = args.empty() ? "help" : args[0];
+  std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  try {
+    if (cmd == "train") {
+      for (const std::string& a : rest)
+        if (a == "--help" || a == "-h") {
+          std::printf("usage: moetrain train [--config FILE.json] [--key value ...]\noptions:\n%s",
+                      mt::train_config_help().c_str());
+          return 0;
+        }
+      return mt::train_main(rest);
+    }
+    if (cmd == "grads") return mt::grads_main(rest);
+    if (cmd == "help" || cmd == "--help" || cmd == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "moetrain: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moetrain %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+}

@@ -1,5 +1,6 @@
 #include "model/qwen3_moe.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "ops/ops.h"
@@ -181,6 +182,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   if (aux_scale != 0 && !aux_enabled())
     MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
 
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
   keep_.reset();
   work_.reset();
   B_ = ids.size(0);
@@ -238,6 +241,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   if (aux_enabled()) out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
   out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
   if (logits_out) *logits_out = logits.clone();
+  auto t1 = Clock::now();
+  forward_s_ = std::chrono::duration<double>(t1 - t0).count();
+  backward_s_ = 0;
   if (!backward) return out;
 
   Tensor dlogits = keep_.alloc({T, V});
@@ -257,6 +263,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     std::swap(dA, dB);
   }
   ops::embedding_bwd(ids_T, dA, g_.embed);
+  backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;
 }
 

@@ -55,6 +55,9 @@ class Qwen3MoeModel {
 
   Recompute recompute = Recompute::None;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
+  // Wall time of the last call's forward (through the loss) and backward (including recompute).
+  double last_forward_seconds() const { return forward_s_; }
+  double last_backward_seconds() const { return backward_s_; }
 
  private:
   struct LayerActs;
@@ -74,6 +77,7 @@ class Qwen3MoeModel {
   Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
   int64_t aux_rows_ = 0;         // N = T * sparse layers
   std::vector<LayerActs> acts_;
+  double forward_s_ = 0, backward_s_ = 0;
 };
 
 }  // namespace mt
