@@ -97,7 +97,11 @@ kCases = {
         dict(vocab_size=128, num_hidden_layers=3, mlp_only_layers=[0], intermediate_size=96, decoder_sparse_step=1),
         1024,
     ),
-    "aux": ("moe", dict(vocab_size=128, num_hidden_layers=3, output_router_logits=True, router_aux_loss_coef=0.1), 1025),
+    "aux": (
+        "moe",
+        dict(vocab_size=128, num_hidden_layers=3, output_router_logits=True, router_aux_loss_coef=0.1),
+        1025,
+    ),
     "dense_qwen3": ("dense", {}, 1006),
 }
 
@@ -116,7 +120,10 @@ def build_model(family, overrides):
     base = kTinyMoe if family == "moe" else kTinyDense
     cfg_kwargs = copy.deepcopy(base)
     cfg_kwargs.update(overrides)
-    config_cls, model_cls = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if family == "moe" else (Qwen3Config, Qwen3ForCausalLM)
+    if family == "moe":
+        config_cls, model_cls = Qwen3MoeConfig, Qwen3MoeForCausalLM
+    else:
+        config_cls, model_cls = Qwen3Config, Qwen3ForCausalLM
     config = config_cls(**cfg_kwargs)
     config.dtype = torch.float32
     # Eager attention and the eager (per-expert loop) experts forward: the plain reference maths.
@@ -263,8 +270,9 @@ def reference_forward(w, cfg, input_ids, labels):
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         x = rms(h, w[p + "input_layernorm.weight"])
-        q = rms((x @ w[p + "self_attn.q_proj.weight"].T).view(n_batch, n_seq, heads, hd), w[p + "self_attn.q_norm.weight"])
-        k = rms((x @ w[p + "self_attn.k_proj.weight"].T).view(n_batch, n_seq, kv_heads, hd), w[p + "self_attn.k_norm.weight"])
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(n_batch, n_seq, heads, hd)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(n_batch, n_seq, kv_heads, hd)
+        q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         v = (x @ w[p + "self_attn.v_proj.weight"].T).view(n_batch, n_seq, kv_heads, hd)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = q * cos + rot_half(q) * sin, k * cos + rot_half(k) * sin
