@@ -13,10 +13,11 @@
 //
 // Why these tolerances: the ops compute in fp32, so L carries a rounding error of about
 // 1e-7 * sum|r*y|. A central difference divides that by 2*eps, and its truncation error is
-// O(eps^2 * f'''). With eps in [1e-3, 1e-2] and O(1) inputs both terms stay near 1e-4..1e-3 of the
-// gradient's size, so a relative L2 error of ~1e-2 separates a correct backward (typically 1e-4)
-// from a wrong one (a wrong term, sign, transpose or index gives errors of order 1). The loss is
-// summed in double so that the only fp32 rounding is the op's own.
+// O(eps^2 * f'''). With eps in [1e-3, 1e-2] and O(1) inputs both terms stay below ~1e-4 of the
+// gradient's size (the opsA ops measure 1e-6..5e-5), so a relative L2 tolerance of 1e-3..1e-2
+// separates a correct backward from a wrong one (a wrong term, sign, transpose or index gives errors
+// of order 1; a missing small term, 1e-2..1e-1). The loss is summed in double so that the only fp32
+// rounding is the op's own. Use eps ~1e-2 for smooth ops; smaller only where curvature is high.
 #pragma once
 #include <cmath>
 #include <cstdint>
