@@ -1,0 +1,372 @@
+// TrainConfig loading, overrides, validation and JSON output (see train_config.h). All fields are
+// described once, in kFields; parsing, checking, printing and help all walk that table.
+#include "train/train_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <variant>
+
+#include "core/error.h"
+#include "data/synthetic.h"
+
+namespace mt {
+
+namespace {
+
+using StrMember = std::string TrainConfig::*;
+using IntMember = int64_t TrainConfig::*;
+using RealMember = double TrainConfig::*;
+
+struct Field {
+  const char* key;
+  std::variant<StrMember, IntMember, RealMember> member;
+  const char* help;
+  // Returns "" when the field's value is allowed, else what is allowed ("must be > 0").
+  std::string (*rule)(const TrainConfig&);
+};
+
+std::string one_of(const std::string& v, std::initializer_list<const char*> allowed) {
+  for (const char* a : allowed)
+    if (v == a) return "";
+  std::string list;
+  for (const char* a : allowed) list += str(list.empty() ? "" : ", ", a);
+  return "allowed values: " + list;
+}
+
+std::string real_str(double v) {
+  return nlohmann::json(v).dump();
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> kFields = {
+      {"model", &TrainConfig::model, "preset name (tiny, demo, bench-4L, qwen3-30b-a3b) or a Hugging Face model dir",
+       [](const TrainConfig& c) { return c.model.empty() ? std::string("must not be empty") : ""; }},
+      {"init_from", &TrainConfig::init_from, "\"\" = random init, or a Hugging Face dir to load weights from",
+       [](const TrainConfig&) { return std::string(); }},
+      {"device", &TrainConfig::device, "cpu | cuda | auto",
+       [](const TrainConfig& c) {
+         return one_of(c.device, {"cpu", "cuda", "auto"});
+       }},
+      {"out_dir", &TrainConfig::out_dir, "directory for checkpoints, logs and metrics",
+       [](const TrainConfig& c) { return c.out_dir.empty() ? std::string("must not be empty") : ""; }},
+      {"steps", &TrainConfig::steps, "optimizer steps",
+       [](const TrainConfig& c) { return c.steps < 0 ? std::string("must be >= 0") : ""; }},
+      {"micro_batch_size", &TrainConfig::micro_batch_size, "sequences per micro-batch",
+       [](const TrainConfig& c) { return c.micro_batch_size < 1 ? std::string("must be >= 1") : ""; }},
+      {"grad_accum", &TrainConfig::grad_accum, "micro-batches per optimizer step",
+       [](const TrainConfig& c) { return c.grad_accum < 1 ? std::string("must be >= 1") : ""; }},
+      {"seq_len", &TrainConfig::seq_len, "tokens per sequence",
+       [](const TrainConfig& c) { return c.seq_len < 2 ? std::string("must be >= 2") : ""; }},
+      {"lr", &TrainConfig::lr, "peak learning rate",
+       [](const TrainConfig& c) { return c.lr > 0 && std::isfinite(c.lr) ? "" : std::string("must be > 0"); }},
+      {"min_lr", &TrainConfig::min_lr, "learning rate at the end of the decay (<= lr)",
+       [](const TrainConfig& c) {
+         return c.min_lr >= 0 && std::isfinite(c.min_lr) ? "" : std::string("must be >= 0");
+       }},
+      {"warmup_steps", &TrainConfig::warmup_steps, "steps of linear warmup (<= steps)",
+       [](const TrainConfig& c) { return c.warmup_steps < 0 ? std::string("must be >= 0") : ""; }},
+      {"lr_schedule", &TrainConfig::lr_schedule, "cosine | linear | constant (after warmup)",
+       [](const TrainConfig& c) {
+         return one_of(c.lr_schedule, {"cosine", "linear", "constant"});
+       }},
+      {"weight_decay", &TrainConfig::weight_decay, "AdamW decoupled weight decay",
+       [](const TrainConfig& c) {
+         return c.weight_decay >= 0 && std::isfinite(c.weight_decay) ? "" : std::string("must be >= 0");
+       }},
+      {"beta1", &TrainConfig::beta1, "AdamW beta1, in [0, 1)",
+       [](const TrainConfig& c) { return c.beta1 >= 0 && c.beta1 < 1 ? "" : std::string("must be in [0, 1)"); }},
+      {"beta2", &TrainConfig::beta2, "AdamW beta2, in [0, 1)",
+       [](const TrainConfig& c) { return c.beta2 >= 0 && c.beta2 < 1 ? "" : std::string("must be in [0, 1)"); }},
+      {"eps", &TrainConfig::eps, "AdamW epsilon",
+       [](const TrainConfig& c) { return c.eps > 0 && std::isfinite(c.eps) ? "" : std::string("must be > 0"); }},
+      {"grad_clip", &TrainConfig::grad_clip, "max global gradient norm; 0 = off",
+       [](const TrainConfig& c) {
+         return c.grad_clip >= 0 && std::isfinite(c.grad_clip) ? "" : std::string("must be >= 0 (0 = off)");
+       }},
+      {"seed", &TrainConfig::seed, "seed of initialisation and data order",
+       [](const TrainConfig& c) { return c.seed < 0 ? std::string("must be >= 0") : ""; }},
+      {"data", &TrainConfig::data, "synthetic:addition, or a token shard file or directory of *.bin shards",
+       [](const TrainConfig& c) {
+         if (c.data.empty()) return std::string("must not be empty");
+         if (c.data.rfind("synthetic:", 0) == 0 && c.data != "synthetic:addition")
+           return std::string("the synthetic tasks are: synthetic:addition");
+         return std::string();
+       }},
+      {"max_digits", &TrainConfig::max_digits, "synthetic addition: operands have 1..max_digits digits",
+       [](const TrainConfig& c) {
+         return c.max_digits >= 1 && c.max_digits <= kMaxAdditionDigits ? ""
+                                                                        : str("must be in 1..", kMaxAdditionDigits);
+       }},
+      {"eval_problems", &TrainConfig::eval_problems, "held-out problems for exact-match evaluation",
+       [](const TrainConfig& c) { return c.eval_problems < 0 ? std::string("must be >= 0") : ""; }},
+      {"eval_every", &TrainConfig::eval_every, "steps between evaluations; 0 = only at the end",
+       [](const TrainConfig& c) { return c.eval_every < 0 ? std::string("must be >= 0 (0 = only at the end)") : ""; }},
+      {"log_every", &TrainConfig::log_every, "steps between log lines",
+       [](const TrainConfig& c) { return c.log_every < 1 ? std::string("must be >= 1") : ""; }},
+      {"save_every", &TrainConfig::save_every, "steps between checkpoints; 0 = only at the end",
+       [](const TrainConfig& c) { return c.save_every < 0 ? std::string("must be >= 0 (0 = only at the end)") : ""; }},
+      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full",
+       [](const TrainConfig& c) {
+         return one_of(c.recompute, {"none", "full"});
+       }},
+      {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
+       [](const TrainConfig&) { return std::string(); }},
+      {"threads", &TrainConfig::threads, "CPU threads; 0 = all cores",
+       [](const TrainConfig& c) { return c.threads < 0 ? std::string("must be >= 0 (0 = all cores)") : ""; }},
+  };
+  return kFields;
+}
+
+std::string normalize_key(std::string k) {
+  std::replace(k.begin(), k.end(), '-', '_');
+  return k;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& origin) {
+  std::string k = normalize_key(key), close;
+  for (const Field& f : fields()) {
+    std::string name = f.key;
+    bool near = edit_distance(k, name) <= std::max<size_t>(2, name.size() / 4) ||
+                (k.size() >= 3 && name.find(k) != std::string::npos) ||
+                (name.size() >= 3 && k.find(name) != std::string::npos) ||
+                (k.size() >= 2 && k.rfind(name, 0) == 0);  // "lrate" -> lr
+    if (near) close += str(close.empty() ? "" : ", ", name);
+  }
+  if (!close.empty()) MT_THROW("train config (", origin, "): unknown key '", key, "'; did you mean: ", close, "?");
+  std::string all;
+  for (const Field& f : fields()) all += str(all.empty() ? "" : ", ", f.key);
+  MT_THROW("train config (", origin, "): unknown key '", key, "'; the keys are: ", all);
+}
+
+const Field& find_field(const std::string& key, const std::string& origin) {
+  std::string k = normalize_key(key);
+  for (const Field& f : fields())
+    if (k == f.key) return f;
+  unknown_key(key, origin);
+}
+
+// The field's value as text, quoted for strings, for error messages.
+std::string value_str(const TrainConfig& c, const Field& f) {
+  if (auto m = std::get_if<StrMember>(&f.member)) return str("\"", c.**m, "\"");
+  if (auto m = std::get_if<IntMember>(&f.member)) return std::to_string(c.**m);
+  return real_str(c.*std::get<RealMember>(f.member));
+}
+
+void check_rule(const TrainConfig& c, const Field& f, const std::string& origin) {
+  std::string why = f.rule(c);
+  if (!why.empty()) MT_THROW("train config (", origin, "): ", f.key, " = ", value_str(c, f), " is not allowed: ", why);
+}
+
+bool parse_int(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  const char* b = s.data() + (s[0] == '+' ? 1 : 0);
+  auto [p, ec] = std::from_chars(b, s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+bool parse_real(const std::string& s, double* out) {
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno == ERANGE || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+void set_from_text(TrainConfig& c, const Field& f, const std::string& value, const std::string& origin) {
+  if (auto m = std::get_if<StrMember>(&f.member)) {
+    c.** m = value;
+  } else if (auto m = std::get_if<IntMember>(&f.member)) {
+    if (!parse_int(value, &(c.**m)))
+      MT_THROW("train config (", origin, "): ", f.key, " = \"", value, "\" is not an integer");
+  } else {
+    if (!parse_real(value, &(c.*std::get<RealMember>(f.member))))
+      MT_THROW("train config (", origin, "): ", f.key, " = \"", value, "\" is not a finite number");
+  }
+  check_rule(c, f, origin);
+}
+
+void set_from_json(TrainConfig& c, const Field& f, const nlohmann::json& v, const std::string& origin) {
+  auto type_error = [&](const char* want) {
+    MT_THROW("train config (", origin, "): ", f.key, " = ", v.dump(), " (", v.type_name(), ") must be ", want);
+  };
+  if (auto m = std::get_if<StrMember>(&f.member)) {
+    if (!v.is_string()) type_error("a string");
+    c.** m = v.get<std::string>();
+  } else if (auto m = std::get_if<IntMember>(&f.member)) {
+    if (v.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+        type_error("an integer that fits in int64");
+      c.** m = v.get<int64_t>();
+    } else if (v.is_number_float() && std::nearbyint(v.get<double>()) == v.get<double>() &&
+               std::fabs(v.get<double>()) < 9e15) {
+      c.** m = int64_t(v.get<double>());  // 1e3 is written as a float in JSON but means 1000
+    } else {
+      type_error("an integer");
+    }
+  } else {
+    if (!v.is_number()) type_error("a number");
+    c.*std::get<RealMember>(f.member) = v.get<double>();
+  }
+  check_rule(c, f, origin);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) MT_THROW("train config: cannot open '", path, "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// `--key value` / `--key=value` pairs, without the final validation.
+void apply_args(TrainConfig& c, const std::vector<std::string>& args, bool allow_config) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.size() < 3 || a.rfind("--", 0) != 0)
+      MT_THROW("train config: unexpected argument '", a, "'; settings are written --key value or --key=value");
+    std::string key, value;
+    size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      key = a.substr(2, eq - 2);
+      value = a.substr(eq + 1);
+    } else {
+      key = a.substr(2);
+      if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
+        MT_THROW("train config: --", key, " needs a value (--", key, " VALUE or --", key, "=VALUE)");
+      value = args[++i];
+    }
+    if (normalize_key(key) == "config") {
+      if (allow_config) continue;
+      MT_THROW("train config: --config is read by train_config_from_args, not as an override");
+    }
+    set_from_text(c, find_field(key, "--" + key), value, "--" + key);
+  }
+}
+
+}  // namespace
+
+void apply_json(TrainConfig& c, const std::string& json_text, const std::string& origin) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::exception& e) {
+    MT_THROW("train config (", origin, "): not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) MT_THROW("train config (", origin, "): the top level must be a JSON object, got ", j.type_name());
+  TrainConfig next = c;  // `c` is left untouched when a value is rejected
+  for (auto it = j.begin(); it != j.end(); ++it) set_from_json(next, find_field(it.key(), origin), it.value(), origin);
+  c = next;
+}
+
+TrainConfig load_train_config(const std::string& path) {
+  TrainConfig c;
+  apply_json(c, read_file(path), path);
+  validate_train_config(c);
+  return c;
+}
+
+void apply_overrides(TrainConfig& c, const std::vector<std::string>& args) {
+  TrainConfig next = c;  // `c` is left untouched when an argument is rejected
+  apply_args(next, args, false);
+  validate_train_config(next);
+  c = next;
+}
+
+TrainConfig train_config_from_args(const std::vector<std::string>& args) {
+  std::string config_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string path;
+    if (args[i] == "--config") {
+      if (i + 1 >= args.size()) MT_THROW("train config: --config needs a file name");
+      path = args[++i];
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      path = args[i].substr(9);
+    } else {
+      continue;
+    }
+    if (!config_path.empty()) MT_THROW("train config: --config given twice ('", config_path, "' and '", path, "')");
+    if (path.empty()) MT_THROW("train config: --config needs a file name");
+    config_path = path;
+  }
+  TrainConfig c;
+  if (!config_path.empty()) apply_json(c, read_file(config_path), config_path);
+  apply_args(c, args, true);
+  validate_train_config(c);
+  return c;
+}
+
+void set_train_config_field(TrainConfig& c, const std::string& key, const std::string& value) {
+  TrainConfig next = c;
+  set_from_text(next, find_field(key, key), value, key);
+  c = next;
+}
+
+void validate_train_config(const TrainConfig& c) {
+  for (const Field& f : fields()) check_rule(c, f, "validate");
+  if (c.min_lr > c.lr)
+    MT_THROW("train config: min_lr = ", real_str(c.min_lr), " is not allowed: must be <= lr = ", real_str(c.lr));
+  if (c.warmup_steps > c.steps)
+    MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
+  if (c.data.rfind("synthetic:", 0) == 0 && c.seq_len < max_problem_tokens(int(c.max_digits)))
+    MT_THROW("train config: seq_len = ", c.seq_len, " is not allowed with data = \"", c.data,
+             "\" and max_digits = ", c.max_digits, ": a problem takes up to ", max_problem_tokens(int(c.max_digits)),
+             " tokens, so seq_len must be >= ", max_problem_tokens(int(c.max_digits)));
+}
+
+std::string to_json(const TrainConfig& c) {
+  nlohmann::ordered_json j;
+  for (const Field& f : fields()) {
+    if (auto m = std::get_if<StrMember>(&f.member))
+      j[f.key] = c.**m;
+    else if (auto m = std::get_if<IntMember>(&f.member))
+      j[f.key] = c.**m;
+    else
+      j[f.key] = c.*std::get<RealMember>(f.member);
+  }
+  return j.dump(2);
+}
+
+std::vector<std::string> train_config_keys() {
+  std::vector<std::string> keys;
+  for (const Field& f : fields()) keys.push_back(f.key);
+  return keys;
+}
+
+std::string train_config_help() {
+  TrainConfig defaults;
+  std::string out;
+  for (const Field& f : fields()) {
+    std::string flag = "--" + std::string(f.key);
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    out += str("  ", flag, std::string(flag.size() < 20 ? 20 - flag.size() : 1, ' '), f.help, " (default ",
+               value_str(defaults, f), ")\n");
+  }
+  return out;
+}
+
+std::string metrics_path(const TrainConfig& c) {
+  if (!c.metrics_file.empty()) return c.metrics_file;
+  return (std::filesystem::path(c.out_dir) / "metrics.jsonl").string();
+}
+
+}  // namespace mt

@@ -1,0 +1,72 @@
+// TrainConfig: every setting of a training run, with its default, loaded from a JSON file and
+// overridden from the command line (`--key value` or `--key=value`; '-' and '_' are the same in
+// keys, so --micro-batch-size and --micro_batch_size both work).
+//
+// The file format is JSON only: one object whose keys are the field names below, e.g.
+//   {"model": "demo", "steps": 300, "lr": 3e-3, "data": "synthetic:addition"}
+// Unknown keys are errors (a typo must not silently fall back to a default), and every value is
+// checked: the error names the field, the value and what is allowed. A call that throws leaves the
+// config it was given unchanged.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+struct TrainConfig {
+  std::string model = "demo";   // a preset name (tiny, demo, ...) or a Hugging Face model directory
+  std::string init_from = "";   // "" = random init; else a Hugging Face directory to load weights from
+  std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is visible)
+  std::string out_dir = "runs/demo";
+  int64_t steps = 300;            // optimizer steps
+  int64_t micro_batch_size = 16;  // sequences per micro-batch
+  int64_t grad_accum = 1;         // micro-batches per optimizer step
+  int64_t seq_len = 64;
+  double lr = 3e-3;      // peak learning rate
+  double min_lr = 3e-4;  // end of the decay
+  int64_t warmup_steps = 20;
+  std::string lr_schedule = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // max global grad norm; 0 = off
+  int64_t seed = 1234;
+  std::string data = "synthetic:addition";  // "synthetic:addition" or a token shard file / directory
+  int64_t max_digits = 3;                   // synthetic addition operands have 1..max_digits digits
+  int64_t eval_problems = 200;              // held-out problems for exact-match evaluation (synthetic data)
+  int64_t eval_every = 0;                   // steps between evaluations; 0 = only at the end
+  int64_t log_every = 1;                    // steps between log lines
+  int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
+  std::string recompute = "none";           // activation recompute per block: none | full
+  std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
+  int64_t threads = 0;                      // CPU threads; 0 = all cores
+};
+
+// Reads a JSON config file and validates it (validate_train_config).
+TrainConfig load_train_config(const std::string& path);
+// Applies the fields of a JSON object to `c` (checks each value, not the cross-field rules).
+// `origin` names the source in error messages, e.g. the file name.
+void apply_json(TrainConfig& c, const std::string& json_text, const std::string& origin);
+// Applies `--key value` / `--key=value` arguments, then validates. A key, a value or a missing value
+// that is wrong is an error naming the argument.
+void apply_overrides(TrainConfig& c, const std::vector<std::string>& args);
+// The whole command line: `--config FILE` (anywhere, at most once) is loaded first, the other
+// arguments override it, and the result is validated once at the end.
+TrainConfig train_config_from_args(const std::vector<std::string>& args);
+// Sets one field from its text form (the command-line spelling of the key is accepted).
+void set_train_config_field(TrainConfig& c, const std::string& key, const std::string& value);
+// The rules that involve several fields: min_lr <= lr, warmup_steps <= steps, and for synthetic data
+// a seq_len that holds one problem.
+void validate_train_config(const TrainConfig& c);
+
+// Every field as a JSON object, in declaration order, 2-space indented; load_train_config reads it back.
+std::string to_json(const TrainConfig& c);
+std::vector<std::string> train_config_keys();
+// One line per field: key, default and meaning (for `--help`).
+std::string train_config_help();
+// metrics_file, or <out_dir>/metrics.jsonl when it is empty.
+std::string metrics_path(const TrainConfig& c);
+
+}  // namespace mt

@@ -1,0 +1,192 @@
+// TrainConfig: defaults, JSON loading, command-line overrides, and the text of every error.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/train_config.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an mt::Error";
+  return "";
+}
+
+// The error of applying `args` to a default config; the text must hold every string in `want`.
+void expect_override_error(const std::vector<std::string>& args, const std::vector<std::string>& want) {
+  TrainConfig c;
+  std::string msg = error_of([&] { apply_overrides(c, args); });
+  for (const auto& w : want) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  fs::path p = fs::temp_directory_path() / ("mt_train_config_" + std::to_string(::getpid()) + "_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+}  // namespace
+
+TEST(TrainConfig, DefaultsAreValid) {
+  TrainConfig c;
+  EXPECT_NO_THROW(validate_train_config(c));
+  EXPECT_EQ(c.model, "demo");
+  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.micro_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.lr, 3e-3);
+  EXPECT_EQ(c.lr_schedule, "cosine");
+  EXPECT_EQ(c.data, "synthetic:addition");
+  EXPECT_EQ(metrics_path(c), "runs/demo/metrics.jsonl");
+  c.metrics_file = "m.jsonl";
+  EXPECT_EQ(metrics_path(c), "m.jsonl");
+  EXPECT_EQ(train_config_keys().size(), 27u);
+  std::string help = train_config_help();
+  EXPECT_NE(help.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(help.find("default 16"), std::string::npos);
+}
+
+TEST(TrainConfig, JsonLoadAndRoundTrip) {
+  std::string path = write_temp("a.json", R"({"model": "tiny", "steps": 50, "lr": 0.01, "min_lr": 1e-3,
+      "warmup_steps": 5, "lr_schedule": "linear", "seq_len": 32, "micro_batch_size": 1e1, "device": "cpu"})");
+  TrainConfig c = load_train_config(path);
+  fs::remove(path);
+  EXPECT_EQ(c.model, "tiny");
+  EXPECT_EQ(c.steps, 50);
+  EXPECT_DOUBLE_EQ(c.lr, 0.01);
+  EXPECT_DOUBLE_EQ(c.min_lr, 1e-3);
+  EXPECT_EQ(c.lr_schedule, "linear");
+  EXPECT_EQ(c.micro_batch_size, 10);
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.grad_accum, 1) << "absent keys keep their defaults";
+
+  // to_json writes every field and reads back to the same config.
+  std::string json = to_json(c);
+  EXPECT_NE(json.find("\"model\": \"tiny\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"metrics_file\": \"\""), std::string::npos) << json;
+  TrainConfig d;
+  apply_json(d, json, "round trip");
+  EXPECT_EQ(to_json(d), json);
+  EXPECT_DOUBLE_EQ(d.eps, 1e-8);
+}
+
+TEST(TrainConfig, JsonErrors) {
+  auto json_error = [](const std::string& text) {
+    TrainConfig c;
+    return error_of([&] { apply_json(c, text, "cfg.json"); });
+  };
+  std::string msg = json_error(R"({"stesp": 10})");
+  EXPECT_NE(msg.find("cfg.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown key 'stesp'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean: steps"), std::string::npos) << msg;
+  msg = json_error(R"({"steps": "ten"})");
+  EXPECT_NE(msg.find("steps = \"ten\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be an integer"), std::string::npos) << msg;
+  msg = json_error(R"({"steps": 2.5})");
+  EXPECT_NE(msg.find("steps = 2.5"), std::string::npos) << msg;
+  msg = json_error(R"({"lr": "fast"})");
+  EXPECT_NE(msg.find("lr = \"fast\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be a number"), std::string::npos) << msg;
+  msg = json_error(R"({"model": 3})");
+  EXPECT_NE(msg.find("must be a string"), std::string::npos) << msg;
+  msg = json_error(R"({"lr": -1})");
+  EXPECT_NE(msg.find("lr = -1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("must be > 0"), std::string::npos) << msg;
+  msg = json_error(R"({"steps": 1,)");
+  EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
+  msg = json_error(R"([1, 2])");
+  EXPECT_NE(msg.find("JSON object"), std::string::npos) << msg;
+  msg = error_of([] { load_train_config("/nonexistent/cfg.json"); });
+  EXPECT_NE(msg.find("/nonexistent/cfg.json"), std::string::npos) << msg;
+  // Cross-field rules are checked after loading a file.
+  std::string path = write_temp("b.json", R"({"steps": 10, "warmup_steps": 20})");
+  msg = error_of([&] { load_train_config(path); });
+  fs::remove(path);
+  EXPECT_NE(msg.find("warmup_steps = 20"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("steps = 10"), std::string::npos) << msg;
+}
+
+TEST(TrainConfig, OverridesBothSpellings) {
+  TrainConfig c;
+  apply_overrides(c, {"--micro-batch-size", "8", "--grad_accum=4", "--lr", "1e-3", "--min-lr=0", "--device", "cuda",
+                      "--lr-schedule", "constant", "--recompute=full", "--out-dir", "runs/x", "--init-from=", "--data",
+                      "/data/shards"});
+  EXPECT_EQ(c.micro_batch_size, 8);
+  EXPECT_EQ(c.grad_accum, 4);
+  EXPECT_DOUBLE_EQ(c.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
+  EXPECT_EQ(c.device, "cuda");
+  EXPECT_EQ(c.lr_schedule, "constant");
+  EXPECT_EQ(c.recompute, "full");
+  EXPECT_EQ(c.out_dir, "runs/x");
+  EXPECT_EQ(c.init_from, "");
+  EXPECT_EQ(c.data, "/data/shards");
+  set_train_config_field(c, "eval-every", "25");
+  EXPECT_EQ(c.eval_every, 25);
+  // A rejected override leaves the config as it was, including the fields before the bad one.
+  EXPECT_THROW(apply_overrides(c, {"--steps", "7", "--min-lr", "5"}), Error);
+  EXPECT_THROW(apply_overrides(c, {"--steps", "7", "--device", "gpu"}), Error);
+  EXPECT_THROW(apply_json(c, R"({"steps": 7, "beta1": 2})", "j"), Error);
+  EXPECT_THROW(set_train_config_field(c, "steps", "-7"), Error);
+  EXPECT_EQ(c.steps, 300);
+  EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
+  EXPECT_EQ(c.device, "cuda");
+  EXPECT_DOUBLE_EQ(c.beta1, 0.9);
+}
+
+TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
+  expect_override_error({"--micro-batch", "8"}, {"unknown key 'micro-batch'", "micro_batch_size"});
+  expect_override_error({"--lrate", "1"}, {"unknown key 'lrate'", "did you mean: lr"});
+  expect_override_error({"--zzzzzz", "1"}, {"unknown key 'zzzzzz'", "the keys are:", "seq_len", "threads"});
+  expect_override_error({"--steps", "abc"}, {"--steps", "steps = \"abc\"", "not an integer"});
+  expect_override_error({"--steps", "-5"}, {"steps = -5", "must be >= 0"});
+  expect_override_error({"--lr", "0"}, {"lr = 0", "must be > 0"});
+  expect_override_error({"--lr", "1e-3x"}, {"lr = \"1e-3x\"", "not a finite number"});
+  expect_override_error({"--lr", "nan"}, {"lr = \"nan\""});
+  expect_override_error({"--min-lr", "0.01"}, {"min_lr = 0.01", "lr = 0.003"});
+  expect_override_error({"--beta1", "1"}, {"beta1 = 1", "[0, 1)"});
+  expect_override_error({"--beta2=-0.1"}, {"beta2 = -0.1", "[0, 1)"});
+  expect_override_error({"--lr-schedule", "step"}, {"lr_schedule = \"step\"", "cosine, linear, constant"});
+  expect_override_error({"--device", "gpu"}, {"device = \"gpu\"", "cpu, cuda, auto"});
+  expect_override_error({"--recompute", "selective"}, {"recompute = \"selective\"", "none, full"});
+  expect_override_error({"--warmup-steps", "301"}, {"warmup_steps = 301", "steps = 300"});
+  expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
+  expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
+  expect_override_error({"--max-digits", "12"}, {"max_digits = 12", "1..9"});
+  expect_override_error({"--data", "synthetic:mult"}, {"data = \"synthetic:mult\"", "synthetic:addition"});
+  expect_override_error({"--grad-clip", "-1"}, {"grad_clip = -1", ">= 0"});
+  expect_override_error({"--micro-batch-size", "0"}, {"micro_batch_size = 0", ">= 1"});
+  expect_override_error({"--log-every", "0"}, {"log_every = 0", ">= 1"});
+  expect_override_error({"--steps"}, {"--steps needs a value"});
+  expect_override_error({"--steps", "--lr", "1"}, {"--steps needs a value"});
+  expect_override_error({"steps", "5"}, {"unexpected argument 'steps'"});
+  expect_override_error({"--config", "x.json"}, {"--config"});
+}
+
+TEST(TrainConfig, FromArgsReadsConfigThenOverrides) {
+  std::string path = write_temp("c.json", R"({"steps": 10, "warmup_steps": 20, "lr": 0.5})");
+  // The file alone breaks warmup_steps <= steps; the override fixes it, and validation runs once at the end.
+  TrainConfig c = train_config_from_args({"--steps", "100", "--config", path, "--lr=0.25"});
+  EXPECT_EQ(c.steps, 100);
+  EXPECT_EQ(c.warmup_steps, 20);
+  EXPECT_DOUBLE_EQ(c.lr, 0.25);
+  TrainConfig d = train_config_from_args({"--config=" + path, "--steps=20"});
+  EXPECT_DOUBLE_EQ(d.lr, 0.5);
+  std::string msg = error_of([&] { train_config_from_args({"--config", path}); });
+  EXPECT_NE(msg.find("warmup_steps = 20"), std::string::npos) << msg;
+  msg = error_of([&] { train_config_from_args({"--config", path, "--config", path}); });
+  EXPECT_NE(msg.find("--config given twice"), std::string::npos) << msg;
+  fs::remove(path);
+  EXPECT_EQ(train_config_from_args({}).steps, 300);
+}
