@@ -82,10 +82,15 @@ Problem sample_train_problem(Rng& rng, int max_digits) {
   }
 }
 
-std::vector<Problem> make_eval_problems(int64_t n, uint64_t seed, int max_digits) {
+int64_t max_eval_problems(int max_digits) {
   check_digits(max_digits);
   // For M = 10^d, every a has exactly M/10 partners b with (a*1000003 + b) % 10 == 0.
-  int64_t m = pow10(max_digits), available = m * (m / 10);
+  int64_t m = pow10(max_digits);
+  return m * (m / 10);
+}
+
+std::vector<Problem> make_eval_problems(int64_t n, uint64_t seed, int max_digits) {
+  int64_t m = pow10(max_digits), available = max_eval_problems(max_digits);
   if (n < 0 || n > available)
     MT_THROW("synthetic addition: eval_problems = ", n, " is not allowed for max_digits = ", max_digits, "; use 0..",
              available, " (the number of distinct evaluation pairs)");

@@ -47,6 +47,7 @@ Problem sample_train_problem(Rng& rng, int max_digits);
 // n distinct evaluation problems, deterministic from seed. There are exactly 10^(2*max_digits - 1)
 // evaluation pairs; asking for more is an error.
 std::vector<Problem> make_eval_problems(int64_t n, uint64_t seed, int max_digits = 3);
+int64_t max_eval_problems(int max_digits);  // 10^(2*max_digits - 1)
 
 // True when `generated` (the tokens the model produced after the prompt) holds the answer digits
 // followed by <eos>. Tokens after the first <eos> are ignored; no <eos> at all is a wrong answer.

@@ -327,6 +327,10 @@ void validate_train_config(const TrainConfig& c) {
     MT_THROW("train config: min_lr = ", real_str(c.min_lr), " is not allowed: must be <= lr = ", real_str(c.lr));
   if (c.warmup_steps > c.steps)
     MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
+  if (c.data.rfind("synthetic:", 0) == 0 && c.eval_problems > max_eval_problems(int(c.max_digits)))
+    MT_THROW("train config: eval_problems = ", c.eval_problems, " is not allowed with max_digits = ", c.max_digits,
+             ": there are only ", max_eval_problems(int(c.max_digits)),
+             " distinct held-out problems; use eval_problems <= ", max_eval_problems(int(c.max_digits)));
   if (c.data.rfind("synthetic:", 0) == 0 && c.seq_len < max_problem_tokens(int(c.max_digits)))
     MT_THROW("train config: seq_len = ", c.seq_len, " is not allowed with data = \"", c.data,
              "\" and max_digits = ", c.max_digits, ": a problem takes up to ", max_problem_tokens(int(c.max_digits)),

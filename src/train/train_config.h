@@ -58,7 +58,7 @@ TrainConfig train_config_from_args(const std::vector<std::string>& args);
 // Sets one field from its text form (the command-line spelling of the key is accepted).
 void set_train_config_field(TrainConfig& c, const std::string& key, const std::string& value);
 // The rules that involve several fields: min_lr <= lr, warmup_steps <= steps, and for synthetic data
-// a seq_len that holds one problem.
+// a seq_len that holds one problem and no more eval_problems than there are held-out pairs.
 void validate_train_config(const TrainConfig& c);
 
 // Every field as a JSON object, in declaration order, 2-space indented; load_train_config reads it back.

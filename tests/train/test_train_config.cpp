@@ -163,6 +163,12 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
   expect_override_error({"--warmup-steps", "301"}, {"warmup_steps = 301", "steps = 300"});
   expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
   expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
+  expect_override_error({"--max-digits", "1"}, {"eval_problems = 200", "max_digits = 1", "<= 10"});
+  {
+    TrainConfig c;
+    EXPECT_NO_THROW(apply_overrides(c, {"--max-digits", "1", "--eval-problems", "10", "--data", "/some/shards"}));
+    EXPECT_NO_THROW(apply_overrides(c, {"--eval-problems", "200"})) << "only synthetic data has the limit";
+  }
   expect_override_error({"--max-digits", "12"}, {"max_digits = 12", "1..9"});
   expect_override_error({"--data", "synthetic:mult"}, {"data = \"synthetic:mult\"", "synthetic:addition"});
   expect_override_error({"--grad-clip", "-1"}, {"grad_clip = -1", ">= 0"});
