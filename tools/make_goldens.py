@@ -35,7 +35,12 @@ kInitStd = 0.1  # larger than the default 0.02 so that mistakes move the numbers
 kNormStd = 0.1  # RMSNorm weights are 1 + kNormStd * randn, so norm gradients and scales are exercised
 kMaxNorm = 1.0
 kSteps = 3
-kAdamW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+# eps 1e-6, not torch's default 1e-8: some gradient elements here are ~1e-8 (SwiGLU gates that are off for
+# every token, rarely routed experts), and for them Adam's direction g / (|g| + eps) turns fp32 summation-order
+# noise into O(1) differences, so no two implementations (not even torch on two CPUs) agree after 3 steps.
+# Measured with moetrain: gradients within 1.7e-6 of torch, one step from identical gradients within 2e-8, yet
+# the 3-step parameters differ by up to 1.7e-4 per tensor at eps 1e-8 and by at most 6.4e-6 at eps 1e-6.
+kAdamW = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1)
 # Positions (batch row, token) whose label is -100: two interior ones and a whole tail region of row 1.
 # Smallest allowed gap between the k-th and (k+1)-th router probability of any token, at any of the steps: an
 # implementation whose fp32 rounding differs slightly from torch's must still pick the same experts.
@@ -100,7 +105,7 @@ kCases = {
     "aux": (
         "moe",
         dict(vocab_size=128, num_hidden_layers=3, output_router_logits=True, router_aux_loss_coef=0.1),
-        1025,
+        1028,
     ),
     "dense_qwen3": ("dense", {}, 1006),
 }
@@ -345,7 +350,7 @@ def run_case(name, family, overrides, seed, out_root):
         with torch.no_grad():
             current = to_layout({k: v.detach() for k, v in named.items()}, "disk", disk_names)
             ref_logits, ref_ce, ref_aux, margin = reference_forward(current, cfg_json, input_ids, labels)
-        margins.append(margin)
+        margins.append(margin if margin != float("inf") else None)  # JSON has no Infinity: dense = null
         assert margin >= kMinRouterMargin, f"{name}: step {step} routing is near a tie ({margin}); pick another seed"
         opt.zero_grad(set_to_none=True)
         out, aux = forward_loss(model, input_ids, labels)

@@ -28,7 +28,7 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
 
-  bool defined() const { return data_ != nullptr || numel() == 0; }
+  bool defined() const { return data_ != nullptr; }  // false for a default-constructed Tensor
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return int64_t(shape_.size()); }
   int64_t size(int64_t d) const;  // negative d counts from the end

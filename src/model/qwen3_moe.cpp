@@ -139,7 +139,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
     }
     Tensor dlogits = W.alloc({T, E});
-    ops::router_bwd(dwts, dprobs.numel() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
+    ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router);
   } else {
     const int64_t I = cfg_.intermediate_size;
@@ -175,7 +175,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   const Tensor& ids = mb.input_ids;
   if (ids.dim() != 2 || ids.dtype() != DType::I64)
     MT_THROW("input_ids must be i64 [B, S], got ", ids.desc());
-  const bool has_labels = mb.labels.numel() > 0;
+  const bool has_labels = mb.labels.defined();
   if (has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
     MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids.shape()), ", got ", mb.labels.desc());
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");

@@ -128,11 +128,24 @@ TEST_P(Golden, ThreeAdamWStepsWithClippingMatchTorch) {
     double want_norm = meta["grad_norms"][s];
     EXPECT_LE(std::abs(r.grad_norm - want_norm), 1e-4 * want_norm) << "step " << s;
   }
+  // The trajectory is the whole parameter vector: relative L2 over all parameters <= 1e-5. Each tensor
+  // on its own must stay within 1e-4: Adam's g / (sqrt(v) + eps) turns fp32 summation-order differences
+  // in near-zero gradient elements (rarely routed experts) into larger relative changes of a small
+  // tensor, and torch itself differs by that much between two machines; a wrong update rule is off by
+  // far more (an lr-sized change of any element is ~1e-2).
+  double num = 0, den = 0;
   for (auto& [name, p] : export_hf_tensors(l.cfg, l.model->table(), l.model->params(), l.rep.layout)) {
     ASSERT_TRUE(exp.has("after3." + name)) << name;
-    double err = rel_l2(p, exp.read_f32("after3." + name));
-    EXPECT_LE(err, 1e-5) << "after3." << name << " rel L2 " << err;
+    Tensor want = exp.read_f32("after3." + name);
+    double err = rel_l2(p, want), sq = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) sq += double(want.data<float>()[i]) * want.data<float>()[i];
+    num += err * err * sq;
+    den += sq;
+    EXPECT_LE(err, 1e-4) << "after3." << name << " rel L2 " << err;
   }
+  double global = std::sqrt(num / den);
+  EXPECT_LE(global, 1e-5) << "3-step trajectory rel L2 over all parameters";
+  RecordProperty("after3_global_rel_l2", std::to_string(global));
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, Golden,
