@@ -1,0 +1,150 @@
+// The training loop end to end on the tiny model, and the optimizer's clipping and skip rules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "model/hf_checkpoint.h"
+#include "train/optimizer.h"
+#include "train/trainer.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig tiny_run(const std::string& name) {
+  TrainConfig c;
+  c.model = "tiny";
+  c.device = "cpu";
+  c.out_dir = (fs::temp_directory_path() / ("moetrain_trainer_" + name + "_" + std::to_string(getpid()))).string();
+  fs::remove_all(c.out_dir);
+  c.steps = 4;
+  c.micro_batch_size = 2;
+  c.grad_accum = 2;
+  c.seq_len = 32;
+  c.warmup_steps = 1;
+  c.eval_problems = 6;
+  c.log_every = 1;
+  return c;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, RunsLogsMetricsAndSavesAReloadableCheckpoint) {
+  TrainConfig c = tiny_run("basic");
+  c.recompute = "full";
+  TrainSummary s = run_training(c);
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_EQ(s.skipped, 0);
+  EXPECT_TRUE(std::isfinite(s.first_loss) && std::isfinite(s.last_loss));
+  EXPECT_TRUE(s.evaluated);
+  EXPECT_EQ(s.eval.problems, 6);
+  EXPECT_NE(s.summary_line.find("tiny: loss "), std::string::npos) << s.summary_line;
+  EXPECT_NE(s.summary_line.find("on 6 held-out problems"), std::string::npos) << s.summary_line;
+
+  auto rows = read_jsonl(c.out_dir + "/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 5u);  // 4 steps + the final evaluation
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(rows[size_t(i)]["step"], i + 1);
+    for (const char* k : {"loss", "ce", "aux", "grad_norm", "lr", "tokens_per_s"})
+      EXPECT_TRUE(rows[size_t(i)].contains(k)) << k;
+    EXPECT_EQ(rows[size_t(i)]["tokens"], 2 * 2 * 32);
+    EXPECT_GT(double(rows[size_t(i)]["time_s"]["backward"]), 0.0);
+  }
+  EXPECT_EQ(rows[4]["event"], "eval");
+  // warmup 1 step, then cosine from lr to min_lr
+  EXPECT_DOUBLE_EQ(double(rows[0]["lr"]), c.lr);
+  EXPECT_NEAR(double(rows[3]["lr"]), c.min_lr, 1e-12);
+
+  ASSERT_EQ(s.checkpoint_dir, c.out_dir + "/checkpoint-4");
+  ModelConfig mc = load_model_config(s.checkpoint_dir);
+  ParamTable t(mc);
+  Tensor flat = Tensor::zeros({t.total()});
+  LoadReport rep = load_hf_weights(s.checkpoint_dir, mc, t, flat);
+  EXPECT_EQ(rep.layout, ExpertLayout::PerExpert);
+  EXPECT_GT(rep.tensors, 10u);
+  fs::remove_all(c.out_dir);
+}
+
+TEST(Trainer, SameSeedSameLossCurve) {
+  std::vector<double> curves[2];
+  for (int r = 0; r < 2; ++r) {
+    TrainConfig c = tiny_run("det" + std::to_string(r));
+    c.eval_problems = 0;
+    run_training(c);
+    for (auto& row : read_jsonl(c.out_dir + "/metrics.jsonl"))
+      if (row.contains("loss")) curves[r].push_back(row["loss"]);
+    fs::remove_all(c.out_dir);
+  }
+  ASSERT_EQ(curves[0].size(), 4u);
+  EXPECT_EQ(curves[0], curves[1]);
+  EXPECT_LT(curves[0].back(), curves[0].front());
+}
+
+TEST(Trainer, RejectsCudaUntilTheBackendExists) {
+  TrainConfig c = tiny_run("cuda");
+  c.device = "cuda";
+  try {
+    run_training(c);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use --device cpu"), std::string::npos) << e.what();
+  }
+  fs::remove_all(c.out_dir);
+}
+
+TEST(Optimizer, NonFiniteGradNormSkipsTheStepAndLeavesStateUntouched) {
+  AdamWConfig oc;
+  AdamW opt(4, Device::CPU, oc);
+  Tensor p = Tensor::empty({4}), g = Tensor::empty({4});
+  for (int i = 0; i < 4; ++i) {
+    p.data<float>()[i] = 0.5f * float(i);
+    g.data<float>()[i] = 0.1f;
+  }
+  opt.step(p, g, 1e-2);
+  Tensor p1 = p.clone(), m1 = opt.exp_avg().clone(), v1 = opt.exp_avg_sq().clone();
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    g.data<float>()[2] = bad;
+    OptimStepResult r = opt.step(p, g, 1e-2);
+    EXPECT_TRUE(r.skipped);
+    EXPECT_FALSE(std::isfinite(r.grad_norm));
+    EXPECT_EQ(std::memcmp(p.raw(), p1.raw(), 16), 0);
+    EXPECT_EQ(std::memcmp(opt.exp_avg().raw(), m1.raw(), 16), 0);
+    EXPECT_EQ(std::memcmp(opt.exp_avg_sq().raw(), v1.raw(), 16), 0);
+  }
+  EXPECT_EQ(opt.steps_skipped(), 2);
+  EXPECT_EQ(opt.steps_taken(), 1);
+  g.data<float>()[2] = 0.1f;
+  EXPECT_FALSE(opt.step(p, g, 1e-2).skipped);
+  EXPECT_EQ(opt.steps_taken(), 2);
+}
+
+TEST(Optimizer, ClipsToMaxNormLikeTorch) {
+  EXPECT_EQ(clip_factor(0.5, 1.0), 1.0);
+  EXPECT_NEAR(clip_factor(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-7);
+  EXPECT_EQ(clip_factor(100.0, 0.0), 1.0);  // clipping off
+  AdamWConfig oc;
+  oc.max_grad_norm = 1.0;
+  AdamW opt(2, Device::CPU, oc);
+  Tensor p = Tensor::zeros({2}), g = Tensor::empty({2});
+  g.data<float>()[0] = 3.0f;
+  g.data<float>()[1] = 4.0f;
+  OptimStepResult r = opt.step(p, g, 1e-3);
+  EXPECT_NEAR(r.grad_norm, 5.0, 1e-6);
+  EXPECT_NEAR(r.clip_scale, 0.2, 1e-6);
+  EXPECT_NEAR(opt.exp_avg().data<float>()[1], (1 - oc.beta1) * 4.0 * 0.2, 1e-6);  // moments see the clipped gradient
+}
