@@ -53,11 +53,11 @@ TEST(LrSchedule, ConstantAndEdgeCases) {
 }
 
 TEST(LrSchedule, FromTrainConfig) {
-  TrainConfig c;  // lr 3e-3, min_lr 3e-4, warmup 20, steps 300, cosine
+  TrainConfig c;  // lr 3e-3, min_lr 3e-4, warmup 20, steps 1500, cosine
   EXPECT_DOUBLE_EQ(lr_at(c, 0), 3e-3 / 20);
   EXPECT_DOUBLE_EQ(lr_at(c, 19), 3e-3);
   EXPECT_DOUBLE_EQ(lr_at(c, 20), 3e-3);
-  EXPECT_NEAR(lr_at(c, 299), 3e-4, 1e-15);
+  EXPECT_NEAR(lr_at(c, 1499), 3e-4, 1e-15);
   c.lr_schedule = "warmup-only";
   std::string msg;
   try {

@@ -43,7 +43,7 @@ TEST(TrainConfig, DefaultsAreValid) {
   TrainConfig c;
   EXPECT_NO_THROW(validate_train_config(c));
   EXPECT_EQ(c.model, "demo");
-  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.steps, 1500);
   EXPECT_EQ(c.micro_batch_size, 16);
   EXPECT_DOUBLE_EQ(c.lr, 3e-3);
   EXPECT_EQ(c.lr_schedule, "cosine");
@@ -139,7 +139,7 @@ TEST(TrainConfig, OverridesBothSpellings) {
   EXPECT_THROW(apply_overrides(c, {"--steps", "7", "--device", "gpu"}), Error);
   EXPECT_THROW(apply_json(c, R"({"steps": 7, "beta1": 2})", "j"), Error);
   EXPECT_THROW(set_train_config_field(c, "steps", "-7"), Error);
-  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.steps, 1500);
   EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
   EXPECT_EQ(c.device, "cuda");
   EXPECT_DOUBLE_EQ(c.beta1, 0.9);
@@ -160,7 +160,7 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
   expect_override_error({"--lr-schedule", "step"}, {"lr_schedule = \"step\"", "cosine, linear, constant"});
   expect_override_error({"--device", "gpu"}, {"device = \"gpu\"", "cpu, cuda, auto"});
   expect_override_error({"--recompute", "selective"}, {"recompute = \"selective\"", "none, full"});
-  expect_override_error({"--warmup-steps", "301"}, {"warmup_steps = 301", "steps = 300"});
+  expect_override_error({"--warmup-steps", "1501"}, {"warmup_steps = 1501", "steps = 1500"});
   expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
   expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
   expect_override_error({"--max-digits", "1"}, {"eval_problems = 200", "max_digits = 1", "<= 10"});
@@ -194,5 +194,5 @@ TEST(TrainConfig, FromArgsReadsConfigThenOverrides) {
   msg = error_of([&] { train_config_from_args({"--config", path, "--config", path}); });
   EXPECT_NE(msg.find("--config given twice"), std::string::npos) << msg;
   fs::remove(path);
-  EXPECT_EQ(train_config_from_args({}).steps, 300);
+  EXPECT_EQ(train_config_from_args({}).steps, 1500);
 }
