@@ -87,27 +87,16 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
   MT_CHECK(is_cpu(), "dtype conversion of ", desc(), " is CPU-only here");
   Tensor out = empty(shape_, dtype, Device::CPU);
-  int64_t n = numel();
-  auto load = [&](int64_t i) -> double {
-    switch (dtype_) {
-      case DType::F32: return static_cast<const float*>(data_)[i];
-      case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(data_)[i]);
-      case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(data_)[i]);
-      case DType::I32: return static_cast<const int32_t*>(data_)[i];
-      case DType::I64: return double(static_cast<const int64_t*>(data_)[i]);
-    }
-    return 0;
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    double v = load(i);
-    switch (dtype) {
-      case DType::F32: static_cast<float*>(out.raw())[i] = float(v); break;
-      case DType::BF16: static_cast<uint16_t*>(out.raw())[i] = f32_to_bf16(float(v)); break;
-      case DType::F16: static_cast<uint16_t*>(out.raw())[i] = f32_to_f16(float(v)); break;
-      case DType::I32: static_cast<int32_t*>(out.raw())[i] = int32_t(v); break;
-      case DType::I64: static_cast<int64_t*>(out.raw())[i] = int64_t(v); break;
-    }
-  }
+  const int64_t n = numel();
+  dispatch_dtype(dtype_, [&](auto src_tag) {
+    using S = typename decltype(src_tag)::type;
+    dispatch_dtype(dtype, [&](auto dst_tag) {
+      using D = typename decltype(dst_tag)::type;
+      const S* src = static_cast<const S*>(data_);
+      D* dst = static_cast<D*>(out.raw());
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_double<D>(to_double(src[i]));
+    });
+  });
   return out;
 }
 
