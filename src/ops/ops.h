@@ -2,7 +2,11 @@
 // backend/cuda next). The model calls only these.
 //
 // Contracts (as in llm.c):
-//   - all float tensors are f32 on CPU; tensors are contiguous row-major;
+//   - tensors are contiguous row-major; all tensors of one call live on one device;
+//   - dtypes: on the CPU every float tensor is f32. On CUDA, activations and compute weights are
+//     bf16 and everything marked "f32" below stays f32 (norm statistics, log-sum-exp, router logits,
+//     probabilities and routing weights, parameter gradients, optimizer state); reductions and GEMMs
+//     accumulate in f32. Where an op says "bf16|f32" the CUDA version takes either;
 //   - parameter gradients use += (they accumulate over micro-batches and branches);
 //   - activation gradients use = unless the argument says "+=";
 //   - outputs are preallocated by the caller with the documented shape; ops check shapes and
@@ -20,18 +24,20 @@
 namespace mt::ops {
 
 // ---- GEMM and linear layers (HF weight layout: w_OI is [out, in]) ----
-// y_TO = x_TI @ w_OI^T
+// y_TO = x_TI @ w_OI^T. CUDA: x, w bf16; y bf16|f32 (f32 for router logits).
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
 // dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += dy_TO^T @ x_TI. dx may be null.
+// CUDA: dy bf16|f32, x, w, dx bf16; dw f32.
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI);
 
 // ---- embedding: ids_T is i64, each in [0, V) (checked) ----
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);  // dtable +=
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);  // dtable += (f32)
 
 // ---- RMSNorm over the last dim: y = w * x / sqrt(mean(x^2) + eps), fp64 accumulation ----
-// Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N is saved for backward.
+// Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N (f32) is saved for
+// backward; dw_D is f32.
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D);  // dx =, dw +=
@@ -44,7 +50,8 @@ void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta);  // applies th
 
 // ---- causal grouped-query attention over B sequences of length S (T = B*S) ----
 // q_THHd [T, H, Hd], k_TGHd/v_TGHd [T, G, Hd], H % G == 0, query head h uses kv head h / (H/G).
-// scale = 1/sqrt(Hd). out_THHd [T, H, Hd]; lse_TH [T, H] = log-sum-exp of the scaled scores (saved).
+// scale = 1/sqrt(Hd). out_THHd [T, H, Hd]; lse_TH [T, H] (f32) = log-sum-exp of the scaled scores
+// (saved; its values are backend-specific: the CUDA backend may keep its own statistics layout).
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
                    Tensor& out_THHd, Tensor& lse_TH);
 // dq =, dk =, dv =
@@ -54,6 +61,7 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
 
 // ---- router: probs = softmax(logits) in fp32 (fp64 accumulation); top-k by probability ----
 // Ties are broken by the lower expert index (as torch.topk on CPU does for equal values in practice).
+// All f32 on every backend; topk_idx i32.
 // topk_idx_TK is i32, sorted by descending probability; topk_w_TK are the probabilities, divided by
 // their sum when norm_topk.
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
@@ -94,10 +102,12 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
                    Tensor& dyp_RD, Tensor& dw_TK);
 
 // ---- SwiGLU: gu_N2F holds [gate | up] along the last dim; h = silu(gate) * up ----
+// CUDA: bf16 in and out, f32 arithmetic.
 void swiglu_fwd(const Tensor& gu_N2F, Tensor& h_NF);
 void swiglu_bwd(const Tensor& dh_NF, const Tensor& gu_N2F, Tensor& dgu_N2F);  // dgu =
 
 // ---- experts, grouped form: one GEMM chain per expert over its contiguous dispatched rows ----
+// CUDA: xp, w, gu, h, yp, dxp bf16; dw f32. unpermute weights w_TK and dw_TK are f32.
 // w_gate_up_E2FD [E, 2F, D] (rows [0,F) gate, [F,2F) up), w_down_EDF [E, D, F].
 // gu_R2F = xp @ w_gate_up[e]^T; h_RF = swiglu(gu); yp_RD = h @ w_down[e]^T. gu and h are saved.
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
@@ -124,16 +134,29 @@ double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor
 void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, float scale,
                        Tensor& dlogits_TV);
 
+// ---- LM head fused with cross-entropy, chunked over tokens ----
+// For each chunk of rows: logits = hn @ w^T (f32, never for the whole batch at once), loss_sum += the
+// chunk's sum of (lse - logit[label]) over labels != -100, dlogits = scale * (softmax - onehot) (0 on
+// ignored rows), dhn = dlogits @ w (=), dw += dlogits^T @ hn. loss_sum is f32 [1] on the op's device
+// (no host synchronisation). chunk_rows <= 0 lets the backend choose. CUDA: hn, w, dhn bf16; dw f32.
+void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD);
+
 // ---- optimizer and gradient utilities ----
 struct AdamWHyper {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
   int64_t step = 1;  // 1-based step count after this update (for bias correction)
 };
 // torch.optim.AdamW semantics (decoupled decay p *= 1 - lr*wd first), with g read as grad_scale*g.
-void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale);
-double sum_squares(const Tensor& x);  // fp64 accumulation
+// p, g, m, v are f32. When p_compute is given (bf16, same shape), it receives the updated p rounded
+// to bf16 in the same pass (the compute copy of the weights on CUDA).
+void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
+                Tensor* p_compute);
+double sum_squares(const Tensor& x);  // f32 (any backend) or bf16 (CUDA); fp64 accumulation on CPU
 void scale_(Tensor& x, float s);
-void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
+void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x; CUDA: f32 or bf16 (same dtype)
 bool all_finite(const Tensor& x);
+// dst = src converted (f32 <-> bf16, or a plain copy when the dtypes match); same shape and device.
+void copy_cast(const Tensor& src, Tensor& dst);
 
 }  // namespace mt::ops

@@ -16,7 +16,7 @@ AdamW::AdamW(int64_t numel, Device device, const AdamWConfig& cfg) : cfg_(cfg) {
   v_ = Tensor::zeros({numel}, DType::F32, device);
 }
 
-OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr) {
+OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr, Tensor* compute) {
   MT_CHECK(params.numel() == m_.numel() && grads.numel() == m_.numel(), "AdamW sized for ", m_.numel(),
            " elements, got params ", params.desc(), " grads ", grads.desc());
   OptimStepResult r;
@@ -37,7 +37,8 @@ OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr) {
   h.weight_decay = float(cfg_.weight_decay);
   h.step = step_;
   Tensor p = params.view({-1}), g = grads.view({-1});
-  ops::adamw_step(p, g, m_, v_, h, float(r.clip_scale));
+  Tensor compute_flat = compute ? compute->view({-1}) : Tensor();
+  ops::adamw_step(p, g, m_, v_, h, float(r.clip_scale), compute ? &compute_flat : nullptr);
   return r;
 }
 

@@ -25,8 +25,9 @@ struct OptimStepResult {
 class AdamW {
  public:
   AdamW(int64_t numel, Device device, const AdamWConfig& cfg);
-  // One update of params from grads with learning rate lr. grads are read, not modified.
-  OptimStepResult step(Tensor& params, const Tensor& grads, double lr);
+  // One update of params from grads with learning rate lr. grads are read, not modified. When
+  // compute is given (bf16, the weights the forward uses), it receives the updated params.
+  OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr);
   int64_t steps_taken() const { return step_; }
   int64_t steps_skipped() const { return skipped_; }
   Tensor& exp_avg() { return m_; }

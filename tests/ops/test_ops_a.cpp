@@ -593,7 +593,7 @@ TEST(OpsAAdamW, ThreeStepsMatchScalarDerivation) {
   for (int64_t step = 1; step <= 3; ++step) {
     Tensor g = random_tensor({n}, rng, -2, 2);
     h.step = step;
-    cpu::adamw_step(p, g, m, v, h, grad_scale);
+    cpu::adamw_step(p, g, m, v, h, grad_scale, nullptr);
     const double b1 = h.beta1, b2 = h.beta2, lr = h.lr;
     for (int64_t i = 0; i < n; ++i) {
       const size_t u = size_t(i);
@@ -624,7 +624,7 @@ TEST(OpsAAdamW, FirstStepMovesByLearningRate) {
   h.weight_decay = 0.0f;
   h.eps = 0.0f;
   h.step = 1;
-  cpu::adamw_step(p, g, m, v, h, 1.0f);
+  cpu::adamw_step(p, g, m, v, h, 1.0f, nullptr);
   EXPECT_NEAR(p.data<float>()[0], 0.9f, 1e-6);
   EXPECT_NEAR(p.data<float>()[1], 1.1f, 1e-6);
   EXPECT_TRUE(std::isnan(p.data<float>()[2]));  // 0/0 with eps 0, as torch gives
@@ -633,15 +633,15 @@ TEST(OpsAAdamW, FirstStepMovesByLearningRate) {
 TEST(OpsAAdamW, ArgumentErrors) {
   Tensor p = Tensor::zeros({4}), g = Tensor::zeros({4}), m = Tensor::zeros({4}), v = Tensor::zeros({5});
   ops::AdamWHyper h;
-  std::string msg = error_of([&] { cpu::adamw_step(p, g, m, v, h, 1.0f); });
+  std::string msg = error_of([&] { cpu::adamw_step(p, g, m, v, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("adamw_step v has shape [5], expected [4]"), std::string::npos) << msg;
   Tensor v_ok = Tensor::zeros({4});
   h.step = 0;
-  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f); });
+  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("step (0) must be >= 1"), std::string::npos) << msg;
   h.step = 1;
   h.beta2 = 1.0f;
-  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f); });
+  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("beta2 (1) must be in [0, 1)"), std::string::npos) << msg;
 }
 

@@ -19,7 +19,8 @@ static void check_f32(const Tensor& t, const char* what) {
   check_dtype(t, DType::F32, what);
 }
 
-void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale) {
+void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
+                Tensor* p_compute) {
   check_f32(p, "adamw_step p");
   check_f32(g, "adamw_step g");
   check_f32(m, "adamw_step m");
@@ -27,6 +28,10 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
   check_shape(g, p.shape(), "adamw_step g");
   check_shape(m, p.shape(), "adamw_step m");
   check_shape(v, p.shape(), "adamw_step v");
+  if (p_compute) {
+    check_dtype(*p_compute, DType::BF16, "adamw_step p_compute");
+    check_shape(*p_compute, p.shape(), "adamw_step p_compute");
+  }
   if (h.step < 1) MT_THROW("adamw_step: step (", h.step, ") must be >= 1 (1-based count after this update)");
   if (!(h.lr >= 0.0f)) MT_THROW("adamw_step: lr (", h.lr, ") must be >= 0");
   if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f)) MT_THROW("adamw_step: beta1 (", h.beta1, ") must be in [0, 1)");
@@ -57,6 +62,10 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
     pm[i] = mi;
     pv[i] = vi;
     pp[i] = pi + neg_step_size * mi / denom;
+  }
+  if (p_compute) {
+    uint16_t* pc = p_compute->data<uint16_t>();
+    for (int64_t i = 0; i < p.numel(); ++i) pc[i] = f32_to_bf16(pp[i]);
   }
 }
 
