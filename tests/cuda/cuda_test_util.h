@@ -1,0 +1,45 @@
+// Helpers for CUDA-vs-CPU op tests: skip visibly without a GPU, random inputs that are exactly
+// representable in bf16 (so the CPU reference sees the same values as the GPU), transfers, and the
+// relative L2 error with NaN never passing.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace mt::cudatest {
+
+#define MT_REQUIRE_GPU()                                                   \
+  do {                                                                     \
+    if (!::mt::device_mem::cuda_available()) GTEST_SKIP() << "skipped: no GPU"; \
+  } while (0)
+
+// f32 CPU tensor with N(0, std) values rounded to bf16 (exactly representable).
+inline Tensor rand_bf16_exact(const Shape& s, Rng& rng, float std = 1.0f) {
+  Tensor t = Tensor::empty(s);
+  rng.fill_normal(t, 0.0f, std);
+  return t.to(DType::BF16).to(DType::F32);
+}
+
+// CPU f32 -> CUDA tensor of dtype dt (bf16 or f32).
+inline Tensor to_cuda(const Tensor& cpu_f32, DType dt) { return cpu_f32.to(dt).to(Device::CUDA); }
+// Any CUDA/CPU tensor -> CPU f32.
+inline Tensor to_host_f32(const Tensor& t) { return t.to(Device::CPU).to(DType::F32); }
+
+// ||a - b|| / ||b|| with a, b converted to f32 on the host; NaN or Inf anywhere returns +inf.
+inline double rel_l2(const Tensor& a, const Tensor& b) {
+  Tensor x = to_host_f32(a), y = to_host_f32(b);
+  EXPECT_EQ(x.shape(), y.shape());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double p = x.data<float>()[i], q = y.data<float>()[i];
+    if (!std::isfinite(p) || !std::isfinite(q)) return INFINITY;
+    num += (p - q) * (p - q);
+    den += q * q;
+  }
+  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+
+}  // namespace mt::cudatest
