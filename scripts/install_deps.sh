@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing moetrain needs on Debian 12 (or Ubuntu): compilers, CMake,
-# GoogleTest, OpenBLAS, nlohmann-json. Idempotent: does nothing when everything is present.
+# GoogleTest, OpenBLAS, nlohmann-json from apt; and, when the CUDA toolkit is present, the
+# header-only CUDA libraries Debian lacks (cudnn-frontend, CUTLASS) from PyPI into .deps/pip.
+# Idempotent: does nothing when everything is present.
 set -euo pipefail
-pkgs=(build-essential cmake libgtest-dev libopenblas-dev nlohmann-json3-dev python3)
+cd "$(dirname "$0")/.."
+pkgs=(build-essential cmake libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -13,4 +16,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  if [ ! -f .deps/pip/include/cudnn_frontend.h ] || [ ! -d .deps/pip/cutlass_library/source/include/cutlass ]; then
+    echo "install_deps: fetching header packages nvidia-cudnn-frontend, nvidia-cutlass into .deps/pip"
+    python3 -m pip install -q --no-deps --target .deps/pip nvidia-cudnn-frontend==1.32.0 nvidia-cutlass==4.2.0.0 \
+      || python3 -m pip install -q --break-system-packages --no-deps --target .deps/pip \
+           nvidia-cudnn-frontend==1.32.0 nvidia-cutlass==4.2.0.0
+  fi
 fi

@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <cblas.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -9,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/gemm.h"
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
@@ -56,7 +56,7 @@ ModelConfig resolve_model_config(const std::string& model) {
 
 TrainSummary run_training(const TrainConfig& cfg) {
   validate_train_config(cfg);
-  if (cfg.threads > 0) openblas_set_num_threads(int(cfg.threads));
+  cpu::set_blas_threads(int(cfg.threads));
   Device device = resolve_device(cfg.device);
   ModelConfig mc = resolve_model_config(cfg.model);
   if (cfg.recompute != "none" && cfg.recompute != "full")

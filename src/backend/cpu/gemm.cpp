@@ -1,8 +1,7 @@
-// Row-major sgemm over OpenBLAS (see gemm.h). Dimensions are checked against int, the index type of
-// the CBLAS interface, so that a huge matrix fails loudly instead of wrapping around.
+// Row-major sgemm (see gemm.h): argument checks here, the multiplication in the BLAS the build chose
+// (gemm_openblas.cpp, or gemm_noblas.cpp where no BLAS is installed). Dimensions are checked
+// against int, the index type of the CBLAS interface, so that a huge matrix fails loudly.
 #include "backend/cpu/gemm.h"
-
-#include <cblas.h>
 
 #include <climits>
 
@@ -25,8 +24,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
+  sgemm_backend(trans_a, trans_b, int(M), int(N), int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
 }  // namespace mt::cpu

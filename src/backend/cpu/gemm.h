@@ -1,4 +1,4 @@
-// Row-major single-precision GEMM for the CPU backend, a thin wrapper over OpenBLAS's cblas_sgemm.
+// Row-major single-precision GEMM for the CPU backend, over OpenBLAS (or plain loops without a BLAS).
 // Every CPU op that multiplies matrices goes through here so that the BLAS choice lives in one file.
 #pragma once
 #include <cstdint>
@@ -12,5 +12,12 @@ namespace mt::cpu {
 // with K == 0 the product is zero, so C = beta * C.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// The build's BLAS: gemm_openblas.cpp or gemm_noblas.cpp (checked arguments, K > 0, M, N > 0).
+void sgemm_backend(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                   const float* B, int ldb, float beta, float* C, int ldc);
+// Threads the BLAS may use (0 = its default); a no-op without a threaded BLAS.
+void set_blas_threads(int threads);
+const char* blas_name();
 
 }  // namespace mt::cpu
