@@ -140,6 +140,7 @@ void* cuda_alloc(size_t bytes);
 void cuda_free(void* p);
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void cuda_memset0(void* p, size_t bytes);
+void cuda_synchronize();
 
 void* alloc(Device d, size_t bytes) {
   if (d == Device::CUDA) return cuda_alloc(bytes);
@@ -160,6 +161,10 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
     return;
   }
   cuda_copy(dst, dst_dev, src, src_dev, bytes);
+}
+
+void synchronize(Device d) {
+  if (d == Device::CUDA) cuda_synchronize();
 }
 
 void memset0(void* p, Device d, size_t bytes) {

@@ -98,6 +98,7 @@ void free(Device d, void* p);
 void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void memset0(void* p, Device d, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
+void synchronize(Device d);  // waits for all work queued on the device (no-op on the CPU)
 }  // namespace device_mem
 
 }  // namespace mt

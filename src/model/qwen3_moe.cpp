@@ -26,15 +26,26 @@ struct Qwen3MoeModel::LayerActs {
 };
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device)
-    : cfg_(config), device_(device), table_(config), keep_(0, device), work_(0, device) {
+    : cfg_(config),
+      device_(device),
+      act_(device == Device::CUDA ? DType::BF16 : DType::F32),
+      table_(config),
+      keep_(0, device),
+      work_(0, device) {
   params_ = Tensor::zeros({table_.total()}, DType::F32, device);
   grads_ = Tensor::zeros({table_.total()}, DType::F32, device);
-  w_ = bind_weights(cfg_, table_, params_);
+  // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
+  params_compute_ = device == Device::CUDA ? Tensor::zeros({table_.total()}, DType::BF16, device) : params_;
+  w_ = bind_weights(cfg_, table_, params_compute_);
   g_ = bind_weights(cfg_, table_, grads_);
   acts_.resize(size_t(cfg_.num_hidden_layers));
 }
 
 Qwen3MoeModel::~Qwen3MoeModel() = default;
+
+void Qwen3MoeModel::refresh_compute_weights() {
+  if (params_compute_.raw() != params_.raw()) ops::copy_cast(params_, params_compute_);
+}
 
 bool Qwen3MoeModel::aux_enabled() const {
   if (!cfg_.output_router_logits) return false;
@@ -56,17 +67,17 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
   Arena& A = recompute == Recompute::None ? keep_ : work_;
 
-  a.xn1 = A.alloc({T, D});
+  a.xn1 = A.alloc({T, D}, act_);
   a.rstd1 = A.alloc({T});
   ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
-  a.q = A.alloc({T, H * Hd});
-  a.k = A.alloc({T, G * Hd});
-  a.v = A.alloc({T, G * Hd});
+  a.q = A.alloc({T, H * Hd}, act_);
+  a.k = A.alloc({T, G * Hd}, act_);
+  a.v = A.alloc({T, G * Hd}, act_);
   ops::linear_fwd(a.xn1, w.q, a.q);
   ops::linear_fwd(a.xn1, w.k, a.k);
   ops::linear_fwd(a.xn1, w.v, a.v);
-  a.qr = A.alloc({T, H, Hd});
-  a.kr = A.alloc({T, G, Hd});
+  a.qr = A.alloc({T, H, Hd}, act_);
+  a.kr = A.alloc({T, G, Hd}, act_);
   a.rstd_q = A.alloc({T * H});
   a.rstd_k = A.alloc({T * G});
   Tensor qr_rows = a.qr.view({T * H, Hd}), kr_rows = a.kr.view({T * G, Hd});
@@ -74,13 +85,13 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
   ops::rope_fwd(a.qr, pos_T_, theta);
   ops::rope_fwd(a.kr, pos_T_, theta);
-  a.att = A.alloc({T, H, Hd});
+  a.att = A.alloc({T, H, Hd}, act_);
   a.lse = A.alloc({T, H});
   ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
-  a.h1 = A.alloc({T, D});
+  a.h1 = A.alloc({T, D}, act_);
   ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
   ops::add_(a.h1, a.x);
-  a.xn2 = A.alloc({T, D});
+  a.xn2 = A.alloc({T, D}, act_);
   a.rstd2 = A.alloc({T});
   ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
 
@@ -98,17 +109,17 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.row_of_assign = keep_.alloc({T, K}, DType::I32);
       ops::make_dispatch_plan(a.idx, E, a.offsets, a.assign_of_row, a.row_of_assign);
     }
-    a.xp = A.alloc({R, D});
+    a.xp = A.alloc({R, D}, act_);
     ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
-    a.gu = A.alloc({R, 2 * F});
-    a.hh = A.alloc({R, F});
-    a.yp = A.alloc({R, D});
+    a.gu = A.alloc({R, 2 * F}, act_);
+    a.hh = A.alloc({R, F}, act_);
+    a.yp = A.alloc({R, D}, act_);
     ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
     ops::unpermute_fwd(a.yp, a.row_of_assign, a.wts, out);
   } else {
     const int64_t I = cfg_.intermediate_size;
-    a.gu = A.alloc({T, 2 * I});
-    a.hh = A.alloc({T, I});
+    a.gu = A.alloc({T, 2 * I}, act_);
+    a.hh = A.alloc({T, I}, act_);
     ops::linear_fwd(a.xn2, w.mlp_gate_up, a.gu);
     ops::swiglu_fwd(a.gu, a.hh);
     ops::linear_fwd(a.hh, w.mlp_down, out);
@@ -125,10 +136,10 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Arena& W = work_;
 
   // FFN: out = h1 + ffn(norm2(h1))
-  Tensor dxn2 = W.zeros({T, D});
+  Tensor dxn2 = W.zeros({T, D}, act_);
   if (w.sparse) {
     const int64_t R = T * K;
-    Tensor dyp = W.alloc({R, D}), dwts = W.alloc({T, K}), dxp = W.alloc({R, D});
+    Tensor dyp = W.alloc({R, D}, act_), dwts = W.alloc({T, K}), dxp = W.alloc({R, D}, act_);
     ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
     ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
                      g.experts_down);
@@ -143,26 +154,26 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router);
   } else {
     const int64_t I = cfg_.intermediate_size;
-    Tensor dhh = W.alloc({T, I}), dgu = W.alloc({T, 2 * I});
+    Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
     ops::linear_bwd(dout, a.hh, w.mlp_down, &dhh, false, g.mlp_down);
     ops::swiglu_bwd(dhh, a.gu, dgu);
     ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up);
   }
-  Tensor dh1 = W.alloc({T, D});
+  Tensor dh1 = W.alloc({T, D}, act_);
   ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm);
   ops::add_(dh1, dout);
 
   // Attention: h1 = x + o_proj(attn(rope(qn), rope(kn), v))
-  Tensor datt = W.alloc({T, H * Hd});
+  Tensor datt = W.alloc({T, H * Hd}, act_);
   ops::linear_bwd(dh1, a.att.view({T, H * Hd}), w.o, &datt, false, g.o);
-  Tensor dqr = W.alloc({T, H, Hd}), dkr = W.alloc({T, G, Hd}), dv = W.alloc({T, G, Hd});
+  Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
   ops::rope_bwd(dqr, pos_T_, theta);
   ops::rope_bwd(dkr, pos_T_, theta);
-  Tensor dq = W.alloc({T * H, Hd}), dk = W.alloc({T * G, Hd});
+  Tensor dq = W.alloc({T * H, Hd}, act_), dk = W.alloc({T * G, Hd}, act_);
   ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm);
   ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm);
-  Tensor dxn1 = W.alloc({T, D});
+  Tensor dxn1 = W.alloc({T, D}, act_);
   ops::linear_bwd(dq.view({T, H * Hd}), a.xn1, w.q, &dxn1, false, g.q);
   ops::linear_bwd(dk.view({T, G * Hd}), a.xn1, w.k, &dxn1, true, g.k);
   ops::linear_bwd(dv.view({T, G * Hd}), a.xn1, w.v, &dxn1, true, g.v);
@@ -214,13 +225,13 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     sums_E_ = keep_.zeros({E});
   }
 
-  Tensor h = keep_.alloc({T, D});
+  Tensor h = keep_.alloc({T, D}, act_);
   ops::embedding_fwd(ids_T, w_.embed, h);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
     a = LayerActs{};
     a.x = h;
-    Tensor out = keep_.alloc({T, D});
+    Tensor out = keep_.alloc({T, D}, act_);
     if (recompute == Recompute::Full) work_.reset();
     forward_layer(l, a, out, false);
     if (cfg_.is_sparse_layer(l)) {
@@ -230,39 +241,55 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     h = out;
   }
   work_.reset();
-  Tensor hn = keep_.alloc({T, D}), rstd_f = keep_.alloc({T});
+  Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
-  Tensor logits = keep_.alloc({T, V});
-  ops::linear_fwd(hn, w_.lm_head, logits);
 
   LossParts out;
-  Tensor lse = keep_.alloc({T});
-  if (has_labels) out.ce_sum = ops::cross_entropy_fwd(logits, labels_T, lse, &out.n_valid);
+  for (int64_t t = 0; t < T; ++t) out.n_valid += lab_host.data<int64_t>()[t] != -100 ? 1 : 0;
   if (aux_enabled()) out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  // Training without a request for logits takes the fused, chunked LM head + cross-entropy, which
+  // never holds the f32 logits of the whole micro-batch; otherwise the logits are materialised.
+  const bool fused_head = backward && !logits_out;
+  Tensor logits, lse;
+  if (!fused_head) {
+    logits = keep_.alloc({T, V});
+    lse = keep_.alloc({T});
+    ops::linear_fwd(hn, w_.lm_head, logits);
+    if (has_labels) out.ce_sum = ops::cross_entropy_fwd(logits, labels_T, lse, &out.n_valid);
+    if (logits_out) *logits_out = logits.clone();
+  }
   out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
-  if (logits_out) *logits_out = logits.clone();
+  device_mem::synchronize(device_);
   auto t1 = Clock::now();
   forward_s_ = std::chrono::duration<double>(t1 - t0).count();
   backward_s_ = 0;
   if (!backward) return out;
 
-  Tensor dlogits = keep_.alloc({T, V});
-  ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
-  Tensor dhn = keep_.alloc({T, D});
-  ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head);
-  Tensor dA = keep_.alloc({T, D}), dB = keep_.alloc({T, D});
+  Tensor dhn = keep_.alloc({T, D}, act_);
+  if (fused_head) {
+    Tensor loss_sum = keep_.zeros({1});
+    ops::lm_head_cross_entropy(hn, w_.lm_head, labels_T, float(ce_scale), 0, loss_sum, dhn, g_.lm_head);
+    out.ce_sum = double(loss_sum.to(Device::CPU).data<float>()[0]);
+    out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
+  } else {
+    Tensor dlogits = keep_.alloc({T, V});
+    ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
+    ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head);
+  }
+  Tensor dA = keep_.alloc({T, D}, act_), dB = keep_.alloc({T, D}, act_);
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
     if (recompute == Recompute::Full) {
-      Tensor scratch_out = work_.alloc({T, D});
+      Tensor scratch_out = work_.alloc({T, D}, act_);
       forward_layer(l, a, scratch_out, true);
     }
     backward_layer(l, a, dA, dB, aux_scale);
     std::swap(dA, dB);
   }
   ops::embedding_bwd(ids_T, dA, g_.embed);
+  device_mem::synchronize(device_);
   backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;
 }

@@ -41,8 +41,15 @@ class Qwen3MoeModel {
 
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
-  Tensor& params() { return params_; }  // f32 (P)
+  Tensor& params() { return params_; }  // f32 (P): the master weights
   Tensor& grads() { return grads_; }    // f32 (P)
+  // The weights the forward reads: bf16 (P) on CUDA, the master weights themselves on the CPU. After
+  // changing params() other than through AdamW::step(..., compute_params()), call
+  // refresh_compute_weights().
+  Tensor* compute_params() { return params_compute_.raw() == params_.raw() ? nullptr : &params_compute_; }
+  void refresh_compute_weights();
+  Device device() const { return device_; }
+  DType activation_dtype() const { return act_; }
   const ModelWeights& weights() const { return w_; }
   void zero_grads() { grads_.zero_(); }
   bool aux_enabled() const;  // output_router_logits and at least one sparse layer
@@ -67,8 +74,9 @@ class Qwen3MoeModel {
 
   ModelConfig cfg_;
   Device device_;
+  DType act_;  // activations: f32 on the CPU, bf16 on CUDA
   ParamTable table_;
-  Tensor params_, grads_;
+  Tensor params_, grads_, params_compute_;
   ModelWeights w_, g_;
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.

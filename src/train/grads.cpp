@@ -20,6 +20,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   Qwen3MoeModel model(cfg);
   model.recompute = opt.recompute;
   LoadReport rep = load_hf_weights(opt.model_dir, cfg, model.table(), model.params());
+  model.refresh_compute_weights();
   log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes, ", expert_layout_name(rep.layout),
            " experts) from ", opt.model_dir, " in ", rep.seconds, " s");
 

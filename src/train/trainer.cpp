@@ -38,10 +38,12 @@ static size_t peak_rss_bytes() {
 
 Device resolve_device(const std::string& name) {
   if (name == "cpu") return Device::CPU;
-  if (name == "cuda")
-    MT_THROW("device 'cuda': the CUDA backend of the model ops is not built yet (it lands with the CUDA backend "
-             "issue); use --device cpu");
-  if (name == "auto") return Device::CPU;
+  if (name == "cuda") {
+    if (!device_mem::cuda_available())
+      MT_THROW("device 'cuda': no GPU is visible or this moetrain was built without CUDA; use --device cpu");
+    return Device::CUDA;
+  }
+  if (name == "auto") return device_mem::cuda_available() ? Device::CUDA : Device::CPU;
   MT_THROW("device '", name, "' is not supported; allowed: cpu, cuda, auto");
 }
 
@@ -73,6 +75,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     log_info("loaded ", rep.tensors, " tensors, ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ",
              rep.seconds, " s");
   }
+  model.refresh_compute_weights();
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed));
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
@@ -164,7 +167,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
-    OptimStepResult os = opt.step(model.params(), model.grads(), lr);
+    OptimStepResult os = opt.step(model.params(), model.grads(), lr, model.compute_params());
     double t_opt = seconds_since(to);
     double ce = ce_sum / double(targets), aux = aux_sum / double(cfg.grad_accum);
     double loss = ce + (model.aux_enabled() ? mc.router_aux_loss_coef * aux : 0.0);

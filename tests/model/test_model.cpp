@@ -188,3 +188,19 @@ TEST(Model, BadCheckpointsNameTheTensor) {
   expect_error(ints, "has dtype i32");
   fs::remove_all(dir);
 }
+
+TEST(Model, FusedLmHeadMatchesMaterialisedLogits) {
+  ModelConfig c = tiny_config(true, false);
+  MicroBatch mb = random_batch(c, 2, 24, 21);
+  Qwen3MoeModel a(c), b(c);
+  init_random(a, 8);
+  init_random(b, 8);
+  Tensor logits;
+  LossParts la = a.forward_backward(mb, 1.0 / 30.0, 0.1, &logits);  // logits requested: unfused head
+  LossParts lb = b.forward_backward(mb, 1.0 / 30.0, 0.1);           // fused, chunked head
+  EXPECT_NEAR(la.loss, lb.loss, 1e-6 * std::abs(la.loss));
+  EXPECT_EQ(la.n_valid, lb.n_valid);
+  Tensor diff = a.grads().clone();
+  ops::add_(diff, b.grads(), -1.0f);
+  EXPECT_LT(std::sqrt(ops::sum_squares(diff) / ops::sum_squares(a.grads())), 1e-6);
+}

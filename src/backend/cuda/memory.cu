@@ -28,6 +28,8 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
 
 void cuda_memset0(void* p, size_t bytes) { MT_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
 
+void cuda_synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 bool cuda_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

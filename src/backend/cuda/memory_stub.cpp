@@ -8,6 +8,7 @@ void* cuda_alloc(size_t) { no_cuda(); }
 void cuda_free(void*) {}
 void cuda_copy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_memset0(void*, size_t) { no_cuda(); }
+void cuda_synchronize() {}
 bool cuda_available() { return false; }
 
 }  // namespace mt::device_mem
