@@ -1,4 +1,5 @@
 # The two entry points: `make demo` trains the demo model; `make test` builds and runs every test.
+# On a GPU machine without a package manager, scripts/gpu_test.sh builds and runs the GPU tests.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
@@ -16,6 +17,8 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@n=$$(grep -c "skipped: no GPU" $(BUILD)/Testing/Temporary/LastTest.log || true); \
+	  if [ "$$n" != 0 ]; then echo "$$n GPU tests skipped: no GPU (run scripts/gpu_test.sh on a GPU machine)"; fi
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log
