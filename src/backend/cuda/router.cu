@@ -1,0 +1,292 @@
+// CUDA MoE router (softmax, top-k, optional renormalisation, and their backward) and load-balancing aux
+// loss pieces, the same functions as backend/cpu/router.cpp, all in f32 storage.
+//
+// Numerics follow the CPU reference closely: the softmax exponentials, sums and dot products are
+// computed in fp64 (cheap at E <= 1024 per token), so probabilities and gradients usually equal the
+// CPU's bitwise and the top-k choice agrees with the CPU's except on exact-to-an-ulp near-ties. Top-k
+// is K passes of a warp arg-max: larger probability first, ties to the lower expert id (as the CPU);
+// NaN ranks below every number, so a NaN row still yields K distinct valid ids.
+//
+// Launch: one warp per token (4 warps per block) for router_fwd/router_bwd; the top-k bookkeeping is a
+// per-lane bit mask, which limits E to 1024. Expert ids read by router_bwd and expert_counts are not
+// checked on the host (that would need a synchronisation): an id outside [0, E) is skipped.
+//
+// expert_counts and prob_column_sums accumulate per block (shared-memory histogram; fp64 column sums)
+// and add to the outputs with atomics. aux_loss_value returns a host value: it copies counts and sums
+// (E values each) to the host and synchronises the stream.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;                // router_fwd/bwd: tokens per block
+constexpr int kMaxExperts = 1024;        // 32 lanes x 32 bits of top-k bookkeeping
+constexpr int kMaxCountExperts = 12288;  // expert_counts' shared histogram (48 KiB)
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Whether candidate (va, ea) ranks before (vb, eb): a valid id before none (-1), a number before NaN,
+// then the larger value, then the lower id. A total order, so every lane of a butterfly agrees.
+__device__ __forceinline__ bool ranks_before(float va, int ea, float vb, int eb) {
+  if (ea < 0) return false;
+  if (eb < 0) return true;
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return nb;
+  if (!na && va != vb) return va > vb;
+  return ea < eb;
+}
+
+__global__ void router_fwd_kernel(const float* __restrict__ logits, float* __restrict__ probs,
+                                  int32_t* __restrict__ topk_idx, float* __restrict__ topk_w, int64_t T, int E, int K,
+                                  bool norm_topk) {
+  extern __shared__ float s_p_all[];  // [kWarps][E]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* s_p = s_p_all + warp * E;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + warp;
+  if (t >= T) return;  // the whole warp leaves together
+  const float* l = logits + t * E;
+
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  double sum = 0;
+  for (int e = lane; e < E; e += 32) sum += exp(double(l[e]) - double(mx));
+  sum = warp_sum(sum);
+  for (int e = lane; e < E; e += 32) {
+    const float p = float(exp(double(l[e]) - double(mx)) / sum);
+    s_p[e] = p;
+    probs[t * E + e] = p;
+  }
+  __syncwarp();
+
+  uint32_t taken = 0;  // bit j: expert lane + 32*j is chosen
+  double wsum = 0;
+  for (int k = 0; k < K; ++k) {
+    float best_v = 0.0f;
+    int best_e = -1;
+    for (int j = 0, e = lane; e < E; ++j, e += 32)
+      if (!((taken >> j) & 1u) && ranks_before(s_p[e], e, best_v, best_e)) {
+        best_v = s_p[e];
+        best_e = e;
+      }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (ranks_before(ov, oe, best_v, best_e)) {
+        best_v = ov;
+        best_e = oe;
+      }
+    }
+    if (best_e >= 0 && lane == (best_e & 31)) taken |= 1u << (best_e >> 5);
+    if (lane == 0) {
+      topk_idx[t * K + k] = best_e;
+      topk_w[t * K + k] = best_v;
+    }
+    wsum += best_v;  // in k order, as the CPU
+  }
+  if (norm_topk && lane == 0)
+    for (int k = 0; k < K; ++k) topk_w[t * K + k] = float(double(topk_w[t * K + k]) / wsum);
+}
+
+__global__ void router_bwd_kernel(const float* __restrict__ dtopk_w, const float* __restrict__ dprobs,
+                                  const float* __restrict__ probs, const int32_t* __restrict__ topk_idx,
+                                  float* __restrict__ dlogits, int64_t T, int E, int K, bool norm_topk) {
+  extern __shared__ double s_dP_all[];  // [kWarps][E]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  double* s_dP = s_dP_all + warp * E;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + warp;
+  if (t >= T) return;
+  const float* p = probs + t * E;
+  const float* dw = dtopk_w + t * K;
+  const int32_t* it = topk_idx + t * K;
+
+  for (int e = lane; e < E; e += 32) s_dP[e] = dprobs ? double(dprobs[t * E + e]) : 0.0;
+  __syncwarp();
+  if (lane == 0) {  // K is small; one lane keeps repeated ids (if any) race-free
+    if (norm_topk) {
+      // w_k = p_k / s with s = sum_j p_j, so dL/dp_k = (dW_k - sum_j dW_j w_j) / s.
+      double s = 0, dot = 0;
+      for (int k = 0; k < K; ++k)
+        if (it[k] >= 0 && it[k] < E) s += p[it[k]];
+      for (int k = 0; k < K; ++k)
+        if (it[k] >= 0 && it[k] < E) dot += double(dw[k]) * (double(p[it[k]]) / s);
+      for (int k = 0; k < K; ++k)
+        if (it[k] >= 0 && it[k] < E) s_dP[it[k]] += (double(dw[k]) - dot) / s;
+    } else {
+      for (int k = 0; k < K; ++k)
+        if (it[k] >= 0 && it[k] < E) s_dP[it[k]] += double(dw[k]);
+    }
+  }
+  __syncwarp();
+  double dot = 0;
+  for (int e = lane; e < E; e += 32) dot += double(p[e]) * s_dP[e];
+  dot = warp_sum(dot);
+  for (int e = lane; e < E; e += 32) dlogits[t * E + e] = float(double(p[e]) * (s_dP[e] - dot));
+}
+
+// Shared-memory histogram per block, then one atomic per expert and block.
+__global__ void expert_counts_kernel(const int32_t* __restrict__ idx, int64_t n, int E,
+                                     unsigned long long* __restrict__ counts) {
+  extern __shared__ unsigned int s_cnt[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) s_cnt[e] = 0;
+  __syncthreads();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int e = idx[i];
+    if (e >= 0 && e < E) atomicAdd(&s_cnt[e], 1u);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    if (s_cnt[e]) atomicAdd(&counts[e], static_cast<unsigned long long>(s_cnt[e]));
+}
+
+// Block b sums rows [b*rows_per_block, ...) of each column in fp64, then adds its partial with an atomic.
+__global__ void prob_column_sums_kernel(const float* __restrict__ probs, int64_t T, int E, int64_t rows_per_block,
+                                        float* __restrict__ sums) {
+  const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = r0 + rows_per_block < T ? r0 + rows_per_block : T;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    double acc = 0;
+    for (int64_t r = r0; r < r1; ++r) acc += probs[r * E + e];
+    atomicAdd(&sums[e], float(acc));
+  }
+}
+
+__global__ void aux_loss_bwd_kernel(const int64_t* __restrict__ counts, int64_t T, int E, int64_t N, float dloss,
+                                    float* __restrict__ dprobs) {
+  const int64_t total = T * E;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int e = int(i % E);
+    // The CPU's expression, rounded to f32 before the add.
+    const float g = float(double(dloss) * double(E) * double(counts[e]) / (double(N) * double(N)));
+    dprobs[i] += g;
+  }
+}
+
+void check_2d(const Tensor& t, DType dtype, const char* what) {
+  check_cuda(t, dtype, what);
+  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
+}
+
+void check_experts_limit(int64_t E, int64_t limit, const char* op) {
+  if (E > limit) MT_THROW(op, ": expert count E (", E, ") is above the CUDA kernel's limit of ", limit);
+}
+
+unsigned token_blocks(int64_t T) {
+  return unsigned((T + kWarps - 1) / kWarps);
+}
+
+}  // namespace
+
+void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
+                Tensor& topk_w_TK) {
+  check_2d(logits_TE, DType::F32, "router_fwd logits_TE");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+  if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
+  check_experts_limit(E, kMaxExperts, "router_fwd");
+  check_cuda(probs_TE, DType::F32, {T, E}, "router_fwd probs_TE");
+  check_cuda(topk_idx_TK, DType::I32, {T, K}, "router_fwd topk_idx_TK");
+  check_cuda(topk_w_TK, DType::F32, {T, K}, "router_fwd topk_w_TK");
+  if (T == 0) return;
+  router_fwd_kernel<<<token_blocks(T), kWarps * 32, size_t(kWarps) * size_t(E) * sizeof(float), stream()>>>(
+      logits_TE.data<float>(), probs_TE.data<float>(), topk_idx_TK.data<int32_t>(), topk_w_TK.data<float>(), T, int(E),
+      int(K), norm_topk);
+  MT_CUDA_LAUNCH_CHECK("router_fwd");
+}
+
+void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
+                bool norm_topk, Tensor& dlogits_TE) {
+  check_2d(probs_TE, DType::F32, "router_bwd probs_TE");
+  check_2d(dtopk_w_TK, DType::F32, "router_bwd dtopk_w_TK");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1), K = dtopk_w_TK.size(1);
+  check_experts_limit(E, kMaxExperts, "router_bwd");
+  check_shape(dtopk_w_TK, {T, K}, "router_bwd dtopk_w_TK");
+  check_cuda(topk_idx_TK, DType::I32, {T, K}, "router_bwd topk_idx_TK");
+  if (dprobs_TE) check_cuda(*dprobs_TE, DType::F32, {T, E}, "router_bwd dprobs_TE");
+  check_cuda(dlogits_TE, DType::F32, {T, E}, "router_bwd dlogits_TE");
+  if (T == 0 || E == 0) return;
+  router_bwd_kernel<<<token_blocks(T), kWarps * 32, size_t(kWarps) * size_t(E) * sizeof(double), stream()>>>(
+      dtopk_w_TK.data<float>(), dprobs_TE ? dprobs_TE->data<float>() : nullptr, probs_TE.data<float>(),
+      topk_idx_TK.data<int32_t>(), dlogits_TE.data<float>(), T, int(E), int(K), norm_topk);
+  MT_CUDA_LAUNCH_CHECK("router_bwd");
+}
+
+void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
+  check_2d(topk_idx_TK, DType::I32, "expert_counts topk_idx_TK");
+  if (E < 1) MT_THROW("expert_counts: expert count E (", E, ") must be at least 1");
+  check_experts_limit(E, kMaxCountExperts, "expert_counts");
+  check_cuda(counts_E, DType::I64, {E}, "expert_counts counts_E");
+  const int64_t n = topk_idx_TK.numel();
+  if (n == 0) return;
+  const unsigned grid = unsigned(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 264));
+  // i64 counts are added as unsigned 64-bit: the same bits for non-negative sums.
+  expert_counts_kernel<<<grid, kThreads, size_t(E) * sizeof(unsigned int), stream()>>>(
+      topk_idx_TK.data<int32_t>(), n, int(E), reinterpret_cast<unsigned long long*>(counts_E.data<int64_t>()));
+  MT_CUDA_LAUNCH_CHECK("expert_counts");
+}
+
+void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
+  check_2d(probs_TE, DType::F32, "prob_column_sums probs_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
+  check_cuda(sums_E, DType::F32, {E}, "prob_column_sums sums_E");
+  if (T == 0 || E == 0) return;
+  constexpr int64_t kRowsPerBlock = 32;
+  const int64_t blocks = (T + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int threads = int(std::min<int64_t>(kThreads, (E + 31) / 32 * 32));
+  prob_column_sums_kernel<<<unsigned(blocks), threads, 0, stream()>>>(probs_TE.data<float>(), T, int(E), kRowsPerBlock,
+                                                                      sums_E.data<float>());
+  MT_CUDA_LAUNCH_CHECK("prob_column_sums");
+}
+
+// Synchronises the stream: copies counts and sums (E values each) to the host and computes the CPU's
+// expression there.
+double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
+  check_cuda(counts_E, DType::I64, "aux_loss_value counts_E");
+  MT_CHECK(counts_E.dim() == 1, "aux_loss_value counts_E must be 1-D, got ", counts_E.desc());
+  const int64_t E = counts_E.size(0);
+  check_cuda(sums_E, DType::F32, {E}, "aux_loss_value sums_E");
+  if (N < 1) MT_THROW("aux_loss_value: pooled router row count N (", N, ") must be at least 1");
+  std::vector<int64_t> counts(static_cast<size_t>(E));
+  std::vector<float> sums(static_cast<size_t>(E));
+  if (E > 0) {
+    MT_CUDA_CHECK("aux_loss_value", cudaMemcpyAsync(counts.data(), counts_E.raw(), size_t(E) * sizeof(int64_t),
+                                                    cudaMemcpyDeviceToHost, stream()));
+    MT_CUDA_CHECK("aux_loss_value", cudaMemcpyAsync(sums.data(), sums_E.raw(), size_t(E) * sizeof(float),
+                                                    cudaMemcpyDeviceToHost, stream()));
+    sync("aux_loss_value");
+  }
+  double acc = 0;
+  for (size_t e = 0; e < size_t(E); ++e) acc += (double(counts[e]) / double(N)) * (double(sums[e]) / double(N));
+  return double(E) * acc;
+}
+
+void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
+  check_cuda(counts_E, DType::I64, "aux_loss_bwd counts_E");
+  MT_CHECK(counts_E.dim() == 1, "aux_loss_bwd counts_E must be 1-D, got ", counts_E.desc());
+  const int64_t E = counts_E.size(0);
+  check_2d(dprobs_TE, DType::F32, "aux_loss_bwd dprobs_TE");
+  check_shape(dprobs_TE, {dprobs_TE.size(0), E}, "aux_loss_bwd dprobs_TE");
+  if (N < 1) MT_THROW("aux_loss_bwd: pooled router row count N (", N, ") must be at least 1");
+  const int64_t T = dprobs_TE.size(0);
+  if (T == 0 || E == 0) return;
+  const unsigned grid = unsigned(std::clamp<int64_t>((T * E + kThreads - 1) / kThreads, 1, 4096));
+  aux_loss_bwd_kernel<<<grid, kThreads, 0, stream()>>>(counts_E.data<int64_t>(), T, int(E), N, dloss,
+                                                       dprobs_TE.data<float>());
+  MT_CUDA_LAUNCH_CHECK("aux_loss_bwd");
+}
+
+}  // namespace mt::cuda
