@@ -99,6 +99,10 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
 void memset0(void* p, Device d, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
 void synchronize(Device d);  // waits for all work queued on the device (no-op on the CPU)
+// Bytes held by CUDA tensors and arenas now, and the most since the last reset (0 without CUDA).
+size_t cuda_bytes_in_use();
+size_t cuda_peak_bytes();
+void cuda_reset_peak();
 }  // namespace device_mem
 
 }  // namespace mt

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "ops/profile.h"
 
 namespace mt::ops {
 
@@ -16,153 +17,192 @@ static bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
 }
 
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
-  if (on_cuda("linear_fwd", {&x_TI, &w_OI, &y_TO})) return cuda::linear_fwd(x_TI, w_OI, y_TO);
+  const bool cuda = on_cuda("linear_fwd", {&x_TI, &w_OI, &y_TO});
+  OpScope scope("linear_fwd", cuda);
+  if (cuda) return cuda::linear_fwd(x_TI, w_OI, y_TO);
   return cpu::linear_fwd(x_TI, w_OI, y_TO);
 }
 
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI) {
-  if (on_cuda("linear_bwd", {&dy_TO, &x_TI, &w_OI, dx_TI, &dw_OI}))
-    return cuda::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI);
+  const bool cuda = on_cuda("linear_bwd", {&dy_TO, &x_TI, &w_OI, dx_TI, &dw_OI});
+  OpScope scope("linear_bwd", cuda);
+  if (cuda) return cuda::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI);
   return cpu::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI);
 }
 
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) {
-  if (on_cuda("embedding_fwd", {&ids_T, &table_VD, &out_TD})) return cuda::embedding_fwd(ids_T, table_VD, out_TD);
+  const bool cuda = on_cuda("embedding_fwd", {&ids_T, &table_VD, &out_TD});
+  OpScope scope("embedding_fwd", cuda);
+  if (cuda) return cuda::embedding_fwd(ids_T, table_VD, out_TD);
   return cpu::embedding_fwd(ids_T, table_VD, out_TD);
 }
 
 void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD) {
-  if (on_cuda("embedding_bwd", {&ids_T, &dout_TD, &dtable_VD})) return cuda::embedding_bwd(ids_T, dout_TD, dtable_VD);
+  const bool cuda = on_cuda("embedding_bwd", {&ids_T, &dout_TD, &dtable_VD});
+  OpScope scope("embedding_bwd", cuda);
+  if (cuda) return cuda::embedding_bwd(ids_T, dout_TD, dtable_VD);
   return cpu::embedding_bwd(ids_T, dout_TD, dtable_VD);
 }
 
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
-  if (on_cuda("rms_norm_fwd", {&x_ND, &w_D, &y_ND, &rstd_N})) return cuda::rms_norm_fwd(x_ND, w_D, eps, y_ND, rstd_N);
+  const bool cuda = on_cuda("rms_norm_fwd", {&x_ND, &w_D, &y_ND, &rstd_N});
+  OpScope scope("rms_norm_fwd", cuda);
+  if (cuda) return cuda::rms_norm_fwd(x_ND, w_D, eps, y_ND, rstd_N);
   return cpu::rms_norm_fwd(x_ND, w_D, eps, y_ND, rstd_N);
 }
 
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D) {
-  if (on_cuda("rms_norm_bwd", {&dy_ND, &x_ND, &w_D, &rstd_N, &dx_ND, &dw_D}))
-    return cuda::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D);
+  const bool cuda = on_cuda("rms_norm_bwd", {&dy_ND, &x_ND, &w_D, &rstd_N, &dx_ND, &dw_D});
+  OpScope scope("rms_norm_bwd", cuda);
+  if (cuda) return cuda::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D);
   return cpu::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D);
 }
 
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta) {
-  if (on_cuda("rope_fwd", {&x_TNHd, &pos_T})) return cuda::rope_fwd(x_TNHd, pos_T, theta);
+  const bool cuda = on_cuda("rope_fwd", {&x_TNHd, &pos_T});
+  OpScope scope("rope_fwd", cuda);
+  if (cuda) return cuda::rope_fwd(x_TNHd, pos_T, theta);
   return cpu::rope_fwd(x_TNHd, pos_T, theta);
 }
 
 void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta) {
-  if (on_cuda("rope_bwd", {&dx_TNHd, &pos_T})) return cuda::rope_bwd(dx_TNHd, pos_T, theta);
+  const bool cuda = on_cuda("rope_bwd", {&dx_TNHd, &pos_T});
+  OpScope scope("rope_bwd", cuda);
+  if (cuda) return cuda::rope_bwd(dx_TNHd, pos_T, theta);
   return cpu::rope_bwd(dx_TNHd, pos_T, theta);
 }
 
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
                    Tensor& out_THHd, Tensor& lse_TH) {
-  if (on_cuda("attention_fwd", {&q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH}))
-    return cuda::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH);
+  const bool cuda = on_cuda("attention_fwd", {&q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH});
+  OpScope scope("attention_fwd", cuda);
+  if (cuda) return cuda::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH);
   return cpu::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH);
 }
 
 void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd, Tensor& dk_TGHd,
                    Tensor& dv_TGHd) {
-  if (on_cuda("attention_bwd",
-              {&dout_THHd, &q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH, &dq_THHd, &dk_TGHd, &dv_TGHd}))
+  const bool cuda = on_cuda("attention_bwd",
+                            {&dout_THHd, &q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH, &dq_THHd, &dk_TGHd, &dv_TGHd});
+  OpScope scope("attention_bwd", cuda);
+  if (cuda)
     return cuda::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd);
   return cpu::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd);
 }
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
                 Tensor& topk_w_TK) {
-  if (on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK}))
-    return cuda::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK);
+  const bool cuda = on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK});
+  OpScope scope("router_fwd", cuda);
+  if (cuda) return cuda::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK);
   return cpu::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK);
 }
 
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
                 bool norm_topk, Tensor& dlogits_TE) {
-  if (on_cuda("router_bwd", {&dtopk_w_TK, dprobs_TE, &probs_TE, &topk_idx_TK, &dlogits_TE}))
-    return cuda::router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
+  const bool cuda = on_cuda("router_bwd", {&dtopk_w_TK, dprobs_TE, &probs_TE, &topk_idx_TK, &dlogits_TE});
+  OpScope scope("router_bwd", cuda);
+  if (cuda) return cuda::router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
   return cpu::router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
 }
 
 void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
-  if (on_cuda("expert_counts", {&topk_idx_TK, &counts_E})) return cuda::expert_counts(topk_idx_TK, E, counts_E);
+  const bool cuda = on_cuda("expert_counts", {&topk_idx_TK, &counts_E});
+  OpScope scope("expert_counts", cuda);
+  if (cuda) return cuda::expert_counts(topk_idx_TK, E, counts_E);
   return cpu::expert_counts(topk_idx_TK, E, counts_E);
 }
 
 void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
-  if (on_cuda("prob_column_sums", {&probs_TE, &sums_E})) return cuda::prob_column_sums(probs_TE, sums_E);
+  const bool cuda = on_cuda("prob_column_sums", {&probs_TE, &sums_E});
+  OpScope scope("prob_column_sums", cuda);
+  if (cuda) return cuda::prob_column_sums(probs_TE, sums_E);
   return cpu::prob_column_sums(probs_TE, sums_E);
 }
 
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
-  if (on_cuda("aux_loss_value", {&counts_E, &sums_E})) return cuda::aux_loss_value(counts_E, sums_E, N);
+  const bool cuda = on_cuda("aux_loss_value", {&counts_E, &sums_E});
+  OpScope scope("aux_loss_value", cuda);
+  if (cuda) return cuda::aux_loss_value(counts_E, sums_E, N);
   return cpu::aux_loss_value(counts_E, sums_E, N);
 }
 
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
-  if (on_cuda("aux_loss_bwd", {&counts_E, &dprobs_TE})) return cuda::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
+  const bool cuda = on_cuda("aux_loss_bwd", {&counts_E, &dprobs_TE});
+  OpScope scope("aux_loss_bwd", cuda);
+  if (cuda) return cuda::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
   return cpu::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
 }
 
 void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,
                         Tensor& row_of_assign_TK) {
-  if (on_cuda("make_dispatch_plan", {&topk_idx_TK, &offsets_E1, &assign_of_row_R, &row_of_assign_TK}))
-    return cuda::make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
+  const bool cuda = on_cuda("make_dispatch_plan", {&topk_idx_TK, &offsets_E1, &assign_of_row_R, &row_of_assign_TK});
+  OpScope scope("make_dispatch_plan", cuda);
+  if (cuda) return cuda::make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
   return cpu::make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
 }
 
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD) {
-  if (on_cuda("permute_fwd", {&x_TD, &assign_of_row_R, &xp_RD}))
-    return cuda::permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
+  const bool cuda = on_cuda("permute_fwd", {&x_TD, &assign_of_row_R, &xp_RD});
+  OpScope scope("permute_fwd", cuda);
+  if (cuda) return cuda::permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
   return cpu::permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
 }
 
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD) {
-  if (on_cuda("permute_bwd", {&dxp_RD, &assign_of_row_R, &dx_TD}))
-    return cuda::permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
+  const bool cuda = on_cuda("permute_bwd", {&dxp_RD, &assign_of_row_R, &dx_TD});
+  OpScope scope("permute_bwd", cuda);
+  if (cuda) return cuda::permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
   return cpu::permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
 }
 
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD) {
-  if (on_cuda("unpermute_fwd", {&yp_RD, &row_of_assign_TK, &w_TK, &y_TD}))
-    return cuda::unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
+  const bool cuda = on_cuda("unpermute_fwd", {&yp_RD, &row_of_assign_TK, &w_TK, &y_TD});
+  OpScope scope("unpermute_fwd", cuda);
+  if (cuda) return cuda::unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
   return cpu::unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
 }
 
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK) {
-  if (on_cuda("unpermute_bwd", {&dy_TD, &yp_RD, &row_of_assign_TK, &w_TK, &dyp_RD, &dw_TK}))
-    return cuda::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
+  const bool cuda = on_cuda("unpermute_bwd", {&dy_TD, &yp_RD, &row_of_assign_TK, &w_TK, &dyp_RD, &dw_TK});
+  OpScope scope("unpermute_bwd", cuda);
+  if (cuda) return cuda::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
   return cpu::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
 }
 
 void swiglu_fwd(const Tensor& gu_N2F, Tensor& h_NF) {
-  if (on_cuda("swiglu_fwd", {&gu_N2F, &h_NF})) return cuda::swiglu_fwd(gu_N2F, h_NF);
+  const bool cuda = on_cuda("swiglu_fwd", {&gu_N2F, &h_NF});
+  OpScope scope("swiglu_fwd", cuda);
+  if (cuda) return cuda::swiglu_fwd(gu_N2F, h_NF);
   return cpu::swiglu_fwd(gu_N2F, h_NF);
 }
 
 void swiglu_bwd(const Tensor& dh_NF, const Tensor& gu_N2F, Tensor& dgu_N2F) {
-  if (on_cuda("swiglu_bwd", {&dh_NF, &gu_N2F, &dgu_N2F})) return cuda::swiglu_bwd(dh_NF, gu_N2F, dgu_N2F);
+  const bool cuda = on_cuda("swiglu_bwd", {&dh_NF, &gu_N2F, &dgu_N2F});
+  OpScope scope("swiglu_bwd", cuda);
+  if (cuda) return cuda::swiglu_bwd(dh_NF, gu_N2F, dgu_N2F);
   return cpu::swiglu_bwd(dh_NF, gu_N2F, dgu_N2F);
 }
 
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
-  if (on_cuda("experts_fwd", {&xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD}))
-    return cuda::experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
+  const bool cuda = on_cuda("experts_fwd", {&xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD});
+  OpScope scope("experts_fwd", cuda);
+  if (cuda) return cuda::experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
   return cpu::experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
 }
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
                  Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
-  if (on_cuda("experts_bwd", {&dyp_RD, &xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD,
-                              &dw_gate_up_E2FD, &dw_down_EDF}))
+  const bool cuda = on_cuda("experts_bwd", {&dyp_RD, &xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF,
+                                            &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
+  OpScope scope("experts_bwd", cuda);
+  if (cuda)
     return cuda::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD,
                              dw_gate_up_E2FD, dw_down_EDF);
   return cpu::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
@@ -171,16 +211,19 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
 
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
-  if (on_cuda("experts_ref_fwd", {&x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF, &y_TD}))
-    return cuda::experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
+  const bool cuda = on_cuda("experts_ref_fwd", {&x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF, &y_TD});
+  OpScope scope("experts_ref_fwd", cuda);
+  if (cuda) return cuda::experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
   return cpu::experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
 }
 
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
                      Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
-  if (on_cuda("experts_ref_bwd", {&dy_TD, &x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF, &dx_TD,
-                                  &dtopk_w_TK, &dw_gate_up_E2FD, &dw_down_EDF}))
+  const bool cuda = on_cuda("experts_ref_bwd", {&dy_TD, &x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF,
+                                                &dx_TD, &dtopk_w_TK, &dw_gate_up_E2FD, &dw_down_EDF});
+  OpScope scope("experts_ref_bwd", cuda);
+  if (cuda)
     return cuda::experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
                                  dw_gate_up_E2FD, dw_down_EDF);
   return cpu::experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
@@ -188,53 +231,68 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
 }
 
 double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid) {
-  if (on_cuda("cross_entropy_fwd", {&logits_TV, &labels_T, &lse_T}))
-    return cuda::cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
+  const bool cuda = on_cuda("cross_entropy_fwd", {&logits_TV, &labels_T, &lse_T});
+  OpScope scope("cross_entropy_fwd", cuda);
+  if (cuda) return cuda::cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
   return cpu::cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
 }
 
 void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, float scale,
                        Tensor& dlogits_TV) {
-  if (on_cuda("cross_entropy_bwd", {&logits_TV, &labels_T, &lse_T, &dlogits_TV}))
-    return cuda::cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
+  const bool cuda = on_cuda("cross_entropy_bwd", {&logits_TV, &labels_T, &lse_T, &dlogits_TV});
+  OpScope scope("cross_entropy_bwd", cuda);
+  if (cuda) return cuda::cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
   return cpu::cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
 }
 
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD) {
-  if (on_cuda("lm_head_cross_entropy", {&hn_TD, &w_VD, &labels_T, &loss_sum, &dhn_TD, &dw_VD}))
-    return cuda::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD);
+  const bool cuda = on_cuda("lm_head_cross_entropy", {&hn_TD, &w_VD, &labels_T, &loss_sum, &dhn_TD, &dw_VD});
+  OpScope scope("lm_head_cross_entropy", cuda);
+  if (cuda) return cuda::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD);
   return cpu::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD);
 }
 
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute) {
-  if (on_cuda("adamw_step", {&p, &g, &m, &v, p_compute})) return cuda::adamw_step(p, g, m, v, h, grad_scale, p_compute);
+  const bool cuda = on_cuda("adamw_step", {&p, &g, &m, &v, p_compute});
+  OpScope scope("adamw_step", cuda);
+  if (cuda) return cuda::adamw_step(p, g, m, v, h, grad_scale, p_compute);
   return cpu::adamw_step(p, g, m, v, h, grad_scale, p_compute);
 }
 
 double sum_squares(const Tensor& x) {
-  if (on_cuda("sum_squares", {&x})) return cuda::sum_squares(x);
+  const bool cuda = on_cuda("sum_squares", {&x});
+  OpScope scope("sum_squares", cuda);
+  if (cuda) return cuda::sum_squares(x);
   return cpu::sum_squares(x);
 }
 
 void scale_(Tensor& x, float s) {
-  if (on_cuda("scale_", {&x})) return cuda::scale_(x, s);
+  const bool cuda = on_cuda("scale_", {&x});
+  OpScope scope("scale_", cuda);
+  if (cuda) return cuda::scale_(x, s);
   return cpu::scale_(x, s);
 }
 
 void add_(Tensor& y, const Tensor& x, float alpha) {
-  if (on_cuda("add_", {&y, &x})) return cuda::add_(y, x, alpha);
+  const bool cuda = on_cuda("add_", {&y, &x});
+  OpScope scope("add_", cuda);
+  if (cuda) return cuda::add_(y, x, alpha);
   return cpu::add_(y, x, alpha);
 }
 
 bool all_finite(const Tensor& x) {
-  if (on_cuda("all_finite", {&x})) return cuda::all_finite(x);
+  const bool cuda = on_cuda("all_finite", {&x});
+  OpScope scope("all_finite", cuda);
+  if (cuda) return cuda::all_finite(x);
   return cpu::all_finite(x);
 }
 
 void copy_cast(const Tensor& src, Tensor& dst) {
-  if (on_cuda("copy_cast", {&src, &dst})) return cuda::copy_cast(src, dst);
+  const bool cuda = on_cuda("copy_cast", {&src, &dst});
+  OpScope scope("copy_cast", cuda);
+  if (cuda) return cuda::copy_cast(src, dst);
   return cpu::copy_cast(src, dst);
 }
 

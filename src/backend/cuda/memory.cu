@@ -1,6 +1,10 @@
 // CUDA device memory for Tensor: allocation, copies and memset, every call checked with its name.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
 #include "core/tensor.h"
 
 #define MT_CUDA_CHECK(call)                                                                        \
@@ -11,13 +15,42 @@
 
 namespace mt::device_mem {
 
+static size_t g_current = 0, g_peak = 0;
+static std::unordered_map<void*, size_t> g_sizes;
+static std::mutex g_mu;
+
 void* cuda_alloc(size_t bytes) {
   void* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, bytes));
+  cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    MT_THROW("CUDA out of memory allocating ", bytes / 1048576.0, " MiB (", cudaGetErrorString(err), "); tensors hold ",
+             g_current / 1048576.0, " MiB, the GPU has ", free_b / 1048576.0, " of ", total_b / 1048576.0,
+             " MiB free");
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_sizes[p] = bytes;
+  g_current += bytes;
+  g_peak = std::max(g_peak, g_current);
   return p;
 }
 
-void cuda_free(void* p) { cudaFree(p); }
+void cuda_free(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_sizes.find(p);
+    if (it != g_sizes.end()) {
+      g_current -= it->second;
+      g_sizes.erase(it);
+    }
+  }
+  cudaFree(p);
+}
+
+size_t cuda_bytes_in_use() { return g_current; }
+size_t cuda_peak_bytes() { return g_peak; }
+void cuda_reset_peak() { g_peak = g_current; }
 
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   cudaMemcpyKind kind = dst_dev == Device::CUDA

@@ -9,6 +9,9 @@ void cuda_free(void*) {}
 void cuda_copy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_memset0(void*, size_t) { no_cuda(); }
 void cuda_synchronize() {}
+size_t cuda_bytes_in_use() { return 0; }
+size_t cuda_peak_bytes() { return 0; }
+void cuda_reset_peak() {}
 bool cuda_available() { return false; }
 
 }  // namespace mt::device_mem
