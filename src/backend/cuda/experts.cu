@@ -1,0 +1,217 @@
+// CUDA experts. Same contracts as backend/cpu/experts.cpp.
+//
+// Grouped form (experts_fwd / experts_bwd): the REFERENCE GPU PATH. It copies offsets_E1 to the host
+// (one stream synchronisation per call) and issues cuBLASLt GEMMs on each expert's row slice; SwiGLU
+// runs once over all R rows (mt::cuda::swiglu_fwd/bwd). A device-side grouped GEMM that needs no host
+// copy of the offsets replaces it later. Intermediates that the CPU keeps in f32 (dh, dgu) are bf16
+// here, as is every activation on this backend; the GEMMs accumulate in f32.
+//
+// Reference form (experts_ref_fwd / experts_ref_bwd): the device-side reference, built from the
+// grouped pieces (plan, permute, experts_fwd/bwd, unpermute) with per-call temporaries. Unlike on
+// the CPU it shares code with the grouped form, so CUDA-vs-CPU tests, not ref-vs-grouped on the GPU,
+// are what check it.
+#include <vector>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/moe_dispatch.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+struct ExpertDims {
+  int64_t E, F, D;
+};
+
+ExpertDims check_expert_weights(const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const char* op) {
+  check_cuda(w_gate_up_E2FD, DType::BF16, str(op, " w_gate_up_E2FD").c_str());
+  MT_CHECK(w_gate_up_E2FD.dim() == 3 && w_gate_up_E2FD.size(1) % 2 == 0, op,
+           ": w_gate_up_E2FD must be [E, 2F, D], got ", w_gate_up_E2FD.desc());
+  const ExpertDims d{w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
+  check_cuda(w_down_EDF, DType::BF16, {d.E, d.D, d.F}, str(op, " w_down_EDF").c_str());
+  return d;
+}
+
+void check_rows(const Tensor& t, DType dtype, int64_t R, int64_t cols, const char* op, const char* name) {
+  check_cuda(t, dtype, {R, cols}, str(op, " ", name).c_str());
+}
+
+// Copies offsets_E1 to the host (synchronises the stream: the reference path's one host round trip)
+// and checks that they describe E ordered ranges covering exactly [0, R).
+std::vector<int64_t> host_offsets(const Tensor& offsets_E1, int64_t E, int64_t R, const char* op) {
+  check_cuda(offsets_E1, DType::I64, {E + 1}, str(op, " offsets_E1").c_str());
+  std::vector<int64_t> off(size_t(E + 1));
+  MT_CUDA_CHECK(op, cudaMemcpyAsync(off.data(), offsets_E1.raw(), off.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                    stream()));
+  sync(op);
+  check_dispatch_plan_errors(op);  // the stream is idle now, so a bad expert id of the plan is known
+  MT_CHECK(off[0] == 0 && off[size_t(E)] == R, op, ": offsets_E1 must run from 0 to R (", R, "), got ", off[0], " .. ",
+           off[size_t(E)]);
+  for (int64_t e = 0; e < E; ++e)
+    MT_CHECK(off[size_t(e)] <= off[size_t(e + 1)], op, ": offsets_E1 decrease at expert ", e, " (", off[size_t(e)],
+             " > ", off[size_t(e + 1)], ")");
+  return off;
+}
+
+const __nv_bfloat16* bf16_in(const Tensor& t) {
+  return static_cast<const __nv_bfloat16*>(t.raw());
+}
+__nv_bfloat16* bf16_out(const Tensor& t) {
+  return static_cast<__nv_bfloat16*>(t.raw());
+}
+
+// A borrowed view of scratch memory as a Tensor, for calling ops on it.
+Tensor device_view(void* p, const Shape& shape, DType dtype) {
+  return Tensor(nullptr, p, shape, dtype, Device::CUDA);
+}
+
+}  // namespace
+
+void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
+                 Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
+  const char* op = "experts_fwd";
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  check_cuda(xp_RD, DType::BF16, "experts_fwd xp_RD");
+  MT_CHECK(xp_RD.dim() == 2, "experts_fwd xp_RD must be 2-D, got ", xp_RD.desc());
+  const int64_t R = xp_RD.size(0);
+  check_rows(xp_RD, DType::BF16, R, D, op, "xp_RD");
+  check_rows(gu_R2F, DType::BF16, R, 2 * F, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, R, F, op, "h_RF");
+  check_rows(yp_RD, DType::BF16, R, D, op, "yp_RD");
+  const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
+  if (R == 0) return;
+
+  const __nv_bfloat16* xp = bf16_in(xp_RD);
+  const __nv_bfloat16* wgu = bf16_in(w_gate_up_E2FD);
+  const __nv_bfloat16* wd = bf16_in(w_down_EDF);
+  __nv_bfloat16* gu = bf16_out(gu_R2F);
+  const __nv_bfloat16* h = bf16_in(h_RF);
+  __nv_bfloat16* yp = bf16_out(yp_RD);
+  // gu = xp @ w_gate_up[e]^T per expert; h = swiglu(gu) over all rows; yp = h @ w_down[e]^T per expert
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[size_t(e)], n = off[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    gemm("experts_fwd gate_up", false, true, n, 2 * F, D, xp + r0 * D, D, wgu + e * 2 * F * D, D, 0.0f, gu + r0 * 2 * F,
+         DType::BF16, 2 * F);
+  }
+  swiglu_fwd(gu_R2F, h_RF);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[size_t(e)], n = off[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    gemm("experts_fwd down", false, true, n, D, F, h + r0 * F, F, wd + e * D * F, F, 0.0f, yp + r0 * D, DType::BF16, D);
+  }
+}
+
+void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                 const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+  const char* op = "experts_bwd";
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  check_cuda(xp_RD, DType::BF16, "experts_bwd xp_RD");
+  MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
+  const int64_t R = xp_RD.size(0);
+  check_rows(xp_RD, DType::BF16, R, D, op, "xp_RD");
+  check_rows(dyp_RD, DType::BF16, R, D, op, "dyp_RD");
+  check_rows(gu_R2F, DType::BF16, R, 2 * F, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, R, F, op, "h_RF");
+  check_rows(dxp_RD, DType::BF16, R, D, op, "dxp_RD");
+  check_cuda(dw_gate_up_E2FD, DType::F32, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
+  check_cuda(dw_down_EDF, DType::F32, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
+  const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
+  if (R == 0) return;
+
+  static DeviceScratch dh_buf, dgu_buf;
+  __nv_bfloat16* dh = dh_buf.as<__nv_bfloat16>(R * F, op);
+  __nv_bfloat16* dgu = dgu_buf.as<__nv_bfloat16>(R * 2 * F, op);
+  const __nv_bfloat16* dyp = bf16_in(dyp_RD);
+  const __nv_bfloat16* xp = bf16_in(xp_RD);
+  const __nv_bfloat16* wgu = bf16_in(w_gate_up_E2FD);
+  const __nv_bfloat16* wd = bf16_in(w_down_EDF);
+  const __nv_bfloat16* h = bf16_in(h_RF);
+  __nv_bfloat16* dxp = bf16_out(dxp_RD);
+  float* dwgu = dw_gate_up_E2FD.data<float>();
+  float* dwd = dw_down_EDF.data<float>();
+  // dh = dyp @ w_down[e]; dw_down[e] += dyp^T @ h
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[size_t(e)], n = off[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    gemm("experts_bwd dh", false, false, n, F, D, dyp + r0 * D, D, wd + e * D * F, F, 0.0f, dh + r0 * F, DType::BF16,
+         F);
+    gemm("experts_bwd dw_down", true, false, D, F, n, dyp + r0 * D, D, h + r0 * F, F, 1.0f, dwd + e * D * F, DType::F32,
+         F);
+  }
+  const Tensor dh_RF = device_view(dh, {R, F}, DType::BF16);
+  Tensor dgu_R2F = device_view(dgu, {R, 2 * F}, DType::BF16);
+  swiglu_bwd(dh_RF, gu_R2F, dgu_R2F);
+  // dw_gate_up[e] += dgu^T @ xp; dxp = dgu @ w_gate_up[e]
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r0 = off[size_t(e)], n = off[size_t(e + 1)] - r0;
+    if (n == 0) continue;
+    gemm("experts_bwd dw_gate_up", true, false, 2 * F, D, n, dgu + r0 * 2 * F, 2 * F, xp + r0 * D, D, 1.0f,
+         dwgu + e * 2 * F * D, DType::F32, D);
+    gemm("experts_bwd dxp", false, false, n, D, 2 * F, dgu + r0 * 2 * F, 2 * F, wgu + e * 2 * F * D, D, 0.0f,
+         dxp + r0 * D, DType::BF16, D);
+  }
+}
+
+namespace {
+
+// The grouped pipeline's temporaries for one reference call (allocated per call: this is the
+// reference path, kept simple rather than fast).
+struct RefState {
+  Tensor offsets, assign_of_row, row_of_assign, xp, gu, h, yp;
+};
+
+RefState ref_forward(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& w_gate_up_E2FD,
+                     const Tensor& w_down_EDF, const char* op) {
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  check_cuda(x_TD, DType::BF16, str(op, " x_TD").c_str());
+  MT_CHECK(x_TD.dim() == 2 && x_TD.size(1) == D, op, ": x_TD must be [T, D] with D = ", D, ", got ", x_TD.desc());
+  check_cuda(topk_idx_TK, DType::I32, str(op, " topk_idx_TK").c_str());
+  const int64_t T = x_TD.size(0);
+  MT_CHECK(topk_idx_TK.dim() == 2 && topk_idx_TK.size(0) == T, op, ": topk_idx_TK must be [T, K] with T = ", T,
+           ", got ", topk_idx_TK.desc());
+  const int64_t K = topk_idx_TK.size(1), R = T * K;
+  const Device dev = Device::CUDA;
+  RefState s{Tensor::empty({E + 1}, DType::I64, dev),     Tensor::empty({R}, DType::I32, dev),
+             Tensor::empty({T, K}, DType::I32, dev),      Tensor::empty({R, D}, DType::BF16, dev),
+             Tensor::empty({R, 2 * F}, DType::BF16, dev), Tensor::empty({R, F}, DType::BF16, dev),
+             Tensor::empty({R, D}, DType::BF16, dev)};
+  make_dispatch_plan(topk_idx_TK, E, s.offsets, s.assign_of_row, s.row_of_assign);
+  permute_fwd(x_TD, s.assign_of_row, K, s.xp);
+  experts_fwd(s.xp, s.offsets, w_gate_up_E2FD, w_down_EDF, s.gu, s.h, s.yp);
+  return s;
+}
+
+}  // namespace
+
+void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                     const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
+  const char* op = "experts_ref_fwd";
+  check_cuda(topk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_fwd topk_w_TK");
+  check_cuda(y_TD, DType::BF16, x_TD.shape(), "experts_ref_fwd y_TD");
+  const RefState s = ref_forward(x_TD, topk_idx_TK, w_gate_up_E2FD, w_down_EDF, op);
+  unpermute_fwd(s.yp, s.row_of_assign, topk_w_TK, y_TD);
+}
+
+void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                     const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+  const char* op = "experts_ref_bwd";
+  check_cuda(topk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_bwd topk_w_TK");
+  check_cuda(dy_TD, DType::BF16, x_TD.shape(), "experts_ref_bwd dy_TD");
+  check_cuda(dx_TD, DType::BF16, x_TD.shape(), "experts_ref_bwd dx_TD");
+  check_cuda(dtopk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_bwd dtopk_w_TK");
+  RefState s = ref_forward(x_TD, topk_idx_TK, w_gate_up_E2FD, w_down_EDF, op);
+  const int64_t K = topk_idx_TK.size(1);
+  Tensor dyp = Tensor::empty(s.yp.shape(), DType::BF16, Device::CUDA);
+  Tensor dxp = Tensor::empty(s.xp.shape(), DType::BF16, Device::CUDA);
+  unpermute_bwd(dy_TD, s.yp, s.row_of_assign, topk_w_TK, dyp, dtopk_w_TK);
+  experts_bwd(dyp, s.xp, s.offsets, w_gate_up_E2FD, w_down_EDF, s.gu, s.h, dxp, dw_gate_up_E2FD, dw_down_EDF);
+  // dx is "=", permute_bwd accumulates.
+  if (dx_TD.numel() > 0) MT_CUDA_CHECK(op, cudaMemsetAsync(dx_TD.raw(), 0, dx_TD.nbytes(), stream()));
+  permute_bwd(dxp, s.assign_of_row, K, dx_TD);
+}
+
+}  // namespace mt::cuda

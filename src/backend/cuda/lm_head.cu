@@ -1,0 +1,177 @@
+// CUDA LM head fused with cross-entropy, chunked over rows; same contract as the CPU reference
+// (backend/cpu/lm_head.cpp): loss_sum += sum over labels != -100 of (lse - logit[label]),
+// dhn = dlogits @ w (=), dw += dlogits^T @ hn, with dlogits = scale * (softmax - onehot).
+//
+// Per chunk: f32 logits = hn @ w^T (cuBLASLt), one block per row computes max and sum-exp in one
+// pass (online softmax, f32), the row's loss term and bf16 dlogits; then the two GEMMs. Per-row losses
+// go to a [T] buffer that one block sums in fp64 at the end, so the result is deterministic and no
+// host synchronisation happens. Buffers are cached across calls (default chunk: f32 logits <= 256 MiB).
+//
+// Labels: -100 is ignored; any other label outside [0, V) makes that row's loss and gradients NaN (so
+// the loss and the gradient norm cannot pass unnoticed) and is recorded in a deferred error that the
+// next lm_head_cross_entropy call throws, naming the row and the label (gemm.cuh, DeferredError).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;
+constexpr int kCeThreads = 512;
+constexpr int64_t kDefaultChunkBytes = int64_t(256) << 20;
+
+// Merges two online-softmax states (max m, sum of exp(x - m) s).
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = m2;
+    s = s2;
+    return;
+  }
+  const float M = fmaxf(m, m2);
+  s = s * expf(m - M) + s2 * expf(m2 - M);
+  m = M;
+}
+
+// One block per row of the chunk.
+__global__ void ce_rows_kernel(const float* __restrict__ logits, int64_t V, const int64_t* __restrict__ labels,
+                               float scale, int64_t row0, float* __restrict__ loss_rows,
+                               __nv_bfloat16* __restrict__ dlogits, unsigned long long* err) {
+  __shared__ float sm[32], ss[32];
+  __shared__ float s_lse;
+  const int64_t i = blockIdx.x;
+  const float* x = logits + i * V;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = x[j];  // a NaN logit falls to the else branch and makes s NaN, as it should
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else {
+      s += expf(v - m);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = (blockDim.x + 31) / 32;
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < warps ? sm[lane] : -INFINITY;
+    s = lane < warps ? ss[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) s_lse = m + logf(s);
+  }
+  __syncthreads();
+  const float lse = s_lse;
+  const int64_t label = labels[row0 + i];
+  const bool ignored = label == kIgnoreIndex;
+  const bool bad = !ignored && (label < 0 || label >= V);
+  if (threadIdx.x == 0) {
+    if (bad) {
+      const int32_t shown = label > INT32_MAX ? INT32_MAX : label < INT32_MIN ? INT32_MIN : int32_t(label);
+      atomicMin(err, deferred_error_key(row0 + i, shown));
+      loss_rows[row0 + i] = NAN;
+    } else {
+      loss_rows[row0 + i] = ignored ? 0.0f : lse - x[label];
+    }
+  }
+  __nv_bfloat16* d = dlogits + i * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float g;
+    if (bad)
+      g = NAN;
+    else if (ignored)
+      g = 0.0f;
+    else
+      g = scale * (expf(x[j] - lse) - (j == label ? 1.0f : 0.0f));
+    d[j] = __float2bfloat16_rn(g);
+  }
+}
+
+// loss_sum[0] += sum of loss_rows[0, T), summed in fp64 in a fixed order (one block).
+__global__ void loss_sum_kernel(const float* __restrict__ loss_rows, int64_t T, float* __restrict__ loss_sum) {
+  __shared__ double part[1024];
+  double acc = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) acc += double(loss_rows[t]);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) loss_sum[0] += float(part[0]);
+}
+
+DeferredError& label_error() {
+  static DeferredError e;
+  return e;
+}
+int64_t g_last_V = 0;  // V of the latest call, for a deferred message
+
+const __nv_bfloat16* bf16_in(const Tensor& t) {
+  return static_cast<const __nv_bfloat16*>(t.raw());
+}
+
+}  // namespace
+
+void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD) {
+  const char* op = "lm_head_cross_entropy";
+  unsigned long long key;
+  if (label_error().take(&key, op))
+    MT_THROW(op, ": label ", DeferredError::value_of(key), " at row ", DeferredError::index_of(key),
+             " (of an earlier call, found on the device) is out of range: labels must be in [0, ", g_last_V,
+             ") or -100 (ignored)");
+  check_cuda(hn_TD, DType::BF16, "lm_head_cross_entropy hn_TD");
+  MT_CHECK(hn_TD.dim() == 2, "lm_head_cross_entropy hn_TD must be 2-D, got ", hn_TD.desc());
+  check_cuda(w_VD, DType::BF16, "lm_head_cross_entropy w_VD");
+  MT_CHECK(w_VD.dim() == 2, "lm_head_cross_entropy w_VD must be 2-D, got ", w_VD.desc());
+  const int64_t T = hn_TD.size(0), D = hn_TD.size(1), V = w_VD.size(0);
+  check_shape(w_VD, {V, D}, "lm_head_cross_entropy w_VD");
+  check_cuda(labels_T, DType::I64, {T}, "lm_head_cross_entropy labels_T");
+  check_cuda(loss_sum, DType::F32, {1}, "lm_head_cross_entropy loss_sum");
+  check_cuda(dhn_TD, DType::BF16, {T, D}, "lm_head_cross_entropy dhn_TD");
+  check_cuda(dw_VD, DType::F32, {V, D}, "lm_head_cross_entropy dw_VD");
+  if (T == 0) return;
+  if (V == 0) MT_THROW("lm_head_cross_entropy: vocabulary size V is 0");
+  MT_CHECK(T <= INT32_MAX, "lm_head_cross_entropy: T (", T, ") exceeds the i32 row range of the error record");
+  g_last_V = V;
+  if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, kDefaultChunkBytes / (4 * V));
+  chunk_rows = std::min(chunk_rows, T);
+  MT_CHECK(chunk_rows < (int64_t(1) << 31), "lm_head_cross_entropy: chunk_rows (", chunk_rows, ") too large");
+
+  static DeviceScratch logits_buf, dlogits_buf, loss_rows_buf;
+  float* logits = logits_buf.as<float>(chunk_rows * V, op);
+  __nv_bfloat16* dlogits = dlogits_buf.as<__nv_bfloat16>(chunk_rows * V, op);
+  float* loss_rows = loss_rows_buf.as<float>(T, op);
+  const __nv_bfloat16* hn = bf16_in(hn_TD);
+  const __nv_bfloat16* w = bf16_in(w_VD);
+  __nv_bfloat16* dhn = static_cast<__nv_bfloat16*>(dhn_TD.raw());
+  float* dw = dw_VD.data<float>();
+  unsigned long long* err = label_error().device_word(op);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, T - t0);
+    gemm("lm_head_cross_entropy logits", false, true, n, V, D, hn + t0 * D, D, w, D, 0.0f, logits, DType::F32, V);
+    ce_rows_kernel<<<unsigned(n), kCeThreads, 0, stream()>>>(logits, V, labels_T.data<int64_t>(), scale, t0, loss_rows,
+                                                             dlogits, err);
+    MT_CUDA_LAUNCH_CHECK(op);
+    gemm("lm_head_cross_entropy dhn", false, false, n, D, V, dlogits, V, w, D, 0.0f, dhn + t0 * D, DType::BF16, D);
+    gemm("lm_head_cross_entropy dw", true, false, V, D, n, dlogits, V, hn + t0 * D, D, 1.0f, dw, DType::F32, D);
+  }
+  loss_sum_kernel<<<1, 1024, 0, stream()>>>(loss_rows, T, loss_sum.data<float>());
+  MT_CUDA_LAUNCH_CHECK(op);
+  label_error().publish(op);
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,532 @@
+// CUDA vs CPU tests of the GEMM-based ops: linear layers (cuBLASLt), the MoE dispatch plan and
+// (un)permutation, the experts (grouped and reference forms) and the fused LM head + cross-entropy.
+// Inputs are bf16-exact, so both backends see the same values. Tolerances, with their reasons:
+//   - kBf16Out = 1e-2 for bf16 outputs: one bf16 rounding of the output is up to 2^-8 relative per
+//     element (about 1.1e-3..1.5e-3 relative L2 over many elements); chains that also round an
+//     intermediate to bf16 (experts: h, dh, dgu; LM head: dlogits) carry 2-4 such roundings in
+//     quadrature, still below 5e-3. 1e-2 leaves 2x or more over that.
+//   - f32 outputs of GEMMs on bf16-exact inputs: every product of two bf16 values is exact in f32, so
+//     GPU and CPU differ only in the f32 summation order (about 1e-6 relative); kF32Gemm = 1e-4 is
+//     far below what a wrong transpose or a missing term gives (order 1).
+//   - exact comparisons where the op only moves data (plan, permute_fwd).
+// Measured on an H200 (each test records its errors as rel_l2_* properties, see expect_rel): bf16
+// outputs 1.4e-3..2.7e-3 with one rounding, 2.8e-3..4.7e-3 for the experts chains; f32 GEMM outputs
+// <= 4e-6; LM-head loss below 1e-6.
+// "=" outputs are pre-filled with NaN (rel_l2 fails on any NaN left behind); "+=" outputs with nonzero
+// values. Realistic sizes (T = 4096, D = 2048, E = 128, K = 8, F = 768, V = 151936) exercise the
+// launch configurations; odd sizes the scalar paths and tails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/rng.h"
+#include "cuda_test_util.h"
+
+using namespace mt;
+using cudatest::rand_bf16_exact;
+using cudatest::rel_l2;
+using cudatest::to_cuda;
+using cudatest::to_host_f32;
+
+namespace {
+
+constexpr double kBf16Out = 1e-2;
+constexpr double kF32Gemm = 1e-4;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Tensor filled(const Shape& s, float v) {
+  Tensor t = Tensor::empty(s);
+  t.fill_(v);
+  return t;
+}
+
+Tensor cuda_filled(const Shape& s, DType dt, float v) {
+  return to_cuda(filled(s, v), dt);
+}
+
+Tensor plus(const Tensor& a, const Tensor& b) {
+  Tensor c = a.clone();
+  for (int64_t i = 0; i < c.numel(); ++i) c.data<float>()[i] += b.data<float>()[i];
+  return c;
+}
+
+// Checks rel_l2(got, want) <= tol and records the measured error as a test property (visible with
+// --gtest_output=xml), so that the margin under each tolerance can be read from a GPU run.
+void expect_rel(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
+  const double err = rel_l2(got, want);
+  ::testing::Test::RecordProperty("rel_l2_" + what, str(err));
+  EXPECT_LE(err, tol) << what;
+}
+
+// Integer tensors travel as they are (no f32 round trip).
+Tensor to_dev(const Tensor& t) {
+  return t.to(Device::CUDA);
+}
+Tensor to_cpu(const Tensor& t) {
+  return t.to(Device::CPU);
+}
+
+// K distinct experts per token from [0, E), never choosing `skip` (an expert left without tokens).
+Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t skip = -1) {
+  Tensor idx = Tensor::empty({T, K}, DType::I32);
+  int32_t* p = idx.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e;
+      bool again;
+      do {
+        e = int32_t(rng.randint(0, E));
+        again = e == skip;
+        for (int64_t j = 0; j < k; ++j) again = again || p[t * K + j] == e;
+      } while (again);
+      p[t * K + k] = e;
+    }
+  return idx;
+}
+
+Tensor random_weights(int64_t T, int64_t K, Rng& rng) {
+  Tensor w = Tensor::empty({T, K});
+  rng.fill_uniform(w, 0.05f, 1.0f);
+  return w;
+}
+
+struct Plan {
+  Tensor offsets, assign_of_row, row_of_assign;
+};
+
+Plan cpu_plan(const Tensor& idx, int64_t E) {
+  const int64_t T = idx.size(0), K = idx.size(1);
+  Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
+  cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
+  return p;
+}
+
+Plan cuda_plan(const Tensor& idx_cpu, int64_t E) {
+  const int64_t T = idx_cpu.size(0), K = idx_cpu.size(1);
+  const Device d = Device::CUDA;
+  Plan p{Tensor::empty({E + 1}, DType::I64, d), Tensor::empty({T * K}, DType::I32, d),
+         Tensor::empty({T, K}, DType::I32, d)};
+  cuda::make_dispatch_plan(to_dev(idx_cpu), E, p.offsets, p.assign_of_row, p.row_of_assign);
+  return p;
+}
+
+template <class T>
+void expect_equal_ints(const Tensor& got_any, const Tensor& want, const char* what) {
+  const Tensor got = to_cpu(got_any);
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  int64_t mismatches = 0, first = -1;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    if (got.data<T>()[i] != want.data<T>()[i] && mismatches++ == 0) first = i;
+  EXPECT_EQ(mismatches, 0) << what << ": first mismatch at " << first;
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear
+
+struct LinearCase {
+  int64_t T, I, O;
+};
+
+class CudaLinear : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(CudaLinear, ForwardMatchesCpuWithBf16AndF32Outputs) {
+  MT_REQUIRE_GPU();
+  const auto [T, I, O] = GetParam();
+  Rng rng(11);
+  const Tensor x = rand_bf16_exact({T, I}, rng), w = rand_bf16_exact({O, I}, rng, 0.05f);
+  Tensor want = Tensor::empty({T, O});
+  cpu::linear_fwd(x, w, want);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Tensor y = cuda_filled({T, O}, dt, kNaN);
+    cuda::linear_fwd(to_cuda(x, DType::BF16), to_cuda(w, DType::BF16), y);
+    expect_rel(y, want, dt == DType::F32 ? kF32Gemm : kBf16Out, str("y_", dtype_name(dt)));
+  }
+}
+
+TEST_P(CudaLinear, BackwardMatchesCpuForBothDxContractsAndDwAccumulates) {
+  MT_REQUIRE_GPU();
+  const auto [T, I, O] = GetParam();
+  Rng rng(12);
+  const Tensor x = rand_bf16_exact({T, I}, rng), w = rand_bf16_exact({O, I}, rng, 0.05f);
+  const Tensor dy = rand_bf16_exact({T, O}, rng), dx0 = rand_bf16_exact({T, I}, rng),
+               dw0 = rand_bf16_exact({O, I}, rng);
+  Tensor dx_want = Tensor::zeros({T, I}), dw_want = dw0.clone();
+  cpu::linear_bwd(dy, x, w, &dx_want, false, dw_want);
+  const Tensor xc = to_cuda(x, DType::BF16), wc = to_cuda(w, DType::BF16);
+  for (DType dy_dt : {DType::BF16, DType::F32}) {
+    for (bool acc : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dy " << dtype_name(dy_dt) << (acc ? ", dx +=" : ", dx ="));
+      Tensor dx = acc ? to_cuda(dx0, DType::BF16) : cuda_filled({T, I}, DType::BF16, kNaN);
+      Tensor dw = to_cuda(dw0, DType::F32);
+      cuda::linear_bwd(to_cuda(dy, dy_dt), xc, wc, &dx, acc, dw);
+      const std::string tag = str("_dy_", dtype_name(dy_dt), acc ? "_acc" : "_set");
+      expect_rel(dx, acc ? plus(dx_want, dx0) : dx_want, kBf16Out, "dx" + tag);
+      expect_rel(dw, dw_want, kF32Gemm, "dw" + tag);
+    }
+  }
+  // dx may be null: only dw is computed.
+  Tensor dw = to_cuda(dw0, DType::F32);
+  cuda::linear_bwd(to_cuda(dy, DType::BF16), xc, wc, nullptr, false, dw);
+  expect_rel(dw, dw_want, kF32Gemm, "dw_no_dx");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaLinear,
+                         ::testing::Values(LinearCase{4096, 2048, 768}, LinearCase{7, 64, 96}, LinearCase{7, 33, 17},
+                                           LinearCase{1, 8, 1}, LinearCase{300, 128, 1000}),
+                         [](const auto& info) {
+                           return "T" + std::to_string(info.param.T) + "_I" + std::to_string(info.param.I) + "_O" +
+                                  std::to_string(info.param.O);
+                         });
+
+TEST(CudaLinearF32Dy, NonBf16DyIsRoundedOnceAndStaysClose) {
+  MT_REQUIRE_GPU();
+  // dy in f32 with values that are not bf16-exact: the GPU rounds dy to bf16 once (relative error
+  // 2^-9 RMS per element), so dx and dw differ from the f32 CPU result by about 1e-3 relative.
+  const int64_t T = 257, I = 96, O = 80;
+  Rng rng(13);
+  const Tensor x = rand_bf16_exact({T, I}, rng), w = rand_bf16_exact({O, I}, rng, 0.1f);
+  Tensor dy = Tensor::empty({T, O});
+  rng.fill_normal(dy, 0.0f, 1.0f);
+  Tensor dx_want = Tensor::empty({T, I}), dw_want = Tensor::zeros({O, I});
+  cpu::linear_bwd(dy, x, w, &dx_want, false, dw_want);
+  Tensor dx = cuda_filled({T, I}, DType::BF16, kNaN), dw = Tensor::zeros({O, I}, DType::F32, Device::CUDA);
+  cuda::linear_bwd(to_cuda(dy, DType::F32), to_cuda(x, DType::BF16), to_cuda(w, DType::BF16), &dx, false, dw);
+  expect_rel(dx, dx_want, kBf16Out, "dx");
+  expect_rel(dw, dw_want, 5e-3, "dw");
+}
+
+TEST(CudaLinearArgs, RejectsWrongShapesAndDtypesNamingTheTensor) {
+  MT_REQUIRE_GPU();
+  Tensor x = Tensor::zeros({4, 8}, DType::BF16, Device::CUDA), w = Tensor::zeros({6, 8}, DType::BF16, Device::CUDA);
+  Tensor y_bad = Tensor::zeros({4, 5}, DType::BF16, Device::CUDA);
+  try {
+    cuda::linear_fwd(x, w, y_bad);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_fwd y_TO"), std::string::npos) << e.what();
+  }
+  Tensor x_f32 = Tensor::zeros({4, 8}, DType::F32, Device::CUDA), y = Tensor::zeros({4, 6}, DType::BF16, Device::CUDA);
+  try {
+    cuda::linear_fwd(x_f32, w, y);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_fwd x_TI"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// dispatch plan and permutation
+
+TEST(CudaDispatch, PlanEqualsCpuPlanExactly) {
+  MT_REQUIRE_GPU();
+  struct Case {
+    int64_t T, K, E;
+    int32_t skip;
+  };
+  for (const Case c : {Case{4096, 8, 128, 77}, Case{3, 2, 4, -1}, Case{1000, 1, 3, 0}, Case{513, 4, 300, 299}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " K " << c.K << " E " << c.E);
+    Rng rng(uint64_t(c.T * 31 + c.E));
+    const Tensor idx = random_topk(c.T, c.K, c.E, rng, c.skip);
+    const Plan want = cpu_plan(idx, c.E);
+    const Plan got = cuda_plan(idx, c.E);
+    expect_equal_ints<int64_t>(got.offsets, want.offsets, "offsets_E1");
+    expect_equal_ints<int32_t>(got.assign_of_row, want.assign_of_row, "assign_of_row_R");
+    expect_equal_ints<int32_t>(got.row_of_assign, want.row_of_assign, "row_of_assign_TK");
+    if (c.skip >= 0) {  // the expert without tokens has an empty range
+      const Tensor off = to_cpu(got.offsets);
+      EXPECT_EQ(off.data<int64_t>()[c.skip], off.data<int64_t>()[c.skip + 1]);
+    }
+  }
+}
+
+TEST(CudaDispatch, EmptyBatchGivesZeroOffsets) {
+  MT_REQUIRE_GPU();
+  const Tensor idx = Tensor::empty({0, 2}, DType::I32);
+  const Plan got = cuda_plan(idx, 5);
+  expect_equal_ints<int64_t>(got.offsets, Tensor::zeros({6}, DType::I64), "offsets_E1");
+}
+
+TEST(CudaDispatch, ExpertIdOutOfRangeSurfacesAtTheNextPlanNamingTokenChoiceAndId) {
+  MT_REQUIRE_GPU();
+  const int64_t E = 8;
+  Tensor bad = Tensor::empty({3, 2}, DType::I32);
+  const int32_t ids[] = {0, 1, 9, 2, 3, -1};  // first bad: token 1, choice 0, id 9
+  for (int i = 0; i < 6; ++i) bad.data<int32_t>()[i] = ids[i];
+  Plan p = cuda_plan(bad, E);  // does not synchronise, so it may not throw yet
+  // Reading a result waits for the device; the clamped plan is still a valid permutation.
+  const Tensor off = to_cpu(p.offsets);
+  EXPECT_EQ(off.data<int64_t>()[E], 6);
+  Rng rng(3);
+  const Tensor good = random_topk(3, 2, E, rng);
+  try {
+    cuda_plan(good, E);
+    FAIL() << "expected the earlier bad expert id to be reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token 1 choice 0 with expert id 9, expected a value in [0, 8)"),
+              std::string::npos)
+        << e.what();
+  }
+  // The record is reset once reported.
+  const Plan again = cuda_plan(good, E);
+  expect_equal_ints<int32_t>(again.assign_of_row, cpu_plan(good, E).assign_of_row, "assign_of_row_R");
+}
+
+class CudaPermute : public ::testing::TestWithParam<int64_t> {};  // D
+
+TEST_P(CudaPermute, ForwardAndBackwardMatchCpu) {
+  MT_REQUIRE_GPU();
+  const int64_t D = GetParam(), T = 300, K = 4, E = 16;
+  Rng rng(21 + uint64_t(D));
+  const Tensor idx = random_topk(T, K, E, rng, 5);
+  const Plan plan = cpu_plan(idx, E);
+  const Plan dplan{to_dev(plan.offsets), to_dev(plan.assign_of_row), to_dev(plan.row_of_assign)};
+  const int64_t R = T * K;
+
+  // permute_fwd is a copy: exact.
+  const Tensor x = rand_bf16_exact({T, D}, rng);
+  Tensor xp_want = Tensor::empty({R, D});
+  cpu::permute_fwd(x, plan.assign_of_row, K, xp_want);
+  Tensor xp = cuda_filled({R, D}, DType::BF16, kNaN);
+  cuda::permute_fwd(to_cuda(x, DType::BF16), dplan.assign_of_row, K, xp);
+  EXPECT_EQ(rel_l2(xp, xp_want), 0.0);
+
+  // permute_bwd: dx += sum of the token's K rows (f32 sum, one bf16 rounding).
+  const Tensor dxp = rand_bf16_exact({R, D}, rng), dx0 = rand_bf16_exact({T, D}, rng);
+  Tensor dx_want = dx0.clone();
+  cpu::permute_bwd(dxp, plan.assign_of_row, K, dx_want);
+  Tensor dx = to_cuda(dx0, DType::BF16);
+  cuda::permute_bwd(to_cuda(dxp, DType::BF16), dplan.assign_of_row, K, dx);
+  expect_rel(dx, dx_want, kBf16Out, "dx");
+
+  // unpermute_fwd: y = sum_k w * yp[row] (f32 sum, one bf16 rounding).
+  const Tensor yp = rand_bf16_exact({R, D}, rng), w = random_weights(T, K, rng);
+  Tensor y_want = Tensor::empty({T, D});
+  cpu::unpermute_fwd(yp, plan.row_of_assign, w, y_want);
+  Tensor y = cuda_filled({T, D}, DType::BF16, kNaN);
+  cuda::unpermute_fwd(to_cuda(yp, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32), y);
+  expect_rel(y, y_want, kBf16Out, "y");
+
+  // unpermute_bwd: dyp = w * dy (one bf16 rounding); dw = <dy, yp> in f32 vs fp64 on the CPU (a sum of
+  // D exact products: about 1e-7 relative).
+  const Tensor dy = rand_bf16_exact({T, D}, rng);
+  Tensor dyp_want = Tensor::empty({R, D}), dw_want = Tensor::empty({T, K});
+  cpu::unpermute_bwd(dy, yp, plan.row_of_assign, w, dyp_want, dw_want);
+  Tensor dyp = cuda_filled({R, D}, DType::BF16, kNaN), dw = cuda_filled({T, K}, DType::F32, kNaN);
+  cuda::unpermute_bwd(to_cuda(dy, DType::BF16), to_cuda(yp, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32),
+                      dyp, dw);
+  expect_rel(dyp, dyp_want, kBf16Out, "dyp");
+  expect_rel(dw, dw_want, 1e-5, "dw");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaPermute, ::testing::Values(int64_t(2048), int64_t(64), int64_t(70), int64_t(1)),
+                         [](const auto& info) { return "D" + std::to_string(info.param); });
+
+TEST(CudaPermuteRealistic, T4096K8D2048MatchesCpu) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 4096, K = 8, E = 128, D = 2048, R = T * K;
+  Rng rng(31);
+  const Tensor idx = random_topk(T, K, E, rng);
+  const Plan plan = cpu_plan(idx, E);
+  const Plan dplan = cuda_plan(idx, E);
+  const Tensor x = rand_bf16_exact({T, D}, rng);
+  Tensor xp_want = Tensor::empty({R, D});
+  cpu::permute_fwd(x, plan.assign_of_row, K, xp_want);
+  Tensor xp = cuda_filled({R, D}, DType::BF16, kNaN);
+  cuda::permute_fwd(to_cuda(x, DType::BF16), dplan.assign_of_row, K, xp);
+  EXPECT_EQ(rel_l2(xp, xp_want), 0.0);
+  const Tensor w = random_weights(T, K, rng);
+  Tensor y_want = Tensor::empty({T, D});
+  cpu::unpermute_fwd(xp_want, plan.row_of_assign, w, y_want);
+  Tensor y = cuda_filled({T, D}, DType::BF16, kNaN);
+  cuda::unpermute_fwd(xp, dplan.row_of_assign, to_cuda(w, DType::F32), y);
+  expect_rel(y, y_want, kBf16Out, "y");
+  Tensor dx_want = Tensor::zeros({T, D});
+  cpu::permute_bwd(xp_want, plan.assign_of_row, K, dx_want);
+  Tensor dx = Tensor::zeros({T, D}, DType::BF16, Device::CUDA);
+  cuda::permute_bwd(xp, dplan.assign_of_row, K, dx);
+  expect_rel(dx, dx_want, kBf16Out, "dx");
+}
+
+TEST(CudaPermuteUnreferencedRows, UnpermuteBwdZeroesRowsNoAssignmentPointsAt) {
+  MT_REQUIRE_GPU();
+  // R = T*K + 3 rows; row_of_assign uses T*K of them, so 3 rows must come back as zero.
+  const int64_t T = 10, K = 2, D = 24, R = T * K + 3;
+  Rng rng(41);
+  Tensor row = Tensor::empty({T, K}, DType::I32);
+  for (int64_t a = 0; a < T * K; ++a) row.data<int32_t>()[a] = int32_t(R - 1 - a);  // rows 3..R-1, reversed
+  const Tensor yp = rand_bf16_exact({R, D}, rng), dy = rand_bf16_exact({T, D}, rng), w = random_weights(T, K, rng);
+  Tensor dyp_want = Tensor::empty({R, D}), dw_want = Tensor::empty({T, K});
+  cpu::unpermute_bwd(dy, yp, row, w, dyp_want, dw_want);
+  Tensor dyp = cuda_filled({R, D}, DType::BF16, kNaN), dw = cuda_filled({T, K}, DType::F32, kNaN);
+  cuda::unpermute_bwd(to_cuda(dy, DType::BF16), to_cuda(yp, DType::BF16), to_dev(row), to_cuda(w, DType::F32), dyp, dw);
+  expect_rel(dyp, dyp_want, kBf16Out, "dyp");
+  expect_rel(dw, dw_want, 1e-5, "dw");
+}
+
+// ---------------------------------------------------------------------------------------------
+// experts
+
+struct ExpertsCase {
+  int64_t E, K, D, F, T;
+};
+
+class CudaExperts : public ::testing::TestWithParam<ExpertsCase> {};
+
+TEST_P(CudaExperts, GroupedForwardAndBackwardMatchCpu) {
+  MT_REQUIRE_GPU();
+  const auto [E, K, D, F, T] = GetParam();
+  const int64_t R = T * K;
+  Rng rng(51 + uint64_t(E));
+  const Tensor idx = random_topk(T, K, E, rng, int32_t(E / 2));  // one expert gets no rows
+  const Plan plan = cpu_plan(idx, E);
+  const Tensor doff = to_dev(plan.offsets);
+  const Tensor xp = rand_bf16_exact({R, D}, rng);
+  const Tensor wgu = rand_bf16_exact({E, 2 * F, D}, rng, 1.0f / std::sqrt(float(D)));
+  const Tensor wd = rand_bf16_exact({E, D, F}, rng, 1.0f / std::sqrt(float(F)));
+
+  Tensor gu_want = Tensor::empty({R, 2 * F}), h_want = Tensor::empty({R, F}), yp_want = Tensor::empty({R, D});
+  cpu::experts_fwd(xp, plan.offsets, wgu, wd, gu_want, h_want, yp_want);
+  const Tensor xpc = to_cuda(xp, DType::BF16), wguc = to_cuda(wgu, DType::BF16), wdc = to_cuda(wd, DType::BF16);
+  Tensor gu = cuda_filled({R, 2 * F}, DType::BF16, kNaN), h = cuda_filled({R, F}, DType::BF16, kNaN),
+         yp = cuda_filled({R, D}, DType::BF16, kNaN);
+  cuda::experts_fwd(xpc, doff, wguc, wdc, gu, h, yp);
+  expect_rel(gu, gu_want, kBf16Out, "gu");
+  expect_rel(h, h_want, kBf16Out, "h");
+  expect_rel(yp, yp_want, kBf16Out, "yp");
+
+  // Each backend's backward gets its own saved gu and h (as in training).
+  const Tensor dyp = rand_bf16_exact({R, D}, rng);
+  // Constant pre-fills (random ones of 400M elements would dominate the realistic case's run time).
+  const Tensor dwgu0 = filled({E, 2 * F, D}, 0.01f), dwd0 = filled({E, D, F}, -0.01f);
+  Tensor dxp_want = Tensor::empty({R, D}), dwgu_want = dwgu0.clone(), dwd_want = dwd0.clone();
+  cpu::experts_bwd(dyp, xp, plan.offsets, wgu, wd, gu_want, h_want, dxp_want, dwgu_want, dwd_want);
+  Tensor dxp = cuda_filled({R, D}, DType::BF16, kNaN), dwgu = to_cuda(dwgu0, DType::F32),
+         dwd = to_cuda(dwd0, DType::F32);
+  cuda::experts_bwd(to_cuda(dyp, DType::BF16), xpc, doff, wguc, wdc, gu, h, dxp, dwgu, dwd);
+  expect_rel(dxp, dxp_want, kBf16Out, "dxp");
+  expect_rel(dwgu, dwgu_want, kBf16Out, "dwgu");
+  expect_rel(dwd, dwd_want, kBf16Out, "dwd");
+  // The expert without rows keeps its pre-filled gradient exactly.
+  const int64_t e0 = E / 2;
+  const Tensor dwd_host = to_host_f32(dwd);
+  for (int64_t i = 0; i < D * F; ++i)
+    ASSERT_EQ(dwd_host.data<float>()[e0 * D * F + i], dwd0.data<float>()[e0 * D * F + i]) << i;
+}
+
+TEST_P(CudaExperts, ReferenceFormMatchesCpuReference) {
+  MT_REQUIRE_GPU();
+  const auto [E, K, D, F, T] = GetParam();
+  if (D * F * E > 8 * 64 * 64) GTEST_SKIP() << "the CPU reference form is scalar fp64; small sizes only";
+  Rng rng(61 + uint64_t(E));
+  const Tensor idx = random_topk(T, K, E, rng, int32_t(E / 2));
+  const Tensor w = random_weights(T, K, rng);
+  const Tensor x = rand_bf16_exact({T, D}, rng);
+  const Tensor wgu = rand_bf16_exact({E, 2 * F, D}, rng, 1.0f / std::sqrt(float(D)));
+  const Tensor wd = rand_bf16_exact({E, D, F}, rng, 1.0f / std::sqrt(float(F)));
+  Tensor y_want = Tensor::empty({T, D});
+  cpu::experts_ref_fwd(x, idx, w, wgu, wd, y_want);
+  const Tensor xc = to_cuda(x, DType::BF16), idxc = to_dev(idx), wc = to_cuda(w, DType::F32),
+               wguc = to_cuda(wgu, DType::BF16), wdc = to_cuda(wd, DType::BF16);
+  Tensor y = cuda_filled({T, D}, DType::BF16, kNaN);
+  cuda::experts_ref_fwd(xc, idxc, wc, wguc, wdc, y);
+  expect_rel(y, y_want, kBf16Out, "y");
+
+  const Tensor dy = rand_bf16_exact({T, D}, rng);
+  Tensor dx_want = Tensor::empty({T, D}), dtw_want = Tensor::empty({T, K}), dwgu_want = Tensor::zeros(wgu.shape()),
+         dwd_want = Tensor::zeros(wd.shape());
+  cpu::experts_ref_bwd(dy, x, idx, w, wgu, wd, dx_want, dtw_want, dwgu_want, dwd_want);
+  Tensor dx = cuda_filled({T, D}, DType::BF16, kNaN), dtw = cuda_filled({T, K}, DType::F32, kNaN),
+         dwgu = Tensor::zeros(wgu.shape(), DType::F32, Device::CUDA),
+         dwd = Tensor::zeros(wd.shape(), DType::F32, Device::CUDA);
+  cuda::experts_ref_bwd(to_cuda(dy, DType::BF16), xc, idxc, wc, wguc, wdc, dx, dtw, dwgu, dwd);
+  expect_rel(dx, dx_want, kBf16Out, "dx");
+  expect_rel(dtw, dtw_want, kBf16Out, "dtw");  // <dy, yp> with yp rounded to bf16
+  expect_rel(dwgu, dwgu_want, kBf16Out, "dwgu");
+  expect_rel(dwd, dwd_want, kBf16Out, "dwd");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaExperts,
+                         ::testing::Values(ExpertsCase{8, 2, 64, 32, 64}, ExpertsCase{8, 2, 40, 12, 37},
+                                           ExpertsCase{128, 8, 2048, 768, 512}),
+                         [](const auto& info) {
+                           return "E" + std::to_string(info.param.E) + "_D" + std::to_string(info.param.D) + "_F" +
+                                  std::to_string(info.param.F) + "_T" + std::to_string(info.param.T);
+                         });
+
+// ---------------------------------------------------------------------------------------------
+// LM head + cross-entropy
+
+struct LmHeadCase {
+  int64_t T, D, V, chunk;
+};
+
+class CudaLmHead : public ::testing::TestWithParam<LmHeadCase> {};
+
+TEST_P(CudaLmHead, LossAndGradientsMatchCpu) {
+  MT_REQUIRE_GPU();
+  const auto [T, D, V, chunk] = GetParam();
+  Rng rng(71 + uint64_t(V));
+  const Tensor hn = rand_bf16_exact({T, D}, rng), w = rand_bf16_exact({V, D}, rng, 1.0f / std::sqrt(float(D)));
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  int64_t valid = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const bool ignore = t % 7 == 3;
+    labels.data<int64_t>()[t] = ignore ? -100 : rng.randint(0, V);
+    valid += !ignore;
+  }
+  const float scale = 1.0f / float(valid);
+  const Tensor dw0 = rand_bf16_exact({V, D}, rng, 1e-3f);
+  Tensor loss_want = filled({1}, 1.5f), dhn_want = Tensor::empty({T, D}), dw_want = dw0.clone();
+  cpu::lm_head_cross_entropy(hn, w, labels, scale, chunk, loss_want, dhn_want, dw_want);
+
+  Tensor loss = cuda_filled({1}, DType::F32, 1.5f), dhn = cuda_filled({T, D}, DType::BF16, kNaN),
+         dw = to_cuda(dw0, DType::F32);
+  cuda::lm_head_cross_entropy(to_cuda(hn, DType::BF16), to_cuda(w, DType::BF16), to_dev(labels), scale, chunk, loss,
+                              dhn, dw);
+  // Loss: the same f32 logits up to summation order, lse in f32 vs fp64: about 1e-6 relative.
+  expect_rel(loss, loss_want, 1e-4, "loss");
+  expect_rel(dhn, dhn_want, kBf16Out, "dhn");  // dlogits and dhn each rounded to bf16 once
+  expect_rel(dw, dw_want, kBf16Out, "dw");     // dlogits rounded to bf16
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaLmHead,
+                         ::testing::Values(LmHeadCase{300, 64, 1000, 128},   // 2 full chunks and a partial one
+                                           LmHeadCase{300, 64, 1000, 0},     // default chunk: one chunk
+                                           LmHeadCase{33, 40, 999, 5},       // odd V and D
+                                           LmHeadCase{64, 256, 151936, 0}),  // the real vocabulary
+                         [](const auto& info) {
+                           return "T" + std::to_string(info.param.T) + "_V" + std::to_string(info.param.V) + "_chunk" +
+                                  std::to_string(info.param.chunk);
+                         });
+
+TEST(CudaLmHeadLabels, OutOfRangeLabelPoisonsTheLossAndIsReportedByTheNextCall) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 20, D = 16, V = 1000;
+  Rng rng(81);
+  const Tensor hn = to_cuda(rand_bf16_exact({T, D}, rng), DType::BF16);
+  const Tensor w = to_cuda(rand_bf16_exact({V, D}, rng, 0.25f), DType::BF16);
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t;
+  labels.data<int64_t>()[5] = V;  // out of range
+  Tensor loss = Tensor::zeros({1}, DType::F32, Device::CUDA), dhn = Tensor::empty({T, D}, DType::BF16, Device::CUDA),
+         dw = Tensor::zeros({V, D}, DType::F32, Device::CUDA);
+  cuda::lm_head_cross_entropy(hn, w, to_dev(labels), 1.0f, 0, loss, dhn, dw);
+  EXPECT_TRUE(std::isnan(to_host_f32(loss).data<float>()[0]));  // reading it also waits for the device
+  labels.data<int64_t>()[5] = 5;
+  try {
+    cuda::lm_head_cross_entropy(hn, w, to_dev(labels), 1.0f, 0, loss, dhn, dw);
+    FAIL() << "expected the earlier bad label to be reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("label 1000 at row 5"), std::string::npos) << e.what();
+  }
+  Tensor loss2 = Tensor::zeros({1}, DType::F32, Device::CUDA);
+  cuda::lm_head_cross_entropy(hn, w, to_dev(labels), 1.0f, 0, loss2, dhn, dw);
+  EXPECT_TRUE(std::isfinite(to_host_f32(loss2).data<float>()[0]));
+}
+
+}  // namespace
