@@ -54,6 +54,38 @@ bool Qwen3MoeModel::aux_enabled() const {
   return false;
 }
 
+void Qwen3MoeModel::replay_routing(int64_t l, LayerActs& a) {
+  int64_t sparse_index = 0;
+  for (int64_t i = 0; i < l; ++i) sparse_index += cfg_.is_sparse_layer(i) ? 1 : 0;
+  if (sparse_index >= int64_t(replay_.size()))
+    MT_THROW("routing replay has ", replay_.size(), " layers of expert ids; sparse layer ", l, " needs more");
+  const int64_t T = T_, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
+  Tensor idx = replay_[size_t(sparse_index)].to(Device::CPU);
+  if (idx.shape() != Shape{T, K} || idx.dtype() != DType::I32)
+    MT_THROW("routing replay for sparse layer ", l, " is ", idx.desc(), "; expected i32[", T, ", ", K, "]");
+  Tensor probs = a.probs.to(Device::CPU), wts = Tensor::empty({T, K});
+  for (int64_t t = 0; t < T; ++t) {
+    double sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e = idx.data<int32_t>()[t * K + k];
+      if (e < 0 || e >= E) MT_THROW("routing replay: expert id ", e, " of token ", t, " is outside [0, ", E, ")");
+      wts.data<float>()[t * K + k] = probs.data<float>()[t * E + e];
+      sum += probs.data<float>()[t * E + e];
+    }
+    if (cfg_.norm_topk_prob)
+      for (int64_t k = 0; k < K; ++k) wts.data<float>()[t * K + k] = float(wts.data<float>()[t * K + k] / sum);
+  }
+  a.idx.copy_from(idx.to(device_));
+  a.wts.copy_from(wts.to(device_));
+}
+
+std::vector<Tensor> Qwen3MoeModel::last_routing() const {
+  std::vector<Tensor> out;
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    if (cfg_.is_sparse_layer(l)) out.push_back(acts_[size_t(l)].idx.to(Device::CPU).clone());
+  return out;
+}
+
 LossParts Qwen3MoeModel::forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out) {
   return run(mb, ce_scale, aux_scale, logits_out, true);
 }
@@ -104,6 +136,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.idx = keep_.alloc({T, K}, DType::I32);
       a.wts = keep_.alloc({T, K});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts);
+      if (!replay_.empty()) replay_routing(l, a);
       a.offsets = keep_.alloc({E + 1}, DType::I64);
       a.assign_of_row = keep_.alloc({R}, DType::I32);
       a.row_of_assign = keep_.alloc({T, K}, DType::I32);

@@ -60,6 +60,15 @@ class Qwen3MoeModel {
   // Forward only; labels optional. logits_out receives (B*S, V) when given.
   LossParts forward(const MicroBatch& mb, Tensor* logits_out);
 
+  // Routing replay: with ids set (i32 [T, K] per sparse layer, in layer order, any device), each
+  // sparse layer uses those experts instead of its own top-k; the weights are the layer's own
+  // probabilities at those experts (renormalised when norm_topk_prob), so gradients flow as usual.
+  // Used to replay routing recorded elsewhere (a rollout, or another backend in tests). The
+  // replay path gathers the weights on the host (not a hot path). Empty = the router decides.
+  void set_routing_replay(std::vector<Tensor> topk_idx_per_sparse_layer) { replay_ = std::move(topk_idx_per_sparse_layer); }
+  // The top-k expert ids (i32 [T, K], host copies) each sparse layer used in the last forward.
+  std::vector<Tensor> last_routing() const;
+
   Recompute recompute = Recompute::None;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
@@ -71,6 +80,7 @@ class Qwen3MoeModel {
   LossParts run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out, bool backward);
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
+  void replay_routing(int64_t l, LayerActs& a);
 
   ModelConfig cfg_;
   Device device_;
@@ -86,6 +96,7 @@ class Qwen3MoeModel {
   int64_t aux_rows_ = 0;         // N = T * sparse layers
   std::vector<LayerActs> acts_;
   double forward_s_ = 0, backward_s_ = 0;
+  std::vector<Tensor> replay_;
 };
 
 }  // namespace mt

@@ -204,3 +204,34 @@ TEST(Model, FusedLmHeadMatchesMaterialisedLogits) {
   ops::add_(diff, b.grads(), -1.0f);
   EXPECT_LT(std::sqrt(ops::sum_squares(diff) / ops::sum_squares(a.grads())), 1e-6);
 }
+
+TEST(Model, RoutingReplayReproducesAndOverridesTheRouter) {
+  ModelConfig c = tiny_config(true, true);
+  MicroBatch mb = random_batch(c, 2, 16, 31);
+  Qwen3MoeModel a(c), b(c), d(c);
+  for (Qwen3MoeModel* m : {&a, &b, &d}) init_random(*m, 12);
+  LossParts la = a.forward_backward(mb, 0.05, 0.1);
+  std::vector<Tensor> routing = a.last_routing();
+  ASSERT_EQ(routing.size(), 1u);  // layer 0 is dense
+  b.set_routing_replay(routing);
+  LossParts lb = b.forward_backward(mb, 0.05, 0.1);
+  EXPECT_EQ(la.loss, lb.loss);
+  EXPECT_EQ(std::memcmp(a.grads().raw(), b.grads().raw(), a.grads().nbytes()), 0);
+  // Another routing: every token goes to the next expert; the model must follow it.
+  Tensor shifted = routing[0].clone();
+  for (int64_t i = 0; i < shifted.numel(); ++i) shifted.data<int32_t>()[i] = (shifted.data<int32_t>()[i] + 1) % 8;
+  d.set_routing_replay({shifted});
+  LossParts ld = d.forward_backward(mb, 0.05, 0.1);
+  EXPECT_NE(la.loss, ld.loss);
+  EXPECT_TRUE(std::isfinite(ld.loss));
+  EXPECT_EQ(std::memcmp(d.last_routing()[0].raw(), shifted.raw(), shifted.nbytes()), 0);
+  Tensor bad = shifted.clone();
+  bad.data<int32_t>()[3] = 99;
+  d.set_routing_replay({bad});
+  try {
+    d.forward(mb, nullptr);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("expert id 99"), std::string::npos) << e.what();
+  }
+}
