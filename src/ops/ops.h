@@ -32,12 +32,14 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
                 Tensor& dw_OI);
 
 // ---- embedding: ids_T is i64, each in [0, V) (checked) ----
+// CUDA: table bf16; out and dout bf16|f32 (f32 for an f32 residual stream); dtable f32.
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
 void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);  // dtable += (f32)
 
 // ---- RMSNorm over the last dim: y = w * x / sqrt(mean(x^2) + eps), fp64 accumulation ----
 // Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N (f32) is saved for
-// backward; dw_D is f32.
+// backward; dw_D is f32. CUDA: w, y, dy bf16; x bf16|f32 and dx bf16|f32, independently (an f32
+// residual stream has x and dx f32; the per-head norms bf16).
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D);  // dx =, dw +=
@@ -95,9 +97,10 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD);
 // dx_TD += scatter of dxp_RD back to tokens
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD);
-// y_TD[t] = sum_k w_TK[t,k] * yp_RD[row_of_assign[t,k]]   (y =)
+// y_TD[t] = sum_k w_TK[t,k] * yp_RD[row_of_assign[t,k]]   (y =). CUDA: yp bf16; y bf16|f32.
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD);
 // dyp_RD[row(t,k)] = w[t,k] * dy[t]  (=);  dw_TK[t,k] = <dy[t], yp[row(t,k)]>  (=)
+// CUDA: dy bf16|f32; yp, dyp bf16. w_TK and dw_TK are f32.
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK);
 
@@ -154,7 +157,8 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
                 Tensor* p_compute);
 double sum_squares(const Tensor& x);  // f32 (any backend) or bf16 (CUDA); fp64 accumulation on CPU
 void scale_(Tensor& x, float s);
-void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x; CUDA: f32 or bf16 (same dtype)
+// CUDA: y and x both f32 or both bf16, or y f32 with x bf16 (a bf16 branch added into an f32 residual).
+void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
 bool all_finite(const Tensor& x);
 // dst = src converted (f32 <-> bf16, or a plain copy when the dtypes match); same shape and device.
 void copy_cast(const Tensor& src, Tensor& dst);

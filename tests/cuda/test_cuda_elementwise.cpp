@@ -6,6 +6,9 @@
 //   - f32 outputs whose GPU arithmetic is f32 where the CPU's is fp64: 1e-6..1e-4 by the length of the
 //     sums involved (stated at each use);
 //   - ops written to repeat the CPU's f32 operations (AdamW, scale_, add_, copy_cast) are compared exactly.
+// The ops that an f32 residual stream touches (embedding, RMSNorm's x and dx, add_ of a bf16 branch into
+// f32) are tested with bf16 and f32 on the residual side; there the f32 inputs are full-precision f32
+// (not bf16-exact), as the residual is, and CudaF32Residual chains them as the model does.
 // Realistic sizes (T = 4096 rows, D = 2048, E = 128, V = 151936) exercise the launch configurations;
 // odd sizes exercise the scalar paths and tails. Outputs with "=" contracts are pre-filled with NaN
 // (rel_l2 fails on any NaN left behind); "+=" outputs are pre-filled with random values.
@@ -82,9 +85,12 @@ TEST(CudaEmbedding, ForwardIsAnExactGather) {
     SCOPED_TRACE(str("V=", c.V, " D=", c.D, " T=", c.T));
     Tensor table = rand_bf16_exact({c.V, c.D}, rng), ids = random_ids(c.T, c.V, rng), out = Tensor::empty({c.T, c.D});
     cpu::embedding_fwd(ids, table, out);
-    Tensor out_g = cuda_filled({c.T, c.D}, DType::BF16, kNaN);
-    cuda::embedding_fwd(ids.to(Device::CUDA), to_cuda(table, DType::BF16), out_g);
-    EXPECT_EQ(rel_l2(out_g, out), 0.0);
+    // A bf16 value is exactly an f32 one, so both output dtypes are exact copies of the table rows.
+    for (DType dt : {DType::BF16, DType::F32}) {
+      Tensor out_g = cuda_filled({c.T, c.D}, dt, kNaN);
+      cuda::embedding_fwd(ids.to(Device::CUDA), to_cuda(table, DType::BF16), out_g);
+      EXPECT_EQ(rel_l2(out_g, out), 0.0) << dtype_name(dt);
+    }
   }
 }
 
@@ -96,13 +102,17 @@ TEST(CudaEmbedding, BackwardAccumulatesRepeatedIds) {
   };
   // Few ids for many tokens, so each table row sums ~80 token rows in an order the atomics choose:
   // f32 sums of that length differ from the CPU's sequential f32 sums by ~1e-7 relative; 1e-5 allows it.
-  for (Case c : {Case{50, 2048, 4096}, Case{13, 7, 257}}) {
-    SCOPED_TRACE(str("V=", c.V, " D=", c.D, " T=", c.T));
-    Tensor ids = random_ids(c.T, c.V, rng), dout = rand_bf16_exact({c.T, c.D}, rng), dtable = randn({c.V, c.D}, rng);
-    Tensor dtable_g = dtable.to(Device::CUDA);
-    cpu::embedding_bwd(ids, dout, dtable);
-    cuda::embedding_bwd(ids.to(Device::CUDA), to_cuda(dout, DType::BF16), dtable_g);
-    EXPECT_LT(rel_l2(dtable_g, dtable), 1e-5);
+  // The same holds for f32 row gradients (full-precision values, as an f32 residual gradient is).
+  for (Case c : {Case{50, 2048, 4096}, Case{13, 7, 257}, Case{21, 6, 99}}) {
+    for (DType dt : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(str("V=", c.V, " D=", c.D, " T=", c.T, " dout ", dtype_name(dt)));
+      Tensor ids = random_ids(c.T, c.V, rng), dtable = randn({c.V, c.D}, rng);
+      Tensor dout = dt == DType::BF16 ? rand_bf16_exact({c.T, c.D}, rng) : randn({c.T, c.D}, rng);
+      Tensor dtable_g = dtable.to(Device::CUDA);
+      cpu::embedding_bwd(ids, dout, dtable);
+      cuda::embedding_bwd(ids.to(Device::CUDA), to_cuda(dout, dt), dtable_g);
+      EXPECT_LT(rel_l2(dtable_g, dtable), 1e-5);
+    }
   }
 }
 
@@ -123,12 +133,20 @@ TEST(CudaEmbedding, OutOfRangeIdGivesZeroRowAndNoGradient) {
     EXPECT_EQ(out.data<float>()[D + d], 0.0f);
     EXPECT_EQ(out.data<float>()[2 * D + d], 0.0f);
   }
-  Tensor dtable_g = Tensor::zeros({V, D}, DType::F32, Device::CUDA);
-  cuda::embedding_bwd(ids.to(Device::CUDA), cuda_filled({3, D}, DType::BF16, 1.0f), dtable_g);
-  Tensor dtable = to_host_f32(dtable_g);
-  double total = 0;
-  for (int64_t i = 0; i < V * D; ++i) total += dtable.data<float>()[i];
-  EXPECT_EQ(total, double(D));  // only the valid id's row, once
+  Tensor out32_g = cuda_filled({3, D}, DType::F32, kNaN);
+  cuda::embedding_fwd(ids.to(Device::CUDA), to_cuda(table, DType::BF16), out32_g);
+  EXPECT_EQ(rel_l2(out32_g, out), 0.0);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Tensor dtable_g = Tensor::zeros({V, D}, DType::F32, Device::CUDA);
+    cuda::embedding_bwd(ids.to(Device::CUDA), cuda_filled({3, D}, dt, 1.0f), dtable_g);
+    Tensor dtable = to_host_f32(dtable_g);
+    double total = 0;
+    for (int64_t i = 0; i < V * D; ++i) total += dtable.data<float>()[i];
+    EXPECT_EQ(total, double(D)) << dtype_name(dt);  // only the valid id's row, once
+  }
+  Tensor bad = Tensor::zeros({3, D}, DType::I32, Device::CUDA);
+  std::string msg = error_of([&] { cuda::embedding_fwd(ids.to(Device::CUDA), to_cuda(table, DType::BF16), bad); });
+  EXPECT_NE(msg.find("embedding_fwd out_TD has dtype i32, expected bf16 or f32"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------- RMSNorm
@@ -147,15 +165,20 @@ TEST(CudaRmsNorm, ForwardMatchesCpu) {
   Rng rng(4);
   const float eps = 1e-6f;
   for (NormCase c : kNormCases) {
-    SCOPED_TRACE(str("N=", c.N, " D=", c.D));
-    Tensor x = rand_bf16_exact({c.N, c.D}, rng), w = rand_bf16_exact({c.D}, rng);
-    Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
-    cpu::rms_norm_fwd(x, w, eps, y, rstd);
-    Tensor y_g = cuda_filled({c.N, c.D}, DType::BF16, kNaN), rstd_g = cuda_filled({c.N}, DType::F32, kNaN);
-    cuda::rms_norm_fwd(to_cuda(x, DType::BF16), to_cuda(w, DType::BF16), eps, y_g, rstd_g);
-    EXPECT_LT(rel_l2(y_g, y), kBf16Out);
-    // f32 sum of squares (at most 64 terms per lane, then a tree) against the CPU's fp64 sum.
-    EXPECT_LT(rel_l2(rstd_g, rstd), 1e-5);
+    for (DType xdt : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(str("N=", c.N, " D=", c.D, " x ", dtype_name(xdt)));
+      // f32 x is full-precision f32, as the residual stream is.
+      Tensor x = xdt == DType::BF16 ? rand_bf16_exact({c.N, c.D}, rng) : randn({c.N, c.D}, rng);
+      Tensor w = rand_bf16_exact({c.D}, rng);
+      Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
+      cpu::rms_norm_fwd(x, w, eps, y, rstd);
+      Tensor y_g = cuda_filled({c.N, c.D}, DType::BF16, kNaN), rstd_g = cuda_filled({c.N}, DType::F32, kNaN);
+      cuda::rms_norm_fwd(to_cuda(x, xdt), to_cuda(w, DType::BF16), eps, y_g, rstd_g);
+      EXPECT_LT(rel_l2(y_g, y), kBf16Out);
+      // f32 sum of squares (at most 64 terms per lane, then a tree) against the CPU's fp64 sum; with f32 x
+      // each square also rounds (2^-24 relative), which changes nothing at this scale.
+      EXPECT_LT(rel_l2(rstd_g, rstd), 1e-5);
+    }
   }
 }
 
@@ -163,21 +186,35 @@ TEST(CudaRmsNorm, BackwardMatchesCpu) {
   MT_REQUIRE_GPU();
   Rng rng(5);
   const float eps = 1e-6f;
+  struct Dtypes {
+    DType x, dx;
+  };
+  // x f32 with dx f32 is the residual stream's norm, bf16 with bf16 the per-head norms; the mixed pairs
+  // are allowed too.
+  const Dtypes kDtypes[] = {
+      {DType::BF16, DType::BF16}, {DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::F32, DType::BF16}};
   for (NormCase c : kNormCases) {
-    SCOPED_TRACE(str("N=", c.N, " D=", c.D));
-    Tensor x = rand_bf16_exact({c.N, c.D}, rng), w = rand_bf16_exact({c.D}, rng);
-    Tensor dy = rand_bf16_exact({c.N, c.D}, rng);
-    Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
-    cpu::rms_norm_fwd(x, w, eps, y, rstd);
-    Tensor dx = Tensor::empty({c.N, c.D}), dw = randn({c.D}, rng);
-    Tensor dw_g = dw.to(Device::CUDA), dx_g = cuda_filled({c.N, c.D}, DType::BF16, kNaN);
-    cpu::rms_norm_bwd(dy, x, w, rstd, dx, dw);
-    // Both backends use the CPU's rstd, so only the backward differs.
-    cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), to_cuda(x, DType::BF16), to_cuda(w, DType::BF16),
-                       rstd.to(Device::CUDA), dx_g, dw_g);
-    EXPECT_LT(rel_l2(dx_g, dx), kBf16Out);
-    // dw sums up to 16384 rows in f32 (per block, then atomics) against the CPU's fp64 sum.
-    EXPECT_LT(rel_l2(dw_g, dw), 1e-4);
+    for (Dtypes dt : kDtypes) {
+      SCOPED_TRACE(str("N=", c.N, " D=", c.D, " x ", dtype_name(dt.x), " dx ", dtype_name(dt.dx)));
+      Tensor x = dt.x == DType::BF16 ? rand_bf16_exact({c.N, c.D}, rng) : randn({c.N, c.D}, rng);
+      Tensor w = rand_bf16_exact({c.D}, rng), dy = rand_bf16_exact({c.N, c.D}, rng);
+      Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
+      cpu::rms_norm_fwd(x, w, eps, y, rstd);
+      Tensor dx = Tensor::empty({c.N, c.D}), dw = randn({c.D}, rng);
+      Tensor dw_g = dw.to(Device::CUDA), dx_g = cuda_filled({c.N, c.D}, dt.dx, kNaN);
+      cpu::rms_norm_bwd(dy, x, w, rstd, dx, dw);
+      // Both backends use the CPU's rstd and the same dy (bf16 on both, as in the model), so only the
+      // backward's arithmetic differs.
+      cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), to_cuda(x, dt.x), to_cuda(w, DType::BF16), rstd.to(Device::CUDA),
+                         dx_g, dw_g);
+      // bf16 dx: one rounding. f32 dx: dx = r * (dy*w - xn*mean(dy*w*xn)) with dy*w exact in f32 and each
+      // other step one f32 rounding (2^-24 relative); the mean is an f32 sum of D terms whose error enters
+      // dx scaled by |xn| * (its 1/D share), against the CPU's fp64. That is a few 1e-7 relative; 1e-5
+      // leaves more than 10x yet is far below what a wrong term gives (order 1) or a bf16 rounding (1e-3).
+      EXPECT_LT(rel_l2(dx_g, dx), dt.dx == DType::BF16 ? kBf16Out : 1e-5);
+      // dw sums up to 16384 rows in f32 (per block, then atomics) against the CPU's fp64 sum.
+      EXPECT_LT(rel_l2(dw_g, dw), 1e-4);
+    }
   }
 }
 
@@ -188,13 +225,87 @@ TEST(CudaRmsNorm, EmptyRowsAndArgumentErrors) {
   cuda::rms_norm_fwd(x, w, 1e-6f, y, rstd);
   Tensor dw = Tensor::zeros({16}, DType::F32, Device::CUDA);
   cuda::rms_norm_bwd(y, x, w, rstd, y, dw);
-  Tensor x32 = Tensor::zeros({2, 16}, DType::F32, Device::CUDA), rstd2 = Tensor::zeros({2}, DType::F32, Device::CUDA);
+  Tensor x0f = Tensor::zeros({0, 16}, DType::F32, Device::CUDA);
+  cuda::rms_norm_fwd(x0f, w, 1e-6f, y, rstd);
+  cuda::rms_norm_bwd(y, x0f, w, rstd, x0f, dw);
+  Tensor xi = Tensor::zeros({2, 16}, DType::I32, Device::CUDA), rstd2 = Tensor::zeros({2}, DType::F32, Device::CUDA);
   Tensor y2 = Tensor::zeros({2, 16}, DType::BF16, Device::CUDA);
-  std::string msg = error_of([&] { cuda::rms_norm_fwd(x32, w, 1e-6f, y2, rstd2); });
-  EXPECT_NE(msg.find("rms_norm_fwd x_ND has dtype f32, expected bf16"), std::string::npos) << msg;
+  std::string msg = error_of([&] { cuda::rms_norm_fwd(xi, w, 1e-6f, y2, rstd2); });
+  EXPECT_NE(msg.find("rms_norm_fwd x_ND has dtype i32, expected bf16 or f32"), std::string::npos) << msg;
   Tensor x2 = Tensor::zeros({2, 16}, DType::BF16, Device::CUDA), w8 = Tensor::zeros({8}, DType::BF16, Device::CUDA);
+  Tensor y32 = Tensor::zeros({2, 16}, DType::F32, Device::CUDA), dw16 = Tensor::zeros({16}, DType::F32, Device::CUDA);
+  msg = error_of([&] { cuda::rms_norm_fwd(x2, w, 1e-6f, y32, rstd2); });  // y stays bf16
+  EXPECT_NE(msg.find("rms_norm_fwd y_ND has dtype f32, expected bf16"), std::string::npos) << msg;
+  msg = error_of([&] { cuda::rms_norm_bwd(y32, x2, w, rstd2, y32, dw16); });  // dy stays bf16
+  EXPECT_NE(msg.find("rms_norm_bwd dy_ND has dtype f32, expected bf16"), std::string::npos) << msg;
   msg = error_of([&] { cuda::rms_norm_fwd(x2, w8, 1e-6f, y2, rstd2); });
   EXPECT_NE(msg.find("rms_norm_fwd w_D has shape [8], expected [16]"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------- f32 residual stream
+
+// The residual stream as the model keeps it with fp32-master + bf16-autocast numerics: h = embed[ids] in
+// f32, h += a bf16 branch output (add_ mixed), n = rms_norm(h) in bf16; backward dx = rms_norm_bwd into
+// f32, plus a bf16 branch gradient, then into the embedding's f32 gradient. Every f32 step repeats the
+// CPU's f32 operations or differs from its fp64 ones by ~1e-7, so h is exact, the bf16 y is the CPU's y
+// within one bf16 rounding element by element, and the f32 gradients are within 1e-5.
+TEST(CudaF32Residual, EmbedAddNormRoundTripMatchesCpu) {
+  MT_REQUIRE_GPU();
+  Rng rng(18);
+  const float eps = 1e-6f;
+  struct Case {
+    int64_t V, D, T;
+  };
+  // D = 2048: the vector paths; D = 100: f32 rows take 4-wide accesses where bf16 rows could not take 8;
+  // D = 7: the scalar paths.
+  for (Case c : {Case{1000, 2048, 4096}, Case{64, 100, 300}, Case{9, 7, 33}}) {
+    SCOPED_TRACE(str("V=", c.V, " D=", c.D, " T=", c.T));
+    const Tensor ids = random_ids(c.T, c.V, rng), table = rand_bf16_exact({c.V, c.D}, rng, 0.5f);
+    const Tensor branch = rand_bf16_exact({c.T, c.D}, rng), w = rand_bf16_exact({c.D}, rng);
+    const Tensor ids_g = ids.to(Device::CUDA);
+
+    Tensor h = Tensor::empty({c.T, c.D}), y = Tensor::empty({c.T, c.D}), rstd = Tensor::empty({c.T});
+    cpu::embedding_fwd(ids, table, h);
+    cpu::add_(h, branch, 1.0f);
+    cpu::rms_norm_fwd(h, w, eps, y, rstd);
+
+    Tensor h_g = cuda_filled({c.T, c.D}, DType::F32, kNaN);
+    cuda::embedding_fwd(ids_g, to_cuda(table, DType::BF16), h_g);
+    cuda::add_(h_g, to_cuda(branch, DType::BF16), 1.0f);
+    EXPECT_EQ(rel_l2(h_g, h), 0.0) << "h";
+    Tensor y_g = cuda_filled({c.T, c.D}, DType::BF16, kNaN), rstd_g = cuda_filled({c.T}, DType::F32, kNaN);
+    cuda::rms_norm_fwd(h_g, to_cuda(w, DType::BF16), eps, y_g, rstd_g);
+    EXPECT_LT(rel_l2(rstd_g, rstd), 1e-5);
+    // Round-to-nearest moves a value by at most half a bf16 ulp, 2^-8 of its magnitude; the f32 value
+    // before rounding differs from the CPU's only through rstd (~1e-7 relative).
+    const Tensor got = to_host_f32(y_g);
+    int64_t outside = 0, first = -1;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const double want = y.data<float>()[i];
+      if (!(std::abs(double(got.data<float>()[i]) - want) <= (std::ldexp(1.0, -8) + 1e-5) * std::abs(want)) &&
+          outside++ == 0)
+        first = i;
+    }
+    EXPECT_EQ(outside, 0) << "first at " << first << ": " << got.data<float>()[first] << " vs "
+                          << y.data<float>()[first];
+
+    // Backward: the norm's dx (f32, from a bf16 dy) plus a bf16 branch gradient, into the table gradient.
+    const Tensor dy = rand_bf16_exact({c.T, c.D}, rng), dbranch = rand_bf16_exact({c.T, c.D}, rng);
+    Tensor dh = Tensor::empty({c.T, c.D}), dw = Tensor::zeros({c.D}), dtable = Tensor::zeros({c.V, c.D});
+    cpu::rms_norm_bwd(dy, h, w, rstd, dh, dw);
+    cpu::add_(dh, dbranch, 1.0f);
+    cpu::embedding_bwd(ids, dh, dtable);
+
+    Tensor dh_g = cuda_filled({c.T, c.D}, DType::F32, kNaN), dw_g = Tensor::zeros({c.D}, DType::F32, Device::CUDA);
+    Tensor dtable_g = Tensor::zeros({c.V, c.D}, DType::F32, Device::CUDA);
+    cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), h_g, to_cuda(w, DType::BF16), rstd_g, dh_g, dw_g);
+    cuda::add_(dh_g, to_cuda(dbranch, DType::BF16), 1.0f);
+    cuda::embedding_bwd(ids_g, dh_g, dtable_g);
+    // The GPU's own rstd (as in the model) adds its ~1e-7 to the backward's f32 error (see BackwardMatchesCpu).
+    EXPECT_LT(rel_l2(dh_g, dh), 1e-5) << "dh";
+    EXPECT_LT(rel_l2(dw_g, dw), 1e-4) << "dw";
+    EXPECT_LT(rel_l2(dtable_g, dtable), 1e-5) << "dtable";
+  }
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -534,7 +645,20 @@ TEST(CudaGradUtils, ScaleAndAddRepeatTheCpuArithmetic) {
       EXPECT_EQ(rel_l2(x_g, xs), 0.0) << dtype_name(dt);
       EXPECT_EQ(rel_l2(y_g, ys), 0.0) << dtype_name(dt);
     }
+    // y f32 += bf16 x (a bf16 branch into the f32 residual): the same f32 operations as the CPU on the
+    // f32 value of x, so exact; y is full-precision f32.
+    Tensor yf = randn({n}, rng);
+    Tensor yf_g = yf.to(Device::CUDA);
+    cuda::add_(yf_g, to_cuda(x, DType::BF16), 0.7f);
+    cpu::add_(yf, x, 0.7f);
+    EXPECT_EQ(rel_l2(yf_g, yf), 0.0) << "y f32, x bf16";
   }
+  Tensor yb = Tensor::zeros({4}, DType::BF16, Device::CUDA), xf = Tensor::zeros({4}, DType::F32, Device::CUDA);
+  std::string msg = error_of([&] { cuda::add_(yb, xf, 1.0f); });
+  EXPECT_NE(msg.find("add_ x has dtype f32, expected bf16 (y is bf16)"), std::string::npos) << msg;
+  Tensor yf = Tensor::zeros({4}, DType::F32, Device::CUDA), xb5 = Tensor::zeros({5}, DType::BF16, Device::CUDA);
+  msg = error_of([&] { cuda::add_(yf, xb5, 1.0f); });
+  EXPECT_NE(msg.find("add_ x has shape [5], expected [4]"), std::string::npos) << msg;
 }
 
 TEST(CudaGradUtils, AllFiniteFindsOneBadElement) {

@@ -9,6 +9,9 @@
 //     GPU and CPU differ only in the f32 summation order (about 1e-6 relative); kF32Gemm = 1e-4 is
 //     far below what a wrong transpose or a missing term gives (order 1).
 //   - exact comparisons where the op only moves data (plan, permute_fwd).
+//   - unpermute's token side in f32 (the f32 residual stream): y f32 repeats the CPU's f32 operations
+//     (no FMA), kF32Same = 1e-6 (0 expected); with a full-precision f32 dy, dyp is one bf16 rounding
+//     (kBf16Out) and dw an f32 dot product against the CPU's fp64 one (1e-5, as with bf16 dy).
 // Measured on an H200 (each test records its errors as rel_l2_* properties, see expect_rel): bf16
 // outputs 1.4e-3..2.7e-3 with one rounding, 2.8e-3..4.7e-3 for the experts chains; f32 GEMM outputs
 // <= 4e-6; LM-head loss below 1e-6.
@@ -37,6 +40,7 @@ namespace {
 
 constexpr double kBf16Out = 1e-2;
 constexpr double kF32Gemm = 1e-4;
+constexpr double kF32Same = 1e-6;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 Tensor filled(const Shape& s, float v) {
@@ -87,6 +91,13 @@ Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t skip = -1)
       p[t * K + k] = e;
     }
   return idx;
+}
+
+// Full-precision f32 N(0, 1) values (not bf16-exact), as an f32 residual stream carries.
+Tensor rand_f32(const Shape& s, Rng& rng) {
+  Tensor t = Tensor::empty(s);
+  rng.fill_normal(t, 0.0f, 1.0f);
+  return t;
 }
 
 Tensor random_weights(int64_t T, int64_t K, Rng& rng) {
@@ -310,6 +321,9 @@ TEST_P(CudaPermute, ForwardAndBackwardMatchCpu) {
   Tensor y = cuda_filled({T, D}, DType::BF16, kNaN);
   cuda::unpermute_fwd(to_cuda(yp, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32), y);
   expect_rel(y, y_want, kBf16Out, "y");
+  Tensor y32 = cuda_filled({T, D}, DType::F32, kNaN);
+  cuda::unpermute_fwd(to_cuda(yp, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32), y32);
+  expect_rel(y32, y_want, kF32Same, "y_f32");
 
   // unpermute_bwd: dyp = w * dy (one bf16 rounding); dw = <dy, yp> in f32 vs fp64 on the CPU (a sum of
   // D exact products: about 1e-7 relative).
@@ -321,6 +335,17 @@ TEST_P(CudaPermute, ForwardAndBackwardMatchCpu) {
                       dyp, dw);
   expect_rel(dyp, dyp_want, kBf16Out, "dyp");
   expect_rel(dw, dw_want, 1e-5, "dw");
+
+  // The same with an f32 dy of full precision (the residual stream's gradient): the products dy*yp are
+  // no longer exact in f32, one rounding each (2^-24), which leaves dw's error at ~1e-7.
+  const Tensor dy32 = rand_f32({T, D}, rng);
+  cpu::unpermute_bwd(dy32, yp, plan.row_of_assign, w, dyp_want, dw_want);
+  dyp = cuda_filled({R, D}, DType::BF16, kNaN);
+  dw = cuda_filled({T, K}, DType::F32, kNaN);
+  cuda::unpermute_bwd(dy32.to(Device::CUDA), to_cuda(yp, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32), dyp,
+                      dw);
+  expect_rel(dyp, dyp_want, kBf16Out, "dyp_dy_f32");
+  expect_rel(dw, dw_want, 1e-5, "dw_dy_f32");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaPermute, ::testing::Values(int64_t(2048), int64_t(64), int64_t(70), int64_t(1)),
@@ -345,6 +370,17 @@ TEST(CudaPermuteRealistic, T4096K8D2048MatchesCpu) {
   Tensor y = cuda_filled({T, D}, DType::BF16, kNaN);
   cuda::unpermute_fwd(xp, dplan.row_of_assign, to_cuda(w, DType::F32), y);
   expect_rel(y, y_want, kBf16Out, "y");
+  Tensor y32 = cuda_filled({T, D}, DType::F32, kNaN);
+  cuda::unpermute_fwd(xp, dplan.row_of_assign, to_cuda(w, DType::F32), y32);
+  expect_rel(y32, y_want, kF32Same, "y_f32");
+  // unpermute_bwd with the f32 residual gradient at this size.
+  const Tensor dy32 = rand_f32({T, D}, rng);
+  Tensor dyp_want = Tensor::empty({R, D}), dw_want = Tensor::empty({T, K});
+  cpu::unpermute_bwd(dy32, xp_want, plan.row_of_assign, w, dyp_want, dw_want);
+  Tensor dyp = cuda_filled({R, D}, DType::BF16, kNaN), dw = cuda_filled({T, K}, DType::F32, kNaN);
+  cuda::unpermute_bwd(dy32.to(Device::CUDA), xp, dplan.row_of_assign, to_cuda(w, DType::F32), dyp, dw);
+  expect_rel(dyp, dyp_want, kBf16Out, "dyp_dy_f32");
+  expect_rel(dw, dw_want, 1e-5, "dw_dy_f32");
   Tensor dx_want = Tensor::zeros({T, D});
   cpu::permute_bwd(xp_want, plan.assign_of_row, K, dx_want);
   Tensor dx = Tensor::zeros({T, D}, DType::BF16, Device::CUDA);
@@ -366,6 +402,33 @@ TEST(CudaPermuteUnreferencedRows, UnpermuteBwdZeroesRowsNoAssignmentPointsAt) {
   cuda::unpermute_bwd(to_cuda(dy, DType::BF16), to_cuda(yp, DType::BF16), to_dev(row), to_cuda(w, DType::F32), dyp, dw);
   expect_rel(dyp, dyp_want, kBf16Out, "dyp");
   expect_rel(dw, dw_want, 1e-5, "dw");
+  Tensor dyp2 = cuda_filled({R, D}, DType::BF16, kNaN), dw2 = cuda_filled({T, K}, DType::F32, kNaN);
+  cuda::unpermute_bwd(to_cuda(dy, DType::F32), to_cuda(yp, DType::BF16), to_dev(row), to_cuda(w, DType::F32), dyp2,
+                      dw2);
+  expect_rel(dyp2, dyp_want, kBf16Out, "dyp_dy_f32");
+  expect_rel(dw2, dw_want, 1e-5, "dw_dy_f32");
+}
+
+TEST(CudaPermuteArgs, UnpermuteTokenSideTakesBf16OrF32Only) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 2, K = 1, D = 8;
+  Tensor yp = Tensor::zeros({T, D}, DType::BF16, Device::CUDA), row = Tensor::zeros({T, K}, DType::I32, Device::CUDA);
+  Tensor w = Tensor::zeros({T, K}, DType::F32, Device::CUDA), y = Tensor::zeros({T, D}, DType::I32, Device::CUDA);
+  try {
+    cuda::unpermute_fwd(yp, row, w, y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unpermute_fwd y_TD has dtype i32, expected bf16 or f32"), std::string::npos)
+        << e.what();
+  }
+  Tensor dyp32 = Tensor::zeros({T, D}, DType::F32, Device::CUDA), dw = Tensor::zeros({T, K}, DType::F32, Device::CUDA);
+  try {  // dyp (the expert side) stays bf16
+    cuda::unpermute_bwd(dyp32, yp, row, w, dyp32, dw);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unpermute_bwd dyp_RD has dtype f32, expected bf16"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

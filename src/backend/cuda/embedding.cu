@@ -1,11 +1,13 @@
-// CUDA token embedding: a row gather forward (bf16 table -> bf16 rows, bit-exact copies) and a
-// scatter-add backward from bf16 row gradients into the f32 table gradient (+=) with float atomics.
+// CUDA token embedding: a row gather forward (bf16 table -> bf16 or f32 rows, exact: a bf16 value is
+// exactly an f32 one) and a scatter-add backward from bf16 or f32 row gradients into the f32 table
+// gradient (+=) with float atomics. The f32 forms serve a model that keeps its residual stream in f32.
 //
 // Repeated ids accumulate in an unspecified order, so the table gradient can differ in its last bits
 // from run to run. Ids are not range-checked on the host, which would cost a device-to-host copy and a
 // synchronisation per call: an id outside [0, V) gives a zero output row and contributes no gradient.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -26,31 +28,46 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-// One block per token row (grid-stride over rows), VEC bf16 per access.
-template <int VEC>
-__global__ void embedding_fwd_kernel(const int64_t* ids, const __nv_bfloat16* table, __nv_bfloat16* out, int64_t T,
-                                     int64_t V, int64_t D) {
-  using P = Pack<__nv_bfloat16, VEC>;
+// Elements per 16-byte access of a row of T.
+template <class T>
+constexpr int kVec = int(16 / sizeof(T));
+
+// One block per token row (grid-stride over rows), VEC elements per access (16 bytes of out when VEC > 1).
+template <class TO, int VEC>
+__global__ void embedding_fwd_kernel(const int64_t* ids, const __nv_bfloat16* table, TO* out, int64_t T, int64_t V,
+                                     int64_t D) {
+  using PI = Pack<__nv_bfloat16, VEC>;
+  using PO = Pack<TO, VEC>;
   const int64_t chunks = D / VEC;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t id = ids[t];
-    P* dst = reinterpret_cast<P*>(out + t * D);
+    PO* dst = reinterpret_cast<PO*>(out + t * D);
     if (id < 0 || id >= V) {
-      P zero;
+      PO zero;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) zero.v[j] = __float2bfloat16_rn(0.0f);
+      for (int j = 0; j < VEC; ++j) zero.v[j] = from_f32<TO>(0.0f);
       for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = zero;
       continue;
     }
-    const P* src = reinterpret_cast<const P*>(table + id * D);
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
+    const PI* src = reinterpret_cast<const PI*>(table + id * D);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      if constexpr (std::is_same_v<TO, __nv_bfloat16>) {
+        dst[c] = src[c];  // a bit copy
+      } else {
+        const PI a = src[c];
+        PO b;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) b.v[j] = to_f32(a.v[j]);
+        dst[c] = b;
+      }
+    }
   }
 }
 
-template <int VEC>
-__global__ void embedding_bwd_kernel(const int64_t* ids, const __nv_bfloat16* dout, float* dtable, int64_t T, int64_t V,
+template <class TG, int VEC>
+__global__ void embedding_bwd_kernel(const int64_t* ids, const TG* dout, float* dtable, int64_t T, int64_t V,
                                      int64_t D) {
-  using P = Pack<__nv_bfloat16, VEC>;
+  using P = Pack<TG, VEC>;
   const int64_t chunks = D / VEC;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t id = ids[t];
@@ -60,9 +77,26 @@ __global__ void embedding_bwd_kernel(const int64_t* ids, const __nv_bfloat16* do
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
       const P g = src[c];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) atomicAdd(row + c * VEC + j, __bfloat162float(g.v[j]));
+      for (int j = 0; j < VEC; ++j) atomicAdd(row + c * VEC + j, to_f32(g.v[j]));
     }
   }
+}
+
+// Checks that t is a CUDA bf16 or f32 tensor of the given shape.
+void check_bf16_or_f32(const Tensor& t, const Shape& shape, const char* what) {
+  check_cuda(t, what);
+  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
+           ", expected bf16 or f32");
+  check_shape(t, shape, what);
+}
+
+// Calls f(float{}) or f(__nv_bfloat16{}) for dt (bf16 or f32, checked before).
+template <class F>
+void dispatch_float(DType dt, F&& f) {
+  if (dt == DType::F32)
+    f(float{});
+  else
+    f(__nv_bfloat16{});
 }
 
 // Checks ids_T (1-D i64 on CUDA) and returns T.
@@ -79,15 +113,19 @@ void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) 
   MT_CHECK(table_VD.dim() == 2, "embedding_fwd table_VD must be 2-D, got ", table_VD.desc());
   const int64_t V = table_VD.size(0), D = table_VD.size(1);
   const int64_t T = check_ids(ids_T, "embedding_fwd ids_T");
-  check_cuda(out_TD, DType::BF16, {T, D}, "embedding_fwd out_TD");
+  check_bf16_or_f32(out_TD, {T, D}, "embedding_fwd out_TD");
   if (T == 0 || D == 0) return;
   const auto* table = static_cast<const __nv_bfloat16*>(table_VD.raw());
-  auto* out = static_cast<__nv_bfloat16*>(out_TD.raw());
   const unsigned grid = unsigned(std::min(T, kMaxGrid));
-  if (D % 8 == 0 && aligned16(table) && aligned16(out))
-    embedding_fwd_kernel<8><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), table, out, T, V, D);
-  else
-    embedding_fwd_kernel<1><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), table, out, T, V, D);
+  dispatch_float(out_TD.dtype(), [&](auto tag) {
+    using TO = decltype(tag);
+    auto* out = static_cast<TO*>(out_TD.raw());
+    constexpr int kV = kVec<TO>;
+    if (D % kV == 0 && aligned16(table) && aligned16(out))
+      embedding_fwd_kernel<TO, kV><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), table, out, T, V, D);
+    else
+      embedding_fwd_kernel<TO, 1><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), table, out, T, V, D);
+  });
   MT_CUDA_LAUNCH_CHECK("embedding_fwd");
 }
 
@@ -96,16 +134,19 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
   MT_CHECK(dtable_VD.dim() == 2, "embedding_bwd dtable_VD must be 2-D, got ", dtable_VD.desc());
   const int64_t V = dtable_VD.size(0), D = dtable_VD.size(1);
   const int64_t T = check_ids(ids_T, "embedding_bwd ids_T");
-  check_cuda(dout_TD, DType::BF16, {T, D}, "embedding_bwd dout_TD");
+  check_bf16_or_f32(dout_TD, {T, D}, "embedding_bwd dout_TD");
   if (T == 0 || D == 0) return;
-  const auto* dout = static_cast<const __nv_bfloat16*>(dout_TD.raw());
   const unsigned grid = unsigned(std::min(T, kMaxGrid));
-  if (D % 8 == 0 && aligned16(dout))
-    embedding_bwd_kernel<8>
-        <<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), dout, dtable_VD.data<float>(), T, V, D);
-  else
-    embedding_bwd_kernel<1>
-        <<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), dout, dtable_VD.data<float>(), T, V, D);
+  dispatch_float(dout_TD.dtype(), [&](auto tag) {
+    using TG = decltype(tag);
+    const auto* dout = static_cast<const TG*>(dout_TD.raw());
+    float* dtable = dtable_VD.data<float>();
+    constexpr int kV = kVec<TG>;
+    if (D % kV == 0 && aligned16(dout))
+      embedding_bwd_kernel<TG, kV><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), dout, dtable, T, V, D);
+    else
+      embedding_bwd_kernel<TG, 1><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), dout, dtable, T, V, D);
+  });
   MT_CUDA_LAUNCH_CHECK("embedding_bwd");
 }
 

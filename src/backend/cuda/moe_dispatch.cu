@@ -1,6 +1,7 @@
 // CUDA dropless token dispatch: the plan (a stable sort of the T*K assignments by expert, with CUB's
 // radix sort), the permutation of token rows into expert-contiguous rows and the weighted
-// un-permutation back to tokens. Same contracts as the CPU reference (backend/cpu/moe_dispatch.cpp);
+// un-permutation back to tokens (whose token-side rows, unpermute's y and dy, may be bf16 or f32, so
+// that an f32 residual stream needs no cast). Same contracts as the CPU reference (backend/cpu/moe_dispatch.cpp);
 // the plan is bit-identical to it. Every op is deterministic: no atomics on data, sums over a token's
 // K rows run in k order in f32. Nothing synchronises the host; bad expert ids surface as described
 // in moe_dispatch.cuh. Indices that a valid plan never produces (a row or an assignment out of
@@ -45,6 +46,28 @@ __device__ __forceinline__ void store_row(__nv_bfloat16* p, const float (&in)[V]
     *reinterpret_cast<uint4*>(p) = raw;
   } else {
     p[0] = __float2bfloat16_rn(in[0]);
+  }
+}
+
+// The same for f32 rows (two 16-byte accesses for 8 elements), for the f32 residual stream.
+template <int V>
+__device__ __forceinline__ void load_row(const float* p, float (&out)[V]) {
+  if constexpr (V == 8) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+  } else {
+    out[0] = *p;
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_row(float* p, const float (&in)[V]) {
+  if constexpr (V == 8) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(in[0], in[1], in[2], in[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(in[4], in[5], in[6], in[7]);
+  } else {
+    p[0] = in[0];
   }
 }
 
@@ -170,11 +193,11 @@ __global__ void permute_bwd_kernel(const __nv_bfloat16* __restrict__ dxp, const 
   }
 }
 
-// y[t] = sum over k (in order) of w[t,k] * yp[row[t,k]], in f32.
-template <int V>
+// y[t] = sum over k (in order) of w[t,k] * yp[row[t,k]], in f32 without FMA contraction: the CPU's
+// operations exactly, so an f32 y equals the CPU's and a bf16 y is its rounding. TY is bf16 or float.
+template <class TY, int V>
 __global__ void unpermute_fwd_kernel(const __nv_bfloat16* __restrict__ yp, const int32_t* __restrict__ row,
-                                     const float* __restrict__ w, int64_t R, int64_t K, int64_t D,
-                                     __nv_bfloat16* __restrict__ y) {
+                                     const float* __restrict__ w, int64_t R, int64_t K, int64_t D, TY* __restrict__ y) {
   const int64_t t = blockIdx.x;
   for (int64_t j = int64_t(threadIdx.x) * V; j < D; j += int64_t(blockDim.x) * V) {
     float acc[V];
@@ -186,15 +209,16 @@ __global__ void unpermute_fwd_kernel(const __nv_bfloat16* __restrict__ yp, const
       float v[V];
       load_row<V>(yp + r * D + j, v);
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] += wk * v[i];
+      for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(wk, v[i]));
     }
     store_row<V>(y + t * D + j, acc);
   }
 }
 
 // One block per assignment a = t*K + k: dyp[row] = w[a] * dy[t]; dw[a] = <dy[t], yp[row]> in f32.
-template <int V>
-__global__ void unpermute_bwd_kernel(const __nv_bfloat16* __restrict__ dy, const __nv_bfloat16* __restrict__ yp,
+// TDY (dy's element type) is bf16 or float.
+template <class TDY, int V>
+__global__ void unpermute_bwd_kernel(const TDY* __restrict__ dy, const __nv_bfloat16* __restrict__ yp,
                                      const int32_t* __restrict__ row, const float* __restrict__ w, int64_t R, int64_t K,
                                      int64_t D, __nv_bfloat16* __restrict__ dyp, float* __restrict__ dw) {
   const int64_t a = blockIdx.x, t = a / K;
@@ -230,6 +254,23 @@ __nv_bfloat16* bf16_out(Tensor& t) {
 void check_matrix(const Tensor& t, DType dtype, const char* what) {
   check_cuda(t, dtype, what);
   MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
+}
+
+// A 2-D CUDA tensor of bf16 or f32 (the token-side rows of unpermute, which may be the f32 residual).
+void check_matrix_bf16_or_f32(const Tensor& t, const char* what) {
+  check_cuda(t, what);
+  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
+           ", expected bf16 or f32");
+  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
+}
+
+// Calls f(float{}) or f(__nv_bfloat16{}) for dt (bf16 or f32, checked before).
+template <class F>
+void dispatch_float(DType dt, F&& f) {
+  if (dt == DType::F32)
+    f(float{});
+  else
+    f(__nv_bfloat16{});
 }
 
 DeferredError& plan_error() {
@@ -349,24 +390,28 @@ void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Te
   const int64_t R = yp_RD.size(0), D = yp_RD.size(1);
   const int64_t T = row_of_assign_TK.size(0), K = row_of_assign_TK.size(1);
   check_cuda(w_TK, DType::F32, {T, K}, "unpermute_fwd w_TK");
-  check_cuda(y_TD, DType::BF16, {T, D}, "unpermute_fwd y_TD");
+  check_matrix_bf16_or_f32(y_TD, "unpermute_fwd y_TD");
+  check_shape(y_TD, {T, D}, "unpermute_fwd y_TD");
   if (T == 0 || D == 0) return;
   MT_CHECK(T < (int64_t(1) << 31), "unpermute_fwd: T (", T, ") exceeds the grid size");
   const __nv_bfloat16* yp = bf16_in(yp_RD);
-  __nv_bfloat16* y = bf16_out(y_TD);
   const int32_t* row = row_of_assign_TK.data<int32_t>();
   const float* w = w_TK.data<float>();
-  if (use_vec8(D, {yp, y}))
-    unpermute_fwd_kernel<8><<<unsigned(T), kRowThreads, 0, stream()>>>(yp, row, w, R, K, D, y);
-  else
-    unpermute_fwd_kernel<1><<<unsigned(T), kRowThreads, 0, stream()>>>(yp, row, w, R, K, D, y);
+  dispatch_float(y_TD.dtype(), [&](auto tag) {
+    using TY = decltype(tag);
+    TY* y = static_cast<TY*>(y_TD.raw());
+    if (use_vec8(D, {yp, y}))
+      unpermute_fwd_kernel<TY, 8><<<unsigned(T), kRowThreads, 0, stream()>>>(yp, row, w, R, K, D, y);
+    else
+      unpermute_fwd_kernel<TY, 1><<<unsigned(T), kRowThreads, 0, stream()>>>(yp, row, w, R, K, D, y);
+  });
   MT_CUDA_LAUNCH_CHECK("unpermute_fwd");
 }
 
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK) {
   const char* op = "unpermute_bwd";
-  check_matrix(dy_TD, DType::BF16, "unpermute_bwd dy_TD");
+  check_matrix_bf16_or_f32(dy_TD, "unpermute_bwd dy_TD");
   check_matrix(yp_RD, DType::BF16, "unpermute_bwd yp_RD");
   check_matrix(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
   const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = yp_RD.size(0), K = row_of_assign_TK.size(1);
@@ -383,16 +428,19 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
     return;
   }
   MT_CHECK(T * K < (int64_t(1) << 31), "unpermute_bwd: T*K (", T * K, ") exceeds the grid size");
-  const __nv_bfloat16* dy = bf16_in(dy_TD);
   const __nv_bfloat16* yp = bf16_in(yp_RD);
   __nv_bfloat16* dyp = bf16_out(dyp_RD);
   const int32_t* row = row_of_assign_TK.data<int32_t>();
   const float* w = w_TK.data<float>();
   float* dw = dw_TK.data<float>();
-  if (use_vec8(D, {dy, yp, dyp}))
-    unpermute_bwd_kernel<8><<<unsigned(T * K), kRowThreads, 0, stream()>>>(dy, yp, row, w, R, K, D, dyp, dw);
-  else
-    unpermute_bwd_kernel<1><<<unsigned(T * K), kRowThreads, 0, stream()>>>(dy, yp, row, w, R, K, D, dyp, dw);
+  dispatch_float(dy_TD.dtype(), [&](auto tag) {
+    using TDY = decltype(tag);
+    const TDY* dy = static_cast<const TDY*>(dy_TD.raw());
+    if (use_vec8(D, {dy, yp, dyp}))
+      unpermute_bwd_kernel<TDY, 8><<<unsigned(T * K), kRowThreads, 0, stream()>>>(dy, yp, row, w, R, K, D, dyp, dw);
+    else
+      unpermute_bwd_kernel<TDY, 1><<<unsigned(T * K), kRowThreads, 0, stream()>>>(dy, yp, row, w, R, K, D, dyp, dw);
+  });
   MT_CUDA_LAUNCH_CHECK(op);
 }
 

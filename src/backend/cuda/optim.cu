@@ -169,26 +169,29 @@ __global__ void scale_kernel(T* x, int64_t n, bool vec, float s) {
   for (int64_t i = done + tid; i < n; i += stride) x[i] = from_f32<T>(__fmul_rn(to_f32(x[i]), s));
 }
 
-template <class T>
-__global__ void add_kernel(T* y, const T* x, int64_t n, bool vec, float alpha) {
+// y += alpha * x with y and x of the same type, or y f32 and x bf16; VEC elements per access are 16
+// bytes of the wider type.
+template <class TY, class TX>
+__global__ void add_kernel(TY* y, const TX* x, int64_t n, bool vec, float alpha) {
+  constexpr int VEC = std::min(kVec<TY>, kVec<TX>);
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   int64_t done = 0;
   if (vec) {
-    using P = Pack<T, kVec<T>>;
-    const int64_t np = n / kVec<T>;
+    using PY = Pack<TY, VEC>;
+    using PX = Pack<TX, VEC>;
+    const int64_t np = n / VEC;
     for (int64_t i = tid; i < np; i += stride) {
-      P a = reinterpret_cast<P*>(y)[i];
-      const P b = reinterpret_cast<const P*>(x)[i];
+      PY a = reinterpret_cast<PY*>(y)[i];
+      const PX b = reinterpret_cast<const PX*>(x)[i];
 #pragma unroll
-      for (int j = 0; j < kVec<T>; ++j)
-        a.v[j] = from_f32<T>(__fadd_rn(to_f32(a.v[j]), __fmul_rn(alpha, to_f32(b.v[j]))));
-      reinterpret_cast<P*>(y)[i] = a;
+      for (int j = 0; j < VEC; ++j) a.v[j] = from_f32<TY>(__fadd_rn(to_f32(a.v[j]), __fmul_rn(alpha, to_f32(b.v[j]))));
+      reinterpret_cast<PY*>(y)[i] = a;
     }
-    done = np * kVec<T>;
+    done = np * VEC;
   }
   for (int64_t i = done + tid; i < n; i += stride)
-    y[i] = from_f32<T>(__fadd_rn(to_f32(y[i]), __fmul_rn(alpha, to_f32(x[i]))));
+    y[i] = from_f32<TY>(__fadd_rn(to_f32(y[i]), __fmul_rn(alpha, to_f32(x[i]))));
 }
 
 // Sets *flag when any element is NaN or +-Inf (a benign race: every writer stores 1).
@@ -311,18 +314,29 @@ void scale_(Tensor& x, float s) {
   MT_CUDA_LAUNCH_CHECK("scale_");
 }
 
+// Same dtypes, or y f32 with x bf16 (a bf16 branch output added into an f32 residual stream).
 void add_(Tensor& y, const Tensor& x, float alpha) {
   check_float(y, "add_ y");
-  check_cuda(x, y.dtype(), y.shape(), "add_ x");
+  check_cuda(x, "add_ x");
+  const bool mixed = y.dtype() == DType::F32 && x.dtype() == DType::BF16;
+  MT_CHECK(x.dtype() == y.dtype() || mixed, "add_ x has dtype ", dtype_name(x.dtype()), ", expected ",
+           y.dtype() == DType::F32 ? "f32 or bf16" : "bf16", " (y is ", dtype_name(y.dtype()), ")");
+  check_shape(x, y.shape(), "add_ x");
   const int64_t n = y.numel();
   if (n == 0) return;
-  dispatch_float(y.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* py = static_cast<T*>(y.raw());
-    const T* px = static_cast<const T*>(x.raw());
+  auto launch = [&](auto y_tag, auto x_tag) {
+    using TY = decltype(y_tag);
+    using TX = decltype(x_tag);
+    TY* py = static_cast<TY*>(y.raw());
+    const TX* px = static_cast<const TX*>(x.raw());
     const bool vec = aligned16(py) && aligned16(px);
-    add_kernel<T><<<grid_for(vec ? n / kVec<T> : n), kThreads, 0, stream()>>>(py, px, n, vec, alpha);
-  });
+    constexpr int kV = std::min(kVec<TY>, kVec<TX>);
+    add_kernel<TY, TX><<<grid_for(vec ? n / kV : n), kThreads, 0, stream()>>>(py, px, n, vec, alpha);
+  };
+  if (mixed)
+    launch(float{}, __nv_bfloat16{});
+  else
+    dispatch_float(y.dtype(), [&](auto tag) { launch(tag, tag); });
   MT_CUDA_LAUNCH_CHECK("add_");
 }
 

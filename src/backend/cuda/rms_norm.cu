@@ -1,17 +1,22 @@
 // CUDA RMSNorm over the last dim, the same function as backend/cpu/rms_norm.cpp:
-// y = w * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), with x, w, y, dy, dx in bf16 and rstd, dw in f32.
-// Row sums are accumulated in f32 (rstd itself is formed in double from that sum, as the CPU does, and
-// rounded to f32 once); the backward uses the saved rstd as is.
+// y = w * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), with w, y, dy in bf16, rstd and dw in f32, and x
+// and dx each bf16 or f32 (an f32 residual stream keeps x and dx in f32; the per-head q/k norms use
+// bf16 for both). Row sums are accumulated in f32 (rstd itself is formed in double from that sum, as
+// the CPU does, and rounded to f32 once); the backward uses the saved rstd as is.
 //
 // Launch: a group of G lanes per row, G = 32 (a warp) for long rows and G = 4 for short ones such as
 // the per-head q/k norms (Hd = 16..128), so that one warp covers 8 short rows instead of idling. Rows
-// are read with 16-byte accesses when D % 8 == 0 and the bases are aligned.
+// are read with vector accesses (16 bytes of the widest element type: 8 elements when x and dx are
+// bf16, 4 when either is f32) when D is a multiple of the width and the bases are 16-byte aligned.
 // Backward: dw (+=) is folded across the groups of a warp with shuffles, across the warps of a block in
 // shared memory, and across blocks with one float atomicAdd per column and block (so dw's last bits
 // depend on the order in which blocks finish).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -34,6 +39,10 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// Elements per vector access: 16 bytes of the widest of the element types.
+template <class... Ts>
+constexpr int kVecOf = int(16 / std::max({sizeof(Ts)...}));
+
 // Sum over the G lanes of a group (G divides 32; every lane of the warp must call this).
 template <int G>
 __device__ __forceinline__ float group_sum(float v) {
@@ -42,22 +51,23 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-template <int G, int VEC>
-__global__ void rms_norm_fwd_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float eps,
+template <class TX, int G, int VEC>
+__global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const bf16* __restrict__ w, float eps,
                                     bf16* __restrict__ y, float* __restrict__ rstd, int64_t N, int D) {
+  using PX = Pack<TX, VEC>;
   using P = Pack<bf16, VEC>;
   const int lane_g = threadIdx.x % G;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const bool valid = row < N;
   const int chunks = D / VEC;
-  const P* xr = reinterpret_cast<const P*>(x + (valid ? row : 0) * D);
+  const PX* xr = reinterpret_cast<const PX*>(x + (valid ? row : 0) * D);
   float ss = 0.0f;
   if (valid)
     for (int c = lane_g; c < chunks; c += G) {
-      const P a = xr[c];
+      const PX a = xr[c];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        const float f = __bfloat162float(a.v[j]);
+        const float f = to_f32(a.v[j]);
         ss += f * f;
       }
     }
@@ -68,21 +78,23 @@ __global__ void rms_norm_fwd_kernel(const bf16* __restrict__ x, const bf16* __re
   const P* wr = reinterpret_cast<const P*>(w);
   P* yr = reinterpret_cast<P*>(y + row * D);
   for (int c = lane_g; c < chunks; c += G) {
-    const P a = xr[c], b = wr[c];
+    const PX a = xr[c];
+    const P b = wr[c];
     P out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      out.v[j] = __float2bfloat16_rn(__bfloat162float(b.v[j]) * (__bfloat162float(a.v[j]) * r));
+    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(__bfloat162float(b.v[j]) * (to_f32(a.v[j]) * r));
     yr[c] = out;
   }
 }
 
 // Grid-stride over groups of rows; see the file comment for how dw is reduced.
-template <int G, int VEC>
-__global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                    const float* __restrict__ rstd, bf16* __restrict__ dx, float* __restrict__ dw,
+template <class TX, class TDX, int G, int VEC>
+__global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const TX* __restrict__ x, const bf16* __restrict__ w,
+                                    const float* __restrict__ rstd, TDX* __restrict__ dx, float* __restrict__ dw,
                                     int64_t N, int D) {
   using P = Pack<bf16, VEC>;
+  using PX = Pack<TX, VEC>;
+  using PDX = Pack<TDX, VEC>;
   extern __shared__ float s_dw[];  // [D]
   for (int d = threadIdx.x; d < D; d += blockDim.x) s_dw[d] = 0.0f;
   __syncthreads();
@@ -96,18 +108,18 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const bf16* __r
     const int64_t row = row0 + threadIdx.x / G;
     const bool valid = row < N;
     const int64_t base = (valid ? row : 0) * D;
-    const P* xr = reinterpret_cast<const P*>(x + base);
+    const PX* xr = reinterpret_cast<const PX*>(x + base);
     const P* dyr = reinterpret_cast<const P*>(dy + base);
-    P* dxr = reinterpret_cast<P*>(dx + base);
+    PDX* dxr = reinterpret_cast<PDX*>(dx + base);
     const float r = valid ? rstd[row] : 0.0f;
 
     float dot = 0.0f;  // sum_d dy*w*xn
     if (valid)
       for (int c = lane_g; c < chunks; c += G) {
-        const P a = xr[c], g = dyr[c], b = wr[c];
+        const PX a = xr[c];
+        const P g = dyr[c], b = wr[c];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          dot += __bfloat162float(g.v[j]) * __bfloat162float(b.v[j]) * (__bfloat162float(a.v[j]) * r);
+        for (int j = 0; j < VEC; ++j) dot += __bfloat162float(g.v[j]) * __bfloat162float(b.v[j]) * (to_f32(a.v[j]) * r);
       }
     const float mean_dot = group_sum<G>(dot) / float(D);
 
@@ -115,13 +127,14 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const bf16* __r
       const int c = c0 + lane_g;
       float part[VEC];
       if (valid && c < chunks) {
-        const P a = xr[c], g = dyr[c], b = wr[c];
-        P out;
+        const PX a = xr[c];
+        const P g = dyr[c], b = wr[c];
+        PDX out;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xn = __bfloat162float(a.v[j]) * r;
+          const float xn = to_f32(a.v[j]) * r;
           const float gy = __bfloat162float(g.v[j]);
-          out.v[j] = __float2bfloat16_rn(r * (gy * __bfloat162float(b.v[j]) - xn * mean_dot));
+          out.v[j] = from_f32<TDX>(r * (gy * __bfloat162float(b.v[j]) - xn * mean_dot));
           part[j] = gy * xn;
         }
         dxr[c] = out;
@@ -144,28 +157,46 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const bf16* __r
 }
 
 struct Launch {
-  int g, vec;
+  int g;
+  bool vec;
 };
 
-// Lanes per row and elements per access for rows of D bf16 at the given bases.
-Launch pick_launch(int64_t D, std::initializer_list<const void*> bases) {
-  bool aligned = D % 8 == 0;
+// Lanes per row, and whether rows of D elements at the given bases take vec_width-wide accesses.
+Launch pick_launch(int64_t D, int vec_width, std::initializer_list<const void*> bases) {
+  bool aligned = D % vec_width == 0;
   for (const void* p : bases) aligned = aligned && aligned16(p);
-  const int vec = aligned ? 8 : 1;
-  return {D / vec >= 32 ? 32 : 4, vec};
+  const int vec = aligned ? vec_width : 1;
+  return {D / vec >= 32 ? 32 : 4, aligned};
 }
 
-// Calls f.template operator()<G, VEC>() for the chosen launch.
-template <class F>
+// Calls f.template operator()<G, VEC>() for the chosen launch, VEC being VW or 1.
+template <int VW, class F>
 void dispatch_launch(Launch l, F&& f) {
-  if (l.g == 32 && l.vec == 8)
-    f.template operator()<32, 8>();
+  if (l.g == 32 && l.vec)
+    f.template operator()<32, VW>();
   else if (l.g == 32)
     f.template operator()<32, 1>();
-  else if (l.vec == 8)
-    f.template operator()<4, 8>();
+  else if (l.vec)
+    f.template operator()<4, VW>();
   else
     f.template operator()<4, 1>();
+}
+
+// Calls f(float{}) or f(bf16{}) for dt (bf16 or f32, checked before).
+template <class F>
+void dispatch_float(DType dt, F&& f) {
+  if (dt == DType::F32)
+    f(float{});
+  else
+    f(bf16{});
+}
+
+// Checks that t is a CUDA bf16 or f32 tensor of the given shape.
+void check_bf16_or_f32(const Tensor& t, const Shape& shape, const std::string& what) {
+  check_cuda(t, what.c_str());
+  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
+           ", expected bf16 or f32");
+  check_shape(t, shape, what.c_str());
 }
 
 int sm_count() {
@@ -178,12 +209,12 @@ int sm_count() {
   return n;
 }
 
-// Checks x_ND (2-D bf16), w_D (bf16 [D]) and rstd_N (f32 [N]) on CUDA; returns {N, D}.
+// Checks x_ND (2-D bf16 or f32), w_D (bf16 [D]) and rstd_N (f32 [N]) on CUDA; returns {N, D}.
 std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
                                             const char* op) {
-  check_cuda(x_ND, DType::BF16, str(op, " x_ND").c_str());
   if (x_ND.dim() != 2) MT_THROW(op, " x_ND must be 2-D, got shape ", shape_str(x_ND.shape()));
   const int64_t N = x_ND.size(0), D = x_ND.size(1);
+  check_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND"));
   check_cuda(w_D, DType::BF16, {D}, str(op, " w_D").c_str());
   check_cuda(rstd_N, DType::F32, {N}, str(op, " rstd_N").c_str());
   if (D > kMaxD) MT_THROW(op, ": D (", D, ") is above the CUDA kernel's limit of ", kMaxD);
@@ -197,15 +228,18 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
   if (!(eps >= 0.0f)) MT_THROW("rms_norm_fwd: eps (", eps, ") must be >= 0");
   check_cuda(y_ND, DType::BF16, {N, D}, "rms_norm_fwd y_ND");
   if (N == 0) return;
-  const auto* x = static_cast<const bf16*>(x_ND.raw());
   const auto* w = static_cast<const bf16*>(w_D.raw());
   auto* y = static_cast<bf16*>(y_ND.raw());
   float* rstd = rstd_N.data<float>();
-  const Launch l = pick_launch(D, {x, w, y});
-  dispatch_launch(l, [&]<int G, int VEC>() {
-    const int64_t rows_per_block = kThreads / G;
-    const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
-    rms_norm_fwd_kernel<G, VEC><<<grid, kThreads, 0, stream()>>>(x, w, eps, y, rstd, N, int(D));
+  dispatch_float(x_ND.dtype(), [&](auto x_tag) {
+    using TX = decltype(x_tag);
+    const auto* x = static_cast<const TX*>(x_ND.raw());
+    constexpr int VW = kVecOf<TX>;
+    dispatch_launch<VW>(pick_launch(D, VW, {x, w, y}), [&]<int G, int VEC>() {
+      const int64_t rows_per_block = kThreads / G;
+      const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
+      rms_norm_fwd_kernel<TX, G, VEC><<<grid, kThreads, 0, stream()>>>(x, w, eps, y, rstd, N, int(D));
+    });
   });
   MT_CUDA_LAUNCH_CHECK("rms_norm_fwd");
 }
@@ -214,20 +248,26 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
                   Tensor& dw_D) {
   const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
   check_cuda(dy_ND, DType::BF16, {N, D}, "rms_norm_bwd dy_ND");
-  check_cuda(dx_ND, DType::BF16, {N, D}, "rms_norm_bwd dx_ND");
+  check_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
   check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
   if (N == 0 || D == 0) return;
   const auto* dy = static_cast<const bf16*>(dy_ND.raw());
-  const auto* x = static_cast<const bf16*>(x_ND.raw());
   const auto* w = static_cast<const bf16*>(w_D.raw());
-  auto* dx = static_cast<bf16*>(dx_ND.raw());
-  const Launch l = pick_launch(D, {dy, x, w, dx});
-  dispatch_launch(l, [&]<int G, int VEC>() {
-    const int64_t rows_per_block = kThreads / G;
-    // Enough blocks to fill the GPU; more would only add dw atomics.
-    const int64_t blocks = std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
-    rms_norm_bwd_kernel<G, VEC><<<unsigned(blocks), kThreads, size_t(D) * sizeof(float), stream()>>>(
-        dy, x, w, rstd_N.data<float>(), dx, dw_D.data<float>(), N, int(D));
+  dispatch_float(x_ND.dtype(), [&](auto x_tag) {
+    dispatch_float(dx_ND.dtype(), [&](auto dx_tag) {
+      using TX = decltype(x_tag);
+      using TDX = decltype(dx_tag);
+      const auto* x = static_cast<const TX*>(x_ND.raw());
+      auto* dx = static_cast<TDX*>(dx_ND.raw());
+      constexpr int VW = kVecOf<TX, TDX>;
+      dispatch_launch<VW>(pick_launch(D, VW, {dy, x, w, dx}), [&]<int G, int VEC>() {
+        const int64_t rows_per_block = kThreads / G;
+        // Enough blocks to fill the GPU; more would only add dw atomics.
+        const int64_t blocks = std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
+        rms_norm_bwd_kernel<TX, TDX, G, VEC><<<unsigned(blocks), kThreads, size_t(D) * sizeof(float), stream()>>>(
+            dy, x, w, rstd_N.data<float>(), dx, dw_D.data<float>(), N, int(D));
+      });
+    });
   });
   MT_CUDA_LAUNCH_CHECK("rms_norm_bwd");
 }
