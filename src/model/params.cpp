@@ -1,5 +1,8 @@
 #include "model/params.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "core/rng.h"
 
 namespace mt {
@@ -108,14 +111,34 @@ ModelWeights bind_weights(const ModelConfig& c, const ParamTable& t, const Tenso
 }
 
 void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed) {
-  Rng rng(seed);
-  for (const ParamEntry& e : table.entries()) {
-    Tensor v = view_at(flat, e.offset, e.shape);
-    if (e.shape.size() == 1)
-      v.fill_(1.0f);  // RMSNorm weights
-    else
-      rng.fill_normal(v, 0.0f, float(c.initializer_range));
-  }
+  // Fixed chunks of the flat buffer, each with its own stream seeded from (seed, chunk), filled in
+  // parallel: the values depend on the seed only, not on the thread count, and a 3 B-parameter model
+  // initialises in seconds instead of a minute.
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  const float std = float(c.initializer_range);
+  std::vector<const ParamEntry*> owner(size_t((table.total() + kChunk - 1) / kChunk), nullptr);
+  float* p = flat.data<float>();
+  MT_CHECK(flat.is_cpu() && flat.numel() == table.total(), "init_weights needs the CPU flat buffer, got ", flat.desc());
+  const int64_t n_chunks = int64_t(owner.size());
+  auto fill = [&](int64_t first, int64_t stride) {
+    size_t e = 0;
+    const auto& entries = table.entries();
+    for (int64_t ch = first; ch < n_chunks; ch += stride) {
+      Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
+      const int64_t begin = ch * kChunk, end = std::min(table.total(), begin + kChunk);
+      while (e > 0 && entries[e].offset > begin) --e;
+      for (int64_t i = begin; i < end; ++i) {
+        while (i >= entries[e].offset + entries[e].numel) ++e;
+        // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range).
+        p[i] = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
+      }
+    }
+  };
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n_chunks, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
+  fill(0, threads);
+  for (auto& th : pool) th.join();
 }
 
 }  // namespace mt

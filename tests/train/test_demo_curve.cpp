@@ -1,7 +1,8 @@
 // The demo's 100-step loss curve on the CPU reproduces the committed one (made with
-// tools/make_demo_curve.sh). Different BLAS thread counts change fp32 summation order; over 100
-// steps that moved the curve by at most 1.3e-3 relative (1 vs 2 OpenBLAS threads), so 5e-3 is the
-// bound. A wrong gradient or optimizer changes the curve by far more within a few steps.
+// tools/make_demo_curve.sh). A different BLAS kernel or thread count changes fp32 summation order,
+// and once that flips one near-tie routing decision the curves drift apart: 1 vs 2 OpenBLAS threads
+// differ by 1.2e-3 on average and 1.4e-2 at the worst step. So the bounds are 5e-3 on average and
+// 5e-2 per step; a wrong gradient or optimizer changes the curve by far more within a few steps.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -42,7 +43,12 @@ static std::vector<double> run_demo_curve(const std::string& device) {
 TEST(TrainerCurve, DemoOnCpuFollowsTheCommittedCurve) {
   std::vector<double> want = committed_demo_curve(), got = run_demo_curve("cpu");
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i)
-    EXPECT_LE(std::abs(got[i] - want[i]), 5e-3 * want[i]) << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+  double sum = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(std::abs(got[i] - want[i]), 5e-2 * want[i]) << "step " << i + 1 << ": " << got[i] << " vs " << want[i];
+    sum += std::abs(got[i] - want[i]) / want[i];
+  }
+  EXPECT_LE(sum / double(want.size()), 5e-3);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);  // before any drift can build up
   EXPECT_LT(want.back(), 0.6 * want.front());  // the curve itself shows learning
 }
