@@ -11,7 +11,8 @@
 //   - exact comparisons where the op only moves data (plan, permute_fwd).
 //   - unpermute's token side in f32 (the f32 residual stream): y f32 repeats the CPU's f32 operations
 //     (no FMA), kF32Same = 1e-6 (0 expected); with a full-precision f32 dy, dyp is one bf16 rounding
-//     (kBf16Out) and dw an f32 dot product against the CPU's fp64 one (1e-5, as with bf16 dy).
+//     (kBf16Out) and dw an f32 dot product against the CPU's fp64 one (1e-5, as with bf16 dy). Measured on
+//     an H200: y f32 exactly 0, dyp 1.6e-3..1.7e-3, dw <= 1.1e-7.
 // Measured on an H200 (each test records its errors as rel_l2_* properties, see expect_rel): bf16
 // outputs 1.4e-3..2.7e-3 with one rounding, 2.8e-3..4.7e-3 for the experts chains; f32 GEMM outputs
 // <= 4e-6; LM-head loss below 1e-6.
