@@ -120,7 +120,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   a.att = A.alloc({T, H, Hd}, act_);
   a.lse = A.alloc({T, H});
   ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
-  a.h1 = A.alloc({T, D}, act_);
+  a.h1 = A.alloc({T, D}, DType::F32);
   ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
   ops::add_(a.h1, a.x);
   a.xn2 = A.alloc({T, D}, act_);
@@ -192,7 +192,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     ops::swiglu_bwd(dhh, a.gu, dgu);
     ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up);
   }
-  Tensor dh1 = W.alloc({T, D}, act_);
+  Tensor dh1 = W.alloc({T, D}, DType::F32);
   ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm);
   ops::add_(dh1, dout);
 
@@ -258,13 +258,13 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     sums_E_ = keep_.zeros({E});
   }
 
-  Tensor h = keep_.alloc({T, D}, act_);
+  Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
     a = LayerActs{};
     a.x = h;
-    Tensor out = keep_.alloc({T, D}, act_);
+    Tensor out = keep_.alloc({T, D}, DType::F32);
     if (recompute == Recompute::Full) work_.reset();
     forward_layer(l, a, out, false);
     if (cfg_.is_sparse_layer(l)) {
@@ -309,13 +309,13 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
     ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head);
   }
-  Tensor dA = keep_.alloc({T, D}, act_), dB = keep_.alloc({T, D}, act_);
+  Tensor dA = keep_.alloc({T, D}, DType::F32), dB = keep_.alloc({T, D}, DType::F32);
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
     if (recompute == Recompute::Full) {
-      Tensor scratch_out = work_.alloc({T, D}, act_);
+      Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }
     backward_layer(l, a, dA, dB, aux_scale);

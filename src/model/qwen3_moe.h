@@ -2,6 +2,11 @@
 // device; parallelism is applied from outside. Parameters, gradients and optimizer states are
 // flat buffers laid out by ParamTable. Activations live in arenas reset per micro-batch.
 //
+// Precision on CUDA: fp32 master weights, gradients and optimizer state; bf16 compute weights and
+// activations; the residual stream (each block's input and output, and the gradient along it) stays
+// f32, as under PyTorch's fp32-master + bf16-autocast policy, so that additions over many layers
+// do not round to bf16 at every step.
+//
 // Contracts: forward_backward accumulates (+=) parameter gradients, so micro-batches add up.
 // Everything that needs data about the whole micro-batch (positions, shifted labels) is computed
 // before the first layer and passed in. Full recompute keeps each block's input and routing
@@ -84,7 +89,7 @@ class Qwen3MoeModel {
 
   ModelConfig cfg_;
   Device device_;
-  DType act_;  // activations: f32 on the CPU, bf16 on CUDA
+  DType act_;  // activations: f32 on the CPU, bf16 on CUDA (the residual stream is f32 on both)
   ParamTable table_;
   Tensor params_, grads_, params_compute_;
   ModelWeights w_, g_;
