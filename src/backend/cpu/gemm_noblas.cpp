@@ -1,5 +1,7 @@
 // sgemm in plain loops, for machines without a BLAS (e.g. a GPU machine that only runs the CPU
 // reference in tests). Correct and cache-friendly enough for test sizes; not for training on CPU.
+#include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "backend/cpu/gemm.h"
