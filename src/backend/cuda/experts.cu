@@ -1,20 +1,30 @@
 // CUDA experts. Same contracts as backend/cpu/experts.cpp.
 //
-// Grouped form (experts_fwd / experts_bwd): the REFERENCE GPU PATH. It copies offsets_E1 to the host
-// (one stream synchronisation per call) and issues cuBLASLt GEMMs on each expert's row slice; SwiGLU
-// runs once over all R rows (mt::cuda::swiglu_fwd/bwd). A device-side grouped GEMM that needs no host
-// copy of the offsets replaces it later. Intermediates that the CPU keeps in f32 (dh, dgu) are bf16
-// here, as is every activation on this backend; the GEMMs accumulate in f32.
+// Grouped form (experts_fwd / experts_bwd) has two paths (grouped_gemm.cuh says how one is chosen):
+//   - grouped (the default): CUTLASS grouped GEMMs whose per-expert sizes are read from offsets_E1 on
+//     the device, one launch per product for all experts, no host synchronisation;
+//   - reference: offsets_E1 copied to the host (one stream synchronisation per call) and one cuBLASLt
+//     GEMM per expert and product. Taken when MOETRAIN_EXPERTS=reference, or when the grouped path
+//     cannot run the arguments (no CUTLASS build or sm_90 GPU, D or F not a multiple of 8, unaligned
+//     tensors); that fallback is logged once.
+// In both, SwiGLU runs once over all R rows (mt::cuda::swiglu_fwd/bwd). Intermediates that the CPU
+// keeps in f32 (dh, dgu) are bf16 here, as is every activation on this backend; the GEMMs accumulate
+// in f32. The reference path checks the offsets on the host at once; the grouped path checks them on
+// the device and reports bad ones at a later call (grouped_gemm.cuh).
 //
 // Reference form (experts_ref_fwd / experts_ref_bwd): the device-side reference, built from the
 // grouped pieces (plan, permute, experts_fwd/bwd, unpermute) with per-call temporaries. Unlike on
 // the CPU it shares code with the grouped form, so CUDA-vs-CPU tests, not ref-vs-grouped on the GPU,
 // are what check it.
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/moe_dispatch.cuh"
+#include "core/log.h"
 
 namespace mt::cuda {
 
@@ -66,19 +76,163 @@ Tensor device_view(void* p, const Shape& shape, DType dtype) {
   return Tensor(nullptr, p, shape, dtype, Device::CUDA);
 }
 
-}  // namespace
-
-void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
-                 Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
-  const char* op = "experts_fwd";
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+// Argument checks of experts_fwd; returns R.
+int64_t check_fwd(const Tensor& xp_RD, const ExpertDims& d, const Tensor& gu_R2F, const Tensor& h_RF,
+                  const Tensor& yp_RD, const char* op) {
   check_cuda(xp_RD, DType::BF16, "experts_fwd xp_RD");
   MT_CHECK(xp_RD.dim() == 2, "experts_fwd xp_RD must be 2-D, got ", xp_RD.desc());
   const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, DType::BF16, R, D, op, "xp_RD");
-  check_rows(gu_R2F, DType::BF16, R, 2 * F, op, "gu_R2F");
-  check_rows(h_RF, DType::BF16, R, F, op, "h_RF");
-  check_rows(yp_RD, DType::BF16, R, D, op, "yp_RD");
+  check_rows(xp_RD, DType::BF16, R, d.D, op, "xp_RD");
+  check_rows(gu_R2F, DType::BF16, R, 2 * d.F, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, R, d.F, op, "h_RF");
+  check_rows(yp_RD, DType::BF16, R, d.D, op, "yp_RD");
+  return R;
+}
+
+// Argument checks of experts_bwd; returns R.
+int64_t check_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
+                  const ExpertDims& d, const Tensor& gu_R2F, const Tensor& h_RF, const Tensor& dxp_RD,
+                  const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF, const char* op) {
+  check_cuda(xp_RD, DType::BF16, "experts_bwd xp_RD");
+  MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
+  const int64_t R = xp_RD.size(0);
+  check_rows(xp_RD, DType::BF16, R, d.D, op, "xp_RD");
+  check_rows(dyp_RD, DType::BF16, R, d.D, op, "dyp_RD");
+  check_rows(gu_R2F, DType::BF16, R, 2 * d.F, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, R, d.F, op, "h_RF");
+  check_rows(dxp_RD, DType::BF16, R, d.D, op, "dxp_RD");
+  check_cuda(dw_gate_up_E2FD, DType::F32, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
+  check_cuda(dw_down_EDF, DType::F32, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
+  return R;
+}
+
+// The backward's bf16 intermediates dh [R, F] and dgu [R, 2F], reused across calls (stream-ordered).
+struct BwdScratch {
+  __nv_bfloat16 *dh, *dgu;
+};
+BwdScratch bwd_scratch(int64_t R, int64_t F, const char* op) {
+  static DeviceScratch dh_buf, dgu_buf;
+  return {dh_buf.as<__nv_bfloat16>(R * F, op), dgu_buf.as<__nv_bfloat16>(R * 2 * F, op)};
+}
+
+enum class Path { automatic, reference, grouped };
+
+// MOETRAIN_EXPERTS, read at every call (cheap) so that a test or a run can switch paths.
+Path path_from_env() {
+  const char* e = std::getenv("MOETRAIN_EXPERTS");
+  const std::string m = e ? e : "";
+  if (m.empty() || m == "auto") return Path::automatic;
+  if (m == "reference") return Path::reference;
+  if (m == "grouped") return Path::grouped;
+  MT_THROW("MOETRAIN_EXPERTS (", m, ") must be one of auto, reference, grouped");
+}
+
+// True when the call should take the grouped path; logs the first fallback of the process.
+bool use_grouped(int64_t D, int64_t F, std::initializer_list<const Tensor*> tensors, const char* op) {
+  const Path path = path_from_env();
+  if (path == Path::reference) return false;
+  const std::string why = experts_grouped_unsupported(D, F, tensors);
+  if (why.empty()) return true;
+  if (path == Path::grouped) MT_THROW(op, ": MOETRAIN_EXPERTS=grouped but ", why);
+  static bool logged = false;
+  if (!logged) {
+    logged = true;
+    log_info("experts: per-expert cuBLASLt reference path (one host synchronisation per call): ", why);
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string experts_grouped_unsupported(int64_t D, int64_t F, std::initializer_list<const Tensor*> tensors) {
+  if (!grouped_gemm_available())
+    return "no CUTLASS grouped GEMM for this build and GPU (it needs the CUTLASS headers and compute capability 9.0)";
+  if (D % 8 != 0 || F % 8 != 0) return str("D (", D, ") and F (", F, ") must be multiples of 8 for the grouped GEMM");
+  for (const Tensor* t : tensors)
+    if (t->numel() > 0 && reinterpret_cast<uintptr_t>(t->raw()) % 16 != 0)
+      return str("a tensor (", t->desc(), ") is not 16-byte aligned");
+  return "";
+}
+
+void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
+                 Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_fwd");
+  if (use_grouped(d.D, d.F, {&xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD}, "experts_fwd"))
+    experts_fwd_grouped(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
+  else
+    experts_fwd_reference(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
+}
+
+void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                 const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_bwd");
+  if (use_grouped(
+          d.D, d.F,
+          {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF},
+          "experts_bwd"))
+    experts_bwd_grouped(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
+                        dw_down_EDF);
+  else
+    experts_bwd_reference(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
+                          dw_down_EDF);
+}
+
+void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                         const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
+  const char* op = "experts_fwd";
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const auto [E, F, D] = d;
+  const int64_t R = check_fwd(xp_RD, d, gu_R2F, h_RF, yp_RD, op);
+  check_cuda(offsets_E1, DType::I64, {E + 1}, "experts_fwd offsets_E1");
+  const std::string why =
+      experts_grouped_unsupported(D, F, {&xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD});
+  MT_CHECK(why.empty(), op, ": the grouped path cannot run: ", why);
+  check_dispatch_plan_errors(op);  // an earlier plan's bad expert ids, if their record has landed
+  if (R == 0) return;
+  const int64_t* off = offsets_E1.data<int64_t>();
+  // gu = xp @ w_gate_up[e]^T; h = swiglu(gu) over all rows; yp = h @ w_down[e]^T
+  grouped_gemm_rows("experts_fwd gate_up", E, off, R, 2 * F, D, bf16_in(xp_RD), bf16_in(w_gate_up_E2FD), true,
+                    bf16_out(gu_R2F));
+  swiglu_fwd(gu_R2F, h_RF);
+  grouped_gemm_rows("experts_fwd down", E, off, R, D, F, bf16_in(h_RF), bf16_in(w_down_EDF), true, bf16_out(yp_RD));
+}
+
+void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
+                         const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
+                         const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+  const char* op = "experts_bwd";
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const auto [E, F, D] = d;
+  const int64_t R =
+      check_bwd(dyp_RD, xp_RD, w_gate_up_E2FD, w_down_EDF, d, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
+  check_cuda(offsets_E1, DType::I64, {E + 1}, "experts_bwd offsets_E1");
+  const std::string why = experts_grouped_unsupported(
+      D, F, {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
+  MT_CHECK(why.empty(), op, ": the grouped path cannot run: ", why);
+  check_dispatch_plan_errors(op);
+  if (R == 0) return;
+  const int64_t* off = offsets_E1.data<int64_t>();
+  const BwdScratch t = bwd_scratch(R, F, op);
+  const __nv_bfloat16* dyp = bf16_in(dyp_RD);
+  // dh = dyp @ w_down[e] (w_down[e] is [D, F] = [K, N]); dw_down[e] += dyp^T @ h
+  grouped_gemm_rows("experts_bwd dh", E, off, R, F, D, dyp, bf16_in(w_down_EDF), false, t.dh);
+  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>());
+  const Tensor dh_RF = device_view(t.dh, {R, F}, DType::BF16);
+  Tensor dgu_R2F = device_view(t.dgu, {R, 2 * F}, DType::BF16);
+  swiglu_bwd(dh_RF, gu_R2F, dgu_R2F);
+  // dw_gate_up[e] += dgu^T @ xp; dxp = dgu @ w_gate_up[e] (w_gate_up[e] is [2F, D] = [K, N])
+  grouped_gemm_wgrad("experts_bwd dw_gate_up", E, off, R, 2 * F, D, t.dgu, bf16_in(xp_RD),
+                     dw_gate_up_E2FD.data<float>());
+  grouped_gemm_rows("experts_bwd dxp", E, off, R, D, 2 * F, t.dgu, bf16_in(w_gate_up_E2FD), false, bf16_out(dxp_RD));
+}
+
+void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                           const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
+  const char* op = "experts_fwd";
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const auto [E, F, D] = d;
+  const int64_t R = check_fwd(xp_RD, d, gu_R2F, h_RF, yp_RD, op);
   const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
   if (R == 0) return;
 
@@ -103,27 +257,20 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
   }
 }
 
-void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
-                 const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
+                           const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
+                           const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
   const char* op = "experts_bwd";
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
-  check_cuda(xp_RD, DType::BF16, "experts_bwd xp_RD");
-  MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
-  const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, DType::BF16, R, D, op, "xp_RD");
-  check_rows(dyp_RD, DType::BF16, R, D, op, "dyp_RD");
-  check_rows(gu_R2F, DType::BF16, R, 2 * F, op, "gu_R2F");
-  check_rows(h_RF, DType::BF16, R, F, op, "h_RF");
-  check_rows(dxp_RD, DType::BF16, R, D, op, "dxp_RD");
-  check_cuda(dw_gate_up_E2FD, DType::F32, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
-  check_cuda(dw_down_EDF, DType::F32, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
+  const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const auto [E, F, D] = d;
+  const int64_t R =
+      check_bwd(dyp_RD, xp_RD, w_gate_up_E2FD, w_down_EDF, d, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
   const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
   if (R == 0) return;
 
-  static DeviceScratch dh_buf, dgu_buf;
-  __nv_bfloat16* dh = dh_buf.as<__nv_bfloat16>(R * F, op);
-  __nv_bfloat16* dgu = dgu_buf.as<__nv_bfloat16>(R * 2 * F, op);
+  const BwdScratch t = bwd_scratch(R, F, op);
+  __nv_bfloat16* dh = t.dh;
+  __nv_bfloat16* dgu = t.dgu;
   const __nv_bfloat16* dyp = bf16_in(dyp_RD);
   const __nv_bfloat16* xp = bf16_in(xp_RD);
   const __nv_bfloat16* wgu = bf16_in(w_gate_up_E2FD);

@@ -1,0 +1,103 @@
+// The grouped GEMMs of grouped_gemm.cuh on CUTLASS: argument checks, the deferred report of bad
+// offsets, and dispatch to the three kernels (grouped_gemm_cutlass_{tn,nn,wgrad}.cu). Compiled only
+// when CMake finds the CUTLASS headers; grouped_gemm_fallback.cu replaces it otherwise.
+#include <climits>
+#include <initializer_list>
+#include <utility>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/gemm.cuh"
+#include "backend/cuda/grouped_gemm.cuh"
+#include "backend/cuda/grouped_gemm_cutlass.cuh"
+
+namespace mt::cuda {
+
+namespace {
+
+// Bad offsets found by the setup kernels: the lowest expert index, its (clamped) row count.
+DeferredError& offsets_error() {
+  static DeferredError e;
+  return e;
+}
+
+void check_earlier_offsets(const char* op) {
+  unsigned long long key;
+  if (!offsets_error().take(&key, op)) return;
+  MT_THROW(op, ": offsets_E1 given to an earlier grouped GEMM were not non-decreasing from 0 to R: expert ",
+           DeferredError::index_of(key), " got ", DeferredError::value_of(key),
+           " rows (found on the device; that call computed nothing for the expert)");
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Shared checks; returns the deferred error word for the setup kernel.
+unsigned long long* check_args(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R,
+                               std::initializer_list<std::pair<const char*, int64_t>> dims,
+                               std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  MT_CHECK(grouped_gemm_available(), op,
+           ": the CUTLASS grouped GEMM needs a GPU of compute capability 9.0 (H100/H200); use the reference path");
+  MT_CHECK(E >= 1 && E <= INT_MAX, op, ": the expert count E (", E, ") must be in [1, ", INT_MAX, "]");
+  MT_CHECK(R >= 0 && R <= INT_MAX, op, ": the row count R (", R, ") must be in [0, ", INT_MAX, "]");
+  MT_CHECK(offsets_E1 != nullptr, op, ": offsets_E1 is null");
+  for (const auto& [name, v] : dims)
+    MT_CHECK(v > 0 && v <= INT_MAX && v % 8 == 0, op, ": ", name, " (", v,
+             ") must be a positive multiple of 8 (16-byte rows for TMA) below 2^31");
+  for (const auto& [name, p] : ptrs)
+    MT_CHECK(p != nullptr && aligned16(p), op, ": ", name, " (", p, ") must be a 16-byte aligned device pointer");
+  check_earlier_offsets(op);
+  return offsets_error().device_word(op);
+}
+
+}  // namespace
+
+bool grouped_gemm_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      cudaGetLastError();  // leave no sticky error behind for the next check
+      return false;
+    }
+    return major == 9 && minor == 0;  // the kernels are built for sm_90a only
+  }();
+  return ok;
+}
+
+void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t N, int64_t K,
+                       const __nv_bfloat16* A, const __nv_bfloat16* B, bool b_is_nk, __nv_bfloat16* C) {
+  unsigned long long* err = check_args(op, E, offsets_E1, R, {{"N", N}, {"K", K}}, {{"A", A}, {"B", B}, {"C", C}});
+  if (R == 0) return;
+  const grouped::RowsProblem p{int(E), offsets_E1, R, int(N), int(K), A, B, C, err};
+  if (b_is_nk)
+    grouped::run_rows_tn(op, p);
+  else
+    grouped::run_rows_nn(op, p);
+  offsets_error().publish(op);
+}
+
+void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t M, int64_t N,
+                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W) {
+  unsigned long long* err = check_args(op, E, offsets_E1, R, {{"M", M}, {"N", N}}, {{"A", A}, {"B", B}, {"W", W}});
+  if (R == 0) return;
+  grouped::run_wgrad(op, grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err});
+  offsets_error().publish(op);
+}
+
+namespace grouped {
+
+int sm_count(const char* op) {
+  static const int n = [op] {
+    int dev = 0, count = 0;
+    MT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    MT_CUDA_CHECK(op, cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return count;
+  }();
+  return n;
+}
+
+}  // namespace grouped
+
+}  // namespace mt::cuda
