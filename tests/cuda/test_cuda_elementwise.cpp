@@ -24,8 +24,10 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
@@ -58,17 +60,6 @@ Tensor random_ids(int64_t T, int64_t V, Rng& rng) {
 // The f32 values of t rounded to bf16 (what a bf16 output of an exact f32 computation must equal).
 Tensor bf16_rounded(const Tensor& cpu_f32) {
   return cpu_f32.to(DType::BF16).to(DType::F32);
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected mt::Error";
-  return "";
 }
 
 }  // namespace

@@ -3,21 +3,12 @@
 
 #include "core/error.h"
 #include "data/char_tokenizer.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mt::Error";
-  return "";
-}
 
 }  // namespace
 

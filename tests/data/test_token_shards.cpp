@@ -9,22 +9,13 @@
 #include "core/error.h"
 #include "data/char_tokenizer.h"
 #include "data/token_shards.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mt::Error";
-  return "";
-}
 
 // A fresh directory per test, removed afterwards.
 class DataTokenShards : public ::testing::Test {

@@ -13,8 +13,10 @@
 #include "backend/cpu/gemm.h"
 #include "core/rng.h"
 #include "fd_check.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 using mt::testing::fd_grad;
 using mt::testing::max_abs_diff;
 using mt::testing::random_tensor;
@@ -44,18 +46,6 @@ Tensor i32_tensor(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty({int64_t(v.size())}, DType::I32);
   for (size_t i = 0; i < v.size(); ++i) t.data<int32_t>()[i] = v[i];
   return t;
-}
-
-// Runs f, expects mt::Error, returns its message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected mt::Error";
-  return "";
 }
 
 }  // namespace

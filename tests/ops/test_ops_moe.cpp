@@ -13,8 +13,10 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fd_check.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 using mt::testing::fd_grad;
 using mt::testing::max_abs_diff;
 using mt::testing::random_tensor;
@@ -79,16 +81,6 @@ Plan plan_for(const Tensor& idx, int64_t E) {
   Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
   cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
   return p;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace

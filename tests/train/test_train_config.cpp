@@ -7,22 +7,13 @@
 
 #include "core/error.h"
 #include "train/train_config.h"
+#include "test_util.h"
 
 using namespace mt;
+using mt::testutil::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mt::Error";
-  return "";
-}
 
 // The error of applying `args` to a default config; the text must hold every string in `want`.
 void expect_override_error(const std::vector<std::string>& args, const std::vector<std::string>& want) {
