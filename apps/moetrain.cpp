@@ -13,7 +13,7 @@ static const char* kUsage =
     "usage: moetrain <command> [options]\n"
     "commands:\n"
     "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
-    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full]\n"
+    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective]\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
     "  help    this text; `moetrain train --help` lists every training option\n";
 

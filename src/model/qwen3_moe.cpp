@@ -10,10 +10,13 @@ namespace mt {
 Recompute parse_recompute(const std::string& s) {
   if (s == "none") return Recompute::None;
   if (s == "full") return Recompute::Full;
-  MT_THROW("recompute '", s, "' is not supported; allowed: none, full");
+  if (s == "selective") return Recompute::Selective;
+  MT_THROW("recompute '", s, "' is not supported; allowed: none, full, selective");
 }
 
-const char* recompute_name(Recompute r) { return r == Recompute::None ? "none" : "full"; }
+const char* recompute_name(Recompute r) {
+  return r == Recompute::None ? "none" : r == Recompute::Full ? "full" : "selective";
+}
 
 // What a block's backward needs. The first group is always kept for the whole micro-batch; the
 // second is kept (recompute none) or rebuilt from the first just before the block's backward.
@@ -98,6 +101,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
   Arena& A = recompute == Recompute::None ? keep_ : work_;
+  // Selective recompute keeps the attention output and its statistics: attention is the one part
+  // whose cost grows with S^2, so the recompute pass skips it and rebuilds only the cheap rest.
+  const bool keep_attention = recompute != Recompute::Full;
+  const bool attention_known = routing_known && recompute == Recompute::Selective;
 
   a.xn1 = A.alloc({T, D}, act_);
   a.rstd1 = A.alloc({T});
@@ -117,9 +124,12 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
   ops::rope_fwd(a.qr, pos_T_, theta);
   ops::rope_fwd(a.kr, pos_T_, theta);
-  a.att = A.alloc({T, H, Hd}, act_);
-  a.lse = A.alloc({T, H});
-  ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
+  if (!attention_known) {
+    Arena& Att = keep_attention ? keep_ : work_;
+    a.att = Att.alloc({T, H, Hd}, act_);
+    a.lse = Att.alloc({T, H});
+    ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
+  }
   a.h1 = A.alloc({T, D}, DType::F32);
   ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
   ops::add_(a.h1, a.x);
@@ -265,7 +275,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     a = LayerActs{};
     a.x = h;
     Tensor out = keep_.alloc({T, D}, DType::F32);
-    if (recompute == Recompute::Full) work_.reset();
+    if (recompute != Recompute::None) work_.reset();
     forward_layer(l, a, out, false);
     if (cfg_.is_sparse_layer(l)) {
       ops::expert_counts(a.idx, E, counts_E_);
@@ -314,7 +324,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
-    if (recompute == Recompute::Full) {
+    if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }

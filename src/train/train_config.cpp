@@ -111,9 +111,9 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.log_every < 1 ? std::string("must be >= 1") : ""; }},
       {"save_every", &TrainConfig::save_every, "steps between checkpoints; 0 = only at the end",
        [](const TrainConfig& c) { return c.save_every < 0 ? std::string("must be >= 0 (0 = only at the end)") : ""; }},
-      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full",
+      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full | selective",
        [](const TrainConfig& c) {
-         return one_of(c.recompute, {"none", "full"});
+         return one_of(c.recompute, {"none", "full", "selective"});
        }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},

@@ -45,7 +45,7 @@ TEST_P(CudaGolden, LossLogitsAndGradientsWithinBf16Tolerance) {
     cpu.forward(mb, nullptr);
     cpu_routing = cpu.last_routing();
   }
-  for (Recompute rc : {Recompute::None, Recompute::Full}) {
+  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
     Qwen3MoeModel m(cfg, Device::CUDA);
     m.recompute = rc;
     LoadReport rep = load_hf_weights(dir, cfg, m.table(), m.params());

@@ -69,7 +69,7 @@ class Golden : public ::testing::TestWithParam<std::string> {};
 TEST_P(Golden, LossLogitsAndEveryGradientMatchTransformers) {
   const std::string dir = kGoldens + GetParam();
   ASSERT_TRUE(fs::exists(dir + "/expected.safetensors")) << dir;
-  for (Recompute rc : {Recompute::None, Recompute::Full}) {
+  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
     Loaded l = load(dir);
     l.model->recompute = rc;
     MicroBatch mb = read_batch(dir);

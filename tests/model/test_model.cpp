@@ -70,7 +70,8 @@ TEST(Model, ParameterTableMatchesConfigCount) {
   EXPECT_EQ(ParamTable(tied).find("lm_head.weight"), nullptr);
 }
 
-TEST(Model, FullRecomputeIsBitIdentical) {
+TEST(Model, FullAndSelectiveRecomputeAreBitIdentical) {
+  for (Recompute policy : {Recompute::Full, Recompute::Selective})
   for (bool dense : {false, true}) {
     ModelConfig c = tiny_config(true, dense);
     MicroBatch mb = random_batch(c, 2, 12, 5);
@@ -79,7 +80,7 @@ TEST(Model, FullRecomputeIsBitIdentical) {
     for (int r = 0; r < 2; ++r) {
       Qwen3MoeModel m(c);
       init_random(m, 11);
-      m.recompute = r == 0 ? Recompute::None : Recompute::Full;
+      m.recompute = r == 0 ? Recompute::None : policy;
       lp[r] = m.forward_backward(mb, 1.0 / 19.0, 0.1, &logits[r]);
       grads[r] = m.grads().clone();
     }
@@ -93,19 +94,21 @@ TEST(Model, FullRecomputeIsBitIdentical) {
   }
 }
 
-TEST(Model, FullRecomputeNeedsLessActivationMemory) {
+TEST(Model, RecomputeNeedsLessActivationMemory) {
   ModelConfig c = tiny_config(false, false);
   c.num_hidden_layers = 4;
   MicroBatch mb = random_batch(c, 2, 32, 6);
-  size_t peak[2];
-  for (int r = 0; r < 2; ++r) {
+  size_t peak[3];
+  const Recompute policies[3] = {Recompute::None, Recompute::Selective, Recompute::Full};
+  for (int r = 0; r < 3; ++r) {
     Qwen3MoeModel m(c);
     init_random(m, 3);
-    m.recompute = r == 0 ? Recompute::None : Recompute::Full;
+    m.recompute = policies[r];
     m.forward_backward(mb, 0.01, 0);
     peak[r] = m.activation_peak_bytes();
   }
-  EXPECT_LT(peak[1], peak[0]);
+  EXPECT_LT(peak[1], peak[0]);  // selective keeps less than none
+  EXPECT_LT(peak[2], peak[1]);  // full keeps less than selective
 }
 
 TEST(Model, MicroBatchesAddUpToTheWholeBatch) {
