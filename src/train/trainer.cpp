@@ -195,16 +195,19 @@ TrainSummary run_training(const TrainConfig& cfg) {
                                  {"optimizer", t_opt}}},
                      {"activation_peak_bytes", model.activation_peak_bytes()},
                      {"peak_rss_bytes", peak_rss_bytes()},
+                     {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
                      {"elapsed_s", elapsed}};
     metrics << j.dump() << "\n" << std::flush;
     if (cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
       char line[512];
       std::snprintf(line, sizeof line,
                     "step %lld/%lld | loss %.4f (ce %.4f aux %.4f) | gnorm %.3f%s | lr %.2e | %.0f tok/s | "
-                    "fwd %.3fs bwd %.3fs opt %.3fs data %.3fs | mem %.0f MB | elapsed %s ETA %s",
+                    "fwd %.3fs bwd %.3fs opt %.3fs data %.3fs | %s %.0f MB | elapsed %s ETA %s",
                     (long long)(step + 1), (long long)cfg.steps, loss, ce, aux, os.grad_norm,
                     os.skipped ? " SKIPPED" : "", lr, double(tokens) / dt, t_fwd, t_bwd, t_opt, t_data,
-                    double(peak_rss_bytes()) / 1e6, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+                    device == Device::CUDA ? "gpu peak" : "peak rss",
+                    double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes()) / 1e6,
+                    fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
       log_line(line);
     }
     if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < cfg.steps) evaluate(step + 1);
