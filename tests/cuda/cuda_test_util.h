@@ -42,4 +42,23 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// Top-k expert ids for T tokens: K distinct experts per token from [0, E), never `skip` (so that
+// expert is left without tokens; -1 = none skipped).
+inline Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t skip = -1) {
+  Tensor idx = Tensor::empty({T, K}, DType::I32);
+  int32_t* p = idx.data<int32_t>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t e;
+      bool again;
+      do {
+        e = int32_t(rng.randint(0, E));
+        again = e == skip;
+        for (int64_t j = 0; j < k; ++j) again = again || p[t * K + j] == e;
+      } while (again);
+      p[t * K + k] = e;
+    }
+  return idx;
+}
+
 }  // namespace mt::cudatest

@@ -39,6 +39,8 @@ using cudatest::to_host_f32;
 
 namespace {
 
+using cudatest::random_topk;
+
 constexpr double kBf16Out = 1e-2;
 constexpr double kF32Gemm = 1e-4;
 constexpr double kF32Same = 1e-6;
@@ -74,24 +76,6 @@ Tensor to_dev(const Tensor& t) {
 }
 Tensor to_cpu(const Tensor& t) {
   return t.to(Device::CPU);
-}
-
-// K distinct experts per token from [0, E), never choosing `skip` (an expert left without tokens).
-Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t skip = -1) {
-  Tensor idx = Tensor::empty({T, K}, DType::I32);
-  int32_t* p = idx.data<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      int32_t e;
-      bool again;
-      do {
-        e = int32_t(rng.randint(0, E));
-        again = e == skip;
-        for (int64_t j = 0; j < k; ++j) again = again || p[t * K + j] == e;
-      } while (again);
-      p[t * K + k] = e;
-    }
-  return idx;
 }
 
 // Full-precision f32 N(0, 1) values (not bf16-exact), as an f32 residual stream carries.

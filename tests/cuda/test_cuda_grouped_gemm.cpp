@@ -47,6 +47,8 @@ using cudatest::to_host_f32;
 
 namespace {
 
+using cudatest::random_topk;
+
 constexpr double kBf16Out = 1e-2;
 constexpr double kWeightGrad = 1e-2;
 constexpr double kSameInputs = 1e-4;
@@ -73,24 +75,6 @@ void expect_rel(const Tensor& got, const Tensor& want, double tol, const std::st
   const double err = rel_l2(got, want);
   ::testing::Test::RecordProperty("rel_l2_" + what, str(err));
   EXPECT_LE(err, tol) << what;
-}
-
-// K distinct experts per token from [0, E), never `skip` (an expert left without rows).
-Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t skip) {
-  Tensor idx = Tensor::empty({T, K}, DType::I32);
-  int32_t* p = idx.data<int32_t>();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      int32_t e;
-      bool again;
-      do {
-        e = int32_t(rng.randint(0, E));
-        again = e == skip;
-        for (int64_t j = 0; j < k; ++j) again = again || p[t * K + j] == e;
-      } while (again);
-      p[t * K + k] = e;
-    }
-  return idx;
 }
 
 Tensor cpu_offsets(const Tensor& idx, int64_t E) {
