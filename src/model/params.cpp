@@ -72,41 +72,67 @@ Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape) {
   return flat.view({flat.numel()}).rows(offset, shape_numel(shape)).view(shape);
 }
 
+// The field of w that a parameter binds to; null for up_proj, which is bound as the second half of
+// the fused gate_up view that starts at gate_proj.
+static Tensor* field_of(ModelWeights& w, const ParamEntry& e) {
+  if (e.layer < 0) {
+    if (e.name == "model.embed_tokens.weight") return &w.embed;
+    if (e.name == "model.norm.weight") return &w.norm;
+    if (e.name == "lm_head.weight") return &w.lm_head;
+    MT_CHECK(false, "unknown non-layer parameter ", e.name);
+  }
+  LayerWeights& lw = w.layers[size_t(e.layer)];
+  const std::string n = e.name.substr(layer_prefix(e.layer).size());
+  if (n == "input_layernorm.weight") return &lw.in_norm;
+  if (n == "self_attn.q_proj.weight") return &lw.q;
+  if (n == "self_attn.k_proj.weight") return &lw.k;
+  if (n == "self_attn.v_proj.weight") return &lw.v;
+  if (n == "self_attn.o_proj.weight") return &lw.o;
+  if (n == "self_attn.q_norm.weight") return &lw.q_norm;
+  if (n == "self_attn.k_norm.weight") return &lw.k_norm;
+  if (n == "post_attention_layernorm.weight") return &lw.post_norm;
+  if (n == "mlp.gate.weight") return &lw.router;
+  if (n == "mlp.experts.gate_up_proj") return &lw.experts_gate_up;
+  if (n == "mlp.experts.down_proj") return &lw.experts_down;
+  if (n == "mlp.gate_proj.weight") return &lw.mlp_gate_up;
+  if (n == "mlp.up_proj.weight") return nullptr;
+  if (n == "mlp.down_proj.weight") return &lw.mlp_down;
+  MT_CHECK(false, "unknown layer parameter ", e.name);
+  return nullptr;
+}
+
+void bind_range(const ModelConfig& c, const ParamTable& t, const Tensor& buf, int64_t base, ModelWeights& w) {
+  if (w.layers.size() != size_t(c.num_hidden_layers)) {
+    w.layers.resize(size_t(c.num_hidden_layers));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) w.layers[size_t(l)].sparse = c.is_sparse_layer(l);
+  }
+  const int64_t end = base + buf.numel();
+  bool embed_bound = false;
+  for (const ParamEntry& e : t.entries()) {
+    if (e.offset < base || e.offset + e.numel > end) {
+      MT_CHECK(e.offset >= end || e.offset + e.numel <= base, "parameter ", e.name, " straddles the bound range [",
+               base, ", ", end, ")");
+      continue;
+    }
+    Tensor* f = field_of(w, e);
+    if (!f) continue;
+    Shape shape = e.shape;
+    if (e.name.size() > 20 && e.name.compare(e.name.size() - 20, 20, "mlp.gate_proj.weight") == 0) {
+      const ParamEntry& up = t.at(layer_prefix(e.layer) + "mlp.up_proj.weight");
+      MT_CHECK(up.offset == e.offset + e.numel && up.offset + up.numel <= end, "gate_proj and up_proj of layer ",
+               e.layer, " are not adjacent in the bound range");
+      shape = {2 * c.intermediate_size, c.hidden_size};
+    }
+    *f = view_at(buf, e.offset - base, shape);
+    embed_bound |= f == &w.embed;
+  }
+  if (c.tie_word_embeddings && embed_bound) w.lm_head = w.embed;
+}
+
 ModelWeights bind_weights(const ModelConfig& c, const ParamTable& t, const Tensor& flat) {
   MT_CHECK(flat.numel() == t.total(), "flat buffer has ", flat.numel(), " elements, the table needs ", t.total());
-  auto get = [&](const std::string& n) {
-    const ParamEntry& e = t.at(n);
-    return view_at(flat, e.offset, e.shape);
-  };
   ModelWeights w;
-  w.embed = get("model.embed_tokens.weight");
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    std::string p = layer_prefix(l);
-    LayerWeights lw;
-    lw.in_norm = get(p + "input_layernorm.weight");
-    lw.q = get(p + "self_attn.q_proj.weight");
-    lw.k = get(p + "self_attn.k_proj.weight");
-    lw.v = get(p + "self_attn.v_proj.weight");
-    lw.o = get(p + "self_attn.o_proj.weight");
-    lw.q_norm = get(p + "self_attn.q_norm.weight");
-    lw.k_norm = get(p + "self_attn.k_norm.weight");
-    lw.post_norm = get(p + "post_attention_layernorm.weight");
-    lw.sparse = c.is_sparse_layer(l);
-    if (lw.sparse) {
-      lw.router = get(p + "mlp.gate.weight");
-      lw.experts_gate_up = get(p + "mlp.experts.gate_up_proj");
-      lw.experts_down = get(p + "mlp.experts.down_proj");
-    } else {
-      const ParamEntry& g = t.at(p + "mlp.gate_proj.weight");
-      const ParamEntry& u = t.at(p + "mlp.up_proj.weight");
-      MT_CHECK(u.offset == g.offset + g.numel, "gate_proj and up_proj of layer ", l, " are not adjacent");
-      lw.mlp_gate_up = view_at(flat, g.offset, {2 * c.intermediate_size, c.hidden_size});
-      lw.mlp_down = get(p + "mlp.down_proj.weight");
-    }
-    w.layers.push_back(lw);
-  }
-  w.norm = get("model.norm.weight");
-  w.lm_head = c.tie_word_embeddings ? w.embed : get("lm_head.weight");
+  bind_range(c, t, flat, 0, w);
   return w;
 }
 

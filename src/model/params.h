@@ -64,6 +64,10 @@ struct ModelWeights {
 
 Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape);
 ModelWeights bind_weights(const ModelConfig& c, const ParamTable& table, const Tensor& flat);
+// Binds the parameters that lie in elements [base, base + buf.numel()) of the flat layout to views of
+// buf, leaving w's other views as they are (one FSDP unit at a time). With tied embeddings, binding
+// the embedding binds lm_head too.
+void bind_range(const ModelConfig& c, const ParamTable& table, const Tensor& buf, int64_t base, ModelWeights& w);
 
 // HF-style random init: normal(0, initializer_range) for matrices and embeddings, ones for norms.
 void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed);
