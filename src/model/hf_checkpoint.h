@@ -30,6 +30,12 @@ struct LoadReport {
 // Loads every parameter of `table` from the checkpoint at `dir` into `flat` (f32, CPU or CUDA).
 LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const ParamTable& table, Tensor& flat);
 
+// Loads only the given pieces of the flat layout (a rank's shards under FSDP) into dst (f32, CPU or
+// CUDA): each rank maps the files and reads only its slices of each tensor. The checkpoint is still
+// validated as a whole (missing, extra, mis-shaped tensors). bytes_read counts the bytes read.
+LoadReport load_hf_weights_ranges(const std::string& dir, const ModelConfig& c, const ParamTable& table,
+                                  const std::vector<FlatRange>& ranges, Tensor& dst);
+
 // HF-named tensors (host f32 copies) of a flat buffer: parameters, gradients or anything laid out
 // by `table`, in `layout`'s naming.
 NamedTensors export_hf_tensors(const ModelConfig& c, const ParamTable& table, const Tensor& flat, ExpertLayout layout);

@@ -136,35 +136,67 @@ ModelWeights bind_weights(const ModelConfig& c, const ParamTable& t, const Tenso
   return w;
 }
 
-void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed) {
-  // Fixed chunks of the flat buffer, each with its own stream seeded from (seed, chunk), filled in
-  // parallel: the values depend on the seed only, not on the thread count, and a 3 B-parameter model
-  // initialises in seconds instead of a minute.
-  constexpr int64_t kChunk = int64_t(1) << 20;
+// Fixed chunks of the flat buffer, each with its own stream seeded from (seed, chunk): the values
+// depend on the seed only, not on the thread count or on which pieces are asked for, and a
+// 3 B-parameter model initialises in seconds instead of a minute.
+static constexpr int64_t kInitChunk = int64_t(1) << 20;
+
+// Writes chunk ch's elements [lo, hi) (absolute flat positions inside the chunk) to out[0, hi - lo).
+static void init_chunk(const ParamTable& table, float std, uint64_t seed, int64_t ch, int64_t lo, int64_t hi,
+                       float* out) {
+  const auto& entries = table.entries();
+  Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
+  const int64_t begin = ch * kInitChunk;
+  size_t e = size_t(std::upper_bound(entries.begin(), entries.end(), begin,
+                                     [](int64_t v, const ParamEntry& p) { return v < p.offset; }) -
+                    entries.begin()) - 1;
+  for (int64_t i = begin; i < hi; ++i) {
+    while (i >= entries[e].offset + entries[e].numel) ++e;
+    // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range). The
+    // stream advances only for matrices, so every element before `lo` in the chunk is generated too.
+    const float v = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
+    if (i >= lo) out[i - lo] = v;
+  }
+}
+
+static void init_pieces(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
+                        float* dst, uint64_t seed) {
+  struct Piece {
+    int64_t ch, lo, hi, dst;
+  };
+  std::vector<Piece> pieces;
+  for (const FlatRange& r : ranges)
+    for (int64_t lo = r.begin; lo < r.end;) {
+      const int64_t ch = lo / kInitChunk, hi = std::min(r.end, (ch + 1) * kInitChunk);
+      pieces.push_back({ch, lo, hi, r.dst_offset + (lo - r.begin)});
+      lo = hi;
+    }
   const float std = float(c.initializer_range);
-  std::vector<const ParamEntry*> owner(size_t((table.total() + kChunk - 1) / kChunk), nullptr);
-  float* p = flat.data<float>();
-  MT_CHECK(flat.is_cpu() && flat.numel() == table.total(), "init_weights needs the CPU flat buffer, got ", flat.desc());
-  const int64_t n_chunks = int64_t(owner.size());
-  auto fill = [&](int64_t first, int64_t stride) {
-    size_t e = 0;
-    const auto& entries = table.entries();
-    for (int64_t ch = first; ch < n_chunks; ch += stride) {
-      Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
-      const int64_t begin = ch * kChunk, end = std::min(table.total(), begin + kChunk);
-      while (e > 0 && entries[e].offset > begin) --e;
-      for (int64_t i = begin; i < end; ++i) {
-        while (i >= entries[e].offset + entries[e].numel) ++e;
-        // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range).
-        p[i] = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
-      }
+  auto fill = [&](size_t first, size_t stride) {
+    for (size_t i = first; i < pieces.size(); i += stride) {
+      const Piece& p = pieces[i];
+      init_chunk(table, std, seed, p.ch, p.lo, p.hi, dst + p.dst);
     }
   };
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n_chunks, std::thread::hardware_concurrency()));
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(pieces.size(), std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
   fill(0, threads);
   for (auto& th : pool) th.join();
+}
+
+void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed) {
+  MT_CHECK(flat.is_cpu() && flat.numel() == table.total(), "init_weights needs the CPU flat buffer, got ", flat.desc());
+  init_pieces(c, table, {{0, table.total(), 0}}, flat.data<float>(), seed);
+}
+
+void init_weights_ranges(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
+                         Tensor& dst, uint64_t seed) {
+  MT_CHECK(dst.is_cpu() && dst.dtype() == DType::F32, "init_weights_ranges needs a host f32 buffer, got ", dst.desc());
+  for (const FlatRange& r : ranges)
+    MT_CHECK(r.begin >= 0 && r.end <= table.total() && r.dst_offset + (r.end - r.begin) <= dst.numel(),
+             "init range [", r.begin, ", ", r.end, ") -> ", r.dst_offset, " outside the buffers");
+  init_pieces(c, table, ranges, dst.data<float>(), seed);
 }
 
 }  // namespace mt
