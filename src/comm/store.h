@@ -10,10 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace mt::comm {
 
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
+
+// What a blocking call throws when its timeout passes (other failures, such as a lost connection
+// to the store's server, throw a plain mt::Error).
+struct StoreTimeout : Error {
+  using Error::Error;
+};
 
 class Store {
  public:
@@ -34,13 +42,18 @@ class Store {
     Bytes b = get(key, timeout);
     return std::string(b.begin(), b.end());
   }
-  // Barrier of `world` ranks under a unique `name`; on timeout the error names the ranks (by index)
-  // that never arrived.
+  // Barrier of `world` ranks under a unique `name`: rank r sets `<name>/arrived/<r>` and waits for
+  // all of them. On timeout it throws StoreTimeout naming the ranks that never arrived:
+  //   barrier 'init' timed out after 5000 ms: ranks 2, 3 of 4 never arrived
+  // The keys stay in the store, so a name must not be reused.
   void barrier(const std::string& name, int rank, int world, Millis timeout);
+  // The keys of `keys` that do not exist now (one check per key; for error messages).
+  std::vector<std::string> missing(const std::vector<std::string>& keys);
 };
 
 // rank 0 passes is_server = true: it starts the server on `port` (0 = any free port; port() says
 // which) and connects to it like everyone else. Clients retry connecting until `timeout`.
+// The concrete type is TcpStore (comm/tcp_store.h), whose port() says the port chosen for port 0.
 std::unique_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server, Millis timeout);
 
 // A store in one process (tests that run ranks as threads).
