@@ -319,7 +319,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
 
   LossParts out;
   for (int64_t t = 0; t < T; ++t) out.n_valid += lab_host.data<int64_t>()[t] != -100 ? 1 : 0;
-  if (aux_enabled()) out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  if (aux_enabled()) {
+    if (reduce_aux_stats) reduce_aux_stats(counts_E_, sums_E_, aux_rows_);
+    out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  }
   // Training without a request for logits takes the fused, chunked LM head + cross-entropy, which
   // never holds the f32 logits of the whole micro-batch; otherwise the logits are materialised.
   const bool fused_head = backward && !logits_out;

@@ -13,6 +13,7 @@
 // decision (probabilities, top-k ids and weights, dispatch plan) and recomputes the rest from
 // them, never re-deciding routing, so its results are bit-identical to no recompute.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,11 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
+  // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
+  // the aux loss is the one of the global batch. Called once per micro-batch between the forward and
+  // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
+  std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }

@@ -1,6 +1,7 @@
 #include "parallel/fsdp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "ops/ops.h"
@@ -9,6 +10,28 @@ namespace mt {
 
 namespace {
 constexpr int64_t kChunkAlign = 64;  // elements: keeps every shard 256-byte aligned for vector loads
+
+// Adds the host time of a scope to a counter (time spent issuing or waiting for collectives).
+struct CommTimer {
+  double& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~CommTimer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+}  // namespace
+
+std::vector<FlatRange> FsdpParams::owned_pieces() const {
+  std::vector<FlatRange> r;
+  for (int u = 0; u < num_units(); ++u) {
+    auto [b, e] = owned_range(u);
+    if (e > b) r.push_back({b, e, offset_[size_t(u)]});
+  }
+  return r;
+}
+
+double FsdpParams::take_comm_seconds() {
+  double s = comm_s_;
+  comm_s_ = 0;
+  return s;
 }
 
 std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size) {
@@ -65,7 +88,8 @@ void FsdpParams::prefetch(int u) {
   if (u < 0 || u >= num_units() || gathered_.count(u)) return;
   Gather g;
   g.buf = take(shard_.size() * chunk_[size_t(u)], compute_dt_);
-  g.work = shard_.all_gather(compute_.rows(offset_[size_t(u)], chunk_[size_t(u)]), g.buf);
+  CommTimer t{comm_s_};
+  g.work = shard_.all_gather(compute_.rows(offset_[size_t(u)], chunk_[size_t(u)]), g.buf);  // NOLINT
   gathered_.emplace(u, std::move(g));
 }
 
@@ -73,7 +97,10 @@ Tensor FsdpParams::acquire_weights(int u) {
   MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
   prefetch(u);
   Gather& g = gathered_.at(u);
-  if (g.users++ == 0) g.work->wait();
+  if (g.users++ == 0) {
+    CommTimer t{comm_s_};
+    g.work->wait();
+  }
   return g.buf.rows(0, units_[size_t(u)].numel());
 }
 
@@ -106,7 +133,10 @@ void FsdpParams::grads_done(int u) {
   p.full = std::move(it->second);
   unit_grads_.erase(it);
   p.part = take(chunk_[size_t(u)], DType::F32);
-  p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+  {
+    CommTimer t{comm_s_};
+    p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+  }
   pending_.push_back(std::move(p));
   // The embedding is the last unit of every backward: everything must land before the optimizer.
   finish_pending(/*all=*/u == 0);
@@ -117,8 +147,11 @@ void FsdpParams::finish_pending(bool all) {
   while (pending_.size() > keep) {
     Pending p = std::move(pending_.front());
     pending_.erase(pending_.begin());
-    p.work->wait();
-    if (replicate_) replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
+    {
+      CommTimer t{comm_s_};
+      p.work->wait();
+      if (replicate_) replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
+    }
     Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
     ops::add_(dst, p.part);
     give(std::move(p.full));
@@ -175,6 +208,24 @@ double FsdpParams::global_grad_sq() {
   double sum = 0;
   for (int r = 0; r < shard_.size(); ++r) sum += double(h.data<float>()[2 * r]) + double(h.data<float>()[2 * r + 1]);
   return sum;
+}
+
+}  // namespace mt
+
+#include "model/hf_checkpoint.h"
+
+namespace mt {
+
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
+                                bool writer) {
+  // The units are gathered one at a time; the writer assembles them on the host and writes the
+  // checkpoint in one go.
+  Tensor full = writer ? Tensor::empty({t.total()}) : Tensor();
+  for (int u = 0; u < p.num_units(); ++u) {
+    Tensor unit = p.gather_unit_host(u, /*grads=*/false);
+    if (writer) full.rows(p.unit(u).begin, p.unit(u).numel()).copy_from(unit);
+  }
+  if (writer) save_hf_checkpoint(dir, c, t, full);
 }
 
 }  // namespace mt

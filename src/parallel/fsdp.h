@@ -69,6 +69,11 @@ class FsdpParams final : public ParamSource {
   int shard_rank() const { return shard_.rank(); }
   int shard_size() const { return shard_.size(); }
 
+  // This rank's pieces of the flat layout and where they sit in the local buffers (for sharded init
+  // and sharded loading).
+  std::vector<FlatRange> owned_pieces() const;
+  // Host seconds spent issuing and waiting for collectives since the last call (then reset).
+  double take_comm_seconds();
   // Fills the local master shard from a full flat buffer (host, f32; e.g. init_weights' output).
   void load_full(const Tensor& full_host);
   // All-gathers unit u's f32 master (gather = true) or gradient into a full host copy of the unit
@@ -107,10 +112,18 @@ class FsdpParams final : public ParamSource {
   std::vector<Pending> pending_;
   std::multimap<std::pair<int64_t, int>, Tensor> pool_;  // free buffers by (numel, dtype)
   bool last_micro_ = true;
+  double comm_s_ = 0;
 };
 
 // Each rank's share of a global micro-batch of B rows: rows [rank × B / n, (rank + 1) × B / n).
 // B must be divisible by n (the error names both).
 std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size);
 
+}  // namespace mt
+
+namespace mt {
+// Writes an HF checkpoint (config.json + safetensors) of a sharded model from rank 0 (`writer`).
+// Collective over the dp_shard ranks: units are gathered one at a time.
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
+                                bool writer);
 }  // namespace mt
