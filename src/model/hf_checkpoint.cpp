@@ -132,6 +132,29 @@ NamedTensors export_hf_tensors(const ModelConfig& c, const ParamTable& table, co
   return out;
 }
 
+std::vector<PendingTensor> pending_hf_tensors(const ModelConfig& c, const ParamTable& table, ExpertLayout layout,
+                                              std::function<Tensor(const ParamEntry&)> param_data) {
+  struct Cache {
+    const ParamEntry* entry = nullptr;
+    Tensor data;
+  };
+  auto cache = std::make_shared<Cache>();
+  std::vector<PendingTensor> out;
+  for (const HfSlot& s : hf_slots(c, table, layout)) {
+    out.push_back({s.name, s.shape, DType::F32, [cache, param_data, s] {
+                     if (cache->entry != s.param) {
+                       cache->data = Tensor();  // drop the previous parameter before fetching the next
+                       cache->data = param_data(*s.param);
+                       cache->entry = s.param;
+                       MT_CHECK(cache->data.numel() == s.param->numel, "parameter ", s.param->name, " produced ",
+                                cache->data.desc());
+                     }
+                     return view_at(cache->data, s.offset - s.param->offset, s.shape).clone();
+                   }});
+  }
+  return out;
+}
+
 void save_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& table, const Tensor& flat,
                         ExpertLayout layout, size_t max_shard_bytes) {
   std::filesystem::create_directories(dir);

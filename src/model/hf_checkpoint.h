@@ -43,6 +43,12 @@ NamedTensors export_hf_tensors(const ModelConfig& c, const ParamTable& table, co
 // The layout a checkpoint directory uses (fused when any fused expert tensor is present).
 ExpertLayout detect_expert_layout(const CheckpointReader& r);
 
+// The HF tensors of a model in file order, each produced on demand from `param_data(entry)` (the
+// parameter's f32 values, host, its full shape; called once per parameter, in table order) and
+// sliced per expert for the per-expert layout. Used to save sharded models one tensor at a time.
+std::vector<PendingTensor> pending_hf_tensors(const ModelConfig& c, const ParamTable& table, ExpertLayout layout,
+                                              std::function<Tensor(const ParamEntry&)> param_data);
+
 // Writes config.json + safetensors (sharded above max_shard_bytes) into dir, creating it.
 void save_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& table, const Tensor& flat,
                         ExpertLayout layout = ExpertLayout::PerExpert, size_t max_shard_bytes = size_t(5) << 30);

@@ -185,6 +185,36 @@ void FsdpParams::load_full(const Tensor& full_host) {
   refresh_compute_weights();
 }
 
+Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {
+  int u = 0;
+  while (u < num_units() && units_[size_t(u)].end <= begin) ++u;
+  MT_CHECK(u < num_units() && end <= units_[size_t(u)].end && begin < end, "range [", begin, ", ", end,
+           ") is not inside one unit");
+  const ParamUnit& pu = units_[size_t(u)];
+  const int64_t c = chunk_[size_t(u)], W = shard_.size();
+  // Rank r holds [pu.begin + r c, pu.begin + (r + 1) c); its part of the range travels padded to the
+  // longest part, so one fixed-size all-gather serves any range.
+  auto part = [&](int64_t r) {
+    const int64_t b = std::max(begin, pu.begin + r * c), e = std::min({end, pu.begin + (r + 1) * c, pu.end});
+    return std::make_pair(b, std::max(b, e));
+  };
+  int64_t longest = 0;
+  for (int64_t r = 0; r < W; ++r) longest = std::max(longest, part(r).second - part(r).first);
+  auto [mb, me] = part(shard_.rank());
+  Tensor mine = Tensor::zeros({longest}, DType::F32, device_);
+  if (me > mb)
+    mine.rows(0, me - mb).copy_from((grads ? grads_ : params_).rows(offset_[size_t(u)] + (mb - pu.begin - shard_.rank() * c), me - mb));
+  Tensor all = Tensor::empty({W * longest}, DType::F32, device_);
+  shard_.all_gather(mine, all)->wait();
+  device_mem::synchronize(device_);
+  Tensor host = all.to(Device::CPU), out = Tensor::empty({end - begin});
+  for (int64_t r = 0; r < W; ++r) {
+    auto [b, e] = part(r);
+    if (e > b) out.rows(b - begin, e - b).copy_from(host.rows(r * longest, e - b));
+  }
+  return out;
+}
+
 Tensor FsdpParams::gather_unit_host(int u, bool grads) {
   Tensor src = (grads ? grads_ : params_).rows(offset_[size_t(u)], chunk_[size_t(u)]);
   Tensor full = Tensor::empty({shard_.size() * chunk_[size_t(u)]}, DType::F32, device_);
@@ -218,14 +248,15 @@ namespace mt {
 
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer) {
-  // The units are gathered one at a time; the writer assembles them on the host and writes the
-  // checkpoint in one go.
-  Tensor full = writer ? Tensor::empty({t.total()}) : Tensor();
-  for (int u = 0; u < p.num_units(); ++u) {
-    Tensor unit = p.gather_unit_host(u, /*grads=*/false);
-    if (writer) full.rows(p.unit(u).begin, p.unit(u).numel()).copy_from(unit);
+  // One parameter at a time: every rank takes part in its gather, the writer streams it to disk.
+  auto fetch = [&](const ParamEntry& e) { return p.gather_range_host(e.offset, e.offset + e.numel, false).view(e.shape); };
+  std::vector<PendingTensor> tensors = pending_hf_tensors(c, t, ExpertLayout::PerExpert, fetch);
+  if (writer) {
+    write_safetensors_sharded_lazy(dir, tensors, size_t(5) << 30);
+    save_model_config(c, dir + "/config.json");
+  } else {
+    for (const PendingTensor& pt : tensors) pt.produce();  // the same gathers, in the same order
   }
-  if (writer) save_hf_checkpoint(dir, c, t, full);
 }
 
 }  // namespace mt

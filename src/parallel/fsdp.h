@@ -79,6 +79,8 @@ class FsdpParams final : public ParamSource {
   // All-gathers unit u's f32 master (gather = true) or gradient into a full host copy of the unit
   // (numel() elements), on every rank. Collective: every shard rank calls it.
   Tensor gather_unit_host(int u, bool grads);
+  // The same for elements [begin, end) of the flat layout (inside one unit), moving only that range.
+  Tensor gather_range_host(int64_t begin, int64_t end, bool grads);
   // Sum of squares of the local gradient shard, reduced over the shard ranks (the replicas hold the
   // same values and are not counted twice): the global squared gradient norm. Collective.
   double global_grad_sq();

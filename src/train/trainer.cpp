@@ -2,6 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -30,6 +34,16 @@ static std::string fmt_duration(double s) {
   if (t < 60) return str(t, "s");
   if (t < 3600) return str(t / 60, "m", (t % 60 < 10 ? "0" : ""), t % 60, "s");
   return str(t / 3600, "h", (t % 3600) / 60 / 10, (t % 3600) / 60 % 10, "m");
+}
+
+// Fault injection for the multi-rank tests: "RANK:STEP" (1-based step) from the environment.
+static bool debug_hit(const char* var, int rank, int64_t step) {
+  const char* v = std::getenv(var);
+  if (!v) return false;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &s) != 2) MT_THROW(var, "='", v, "' must be RANK:STEP");
+  return r == rank && s == step;
 }
 
 static size_t peak_rss_bytes() {
@@ -186,6 +200,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
 
   for (int64_t step = 0; step < cfg.steps; ++step) {
     auto step_start = Clock::now();
+    if (debug_hit("MOETRAIN_DEBUG_KILL", dist->rank(), step + 1)) std::raise(SIGKILL);
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     // The loss is normalised by the target tokens of the whole step, counted before any forward.
     std::vector<Batch> batches;
@@ -225,6 +240,11 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
+    if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", dist->rank(), step + 1)) {
+      Tensor inf = Tensor::empty({1});
+      inf.data<float>()[0] = INFINITY;
+      grads.rows(0, 1).copy_from(inf.to(device));
+    }
     std::function<double()> global_sq;
     if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
     OptimStepResult os = opt.step(master, grads, lr, compute, global_sq);
