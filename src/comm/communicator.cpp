@@ -161,12 +161,12 @@ std::string find_divergence(const std::vector<Snapshot>& snaps) {
 
 std::string OpRecord::what() const {
   if (countless(op)) return op;
-  std::string s = str(op, ' ', dtype_name(dtype), " x ", count);
-  if (peer >= 0) s += str(op == "broadcast" ? " root " : " peer ", peer);
+  std::string s = mt::str(op, ' ', dtype_name(dtype), " x ", count);
+  if (peer >= 0) s += mt::str(op == "broadcast" ? " root " : " peer ", peer);
   return s;
 }
 
-std::string OpRecord::str() const { return mt::str('#', coll ? coll : seq, ' ', what()); }
+std::string OpRecord::str() const { return mt::str('#', seq, ' ', what()); }
 
 std::string OpRecord::signature() const {
   return mt::str(op, '/', int(dtype), '/', op == "all_to_all_v" ? -1 : count, '/', peer);
@@ -263,7 +263,7 @@ void Communicator::wait_ranks(const std::string& stem, const std::string& what, 
   for (int r = 0; r < size_; ++r) keys.push_back(stem + std::to_string(r));
   try {
     store_.wait(keys, timeout);
-  } catch (const Error& e) {
+  } catch (const StoreTimeout&) {
     std::vector<int> missing;
     for (int r = 0; r < size_; ++r)
       if (!store_.check({keys[size_t(r)]})) missing.push_back(r);
@@ -358,7 +358,7 @@ void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
       Millis wait = std::min(opt_.timeout, Millis(10000));
       auto deadline = std::chrono::steady_clock::now() + wait;
       std::vector<int> missing;
-      std::vector<Snapshot> snaps(size_t(size_));
+      std::vector<Snapshot> snaps(static_cast<size_t>(size_));
       for (int r = 0; r < size_; ++r) {
         auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
         std::string key = str("fail/", r);
@@ -481,6 +481,10 @@ std::shared_ptr<Work> Communicator::all_to_all_v(const Tensor& in, const std::ve
   };
   check_counts(send_counts, in, "send_counts", "in");
   check_counts(recv_counts, out, "recv_counts", "out");
+  if (send_counts[size_t(rank_)] != recv_counts[size_t(rank_)])
+    MT_THROW("all_to_all_v on communicator '", name_, "' (rank ", rank_, "): send_counts[", rank_, "] = ",
+             send_counts[size_t(rank_)], " but recv_counts[", rank_, "] = ", recv_counts[size_t(rank_)],
+             "; the block a rank sends itself must match what it receives from itself");
   throw_if_aborted("all_to_all_v");
   OpRecord rec = record("all_to_all_v", in.numel(), in.dtype(), -1, true);
   check_op(rec, &send_counts, &recv_counts);
@@ -538,7 +542,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
   // Every rank publishes (color, key); all agree on the groups from the same table.
   std::string stem = str("split/", s, "/");
   store_.set_str(stem + std::to_string(rank_), str(color, ' ', key));
-  std::vector<std::pair<int, int>> table(size_t(size_));  // rank -> (color, key)
+  std::vector<std::pair<int, int>> table(static_cast<size_t>(size_));  // rank -> (color, key)
   try {
     wait_ranks(stem, str("split into '", name, "'"), opt_.timeout);
     for (int r = 0; r < size_; ++r) {
@@ -563,7 +567,7 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
     if (members[i].second == rank_) plan.new_rank = int(i);
   }
   plan.new_size = int(members.size());
-  plan.prefix = str(prefix_, "split", s, ".c", color, "/");
+  plan.prefix = str(prefix_, "/split", s, ".c", color);
   std::unique_ptr<Communicator> child;
   try {
     child = do_split(std::move(plan));
@@ -588,7 +592,7 @@ std::unique_ptr<Communicator> make_world(Device device, int rank, int size, Stor
   // A fresh namespace per world this process makes: every rank makes its worlds in the same order,
   // so the k-th world of every rank shares the prefix.
   int64_t k = store.add(str("mt_comm/worlds/", device_name(device), "/", rank), 1);
-  std::string prefix = str("mt_comm/", device_name(device), "_world", k, "/");
+  std::string prefix = str("mt_comm/", device_name(device), "_world", k);
   if (device == Device::CUDA) return detail::make_nccl_comm(rank, size, "world", store, prefix, opt, cuda_device);
   if (size == 1) return detail::make_self_comm("world", store, prefix, opt);
   return detail::make_gloo_comm(rank, size, "world", store, prefix, opt);

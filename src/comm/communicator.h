@@ -14,7 +14,8 @@
 //
 // Point-to-point calls (send/recv) get a sequence number (the watchdog tracks them) but are not
 // part of the collective schedule: the ranks of a group legitimately issue different ones. The
-// schedule numbers collectives separately (OpRecord::coll); without send/recv, coll == seq.
+// schedule numbers collectives separately (OpRecord::coll, the "op #N" of schedule errors); the
+// watchdog and the other errors number every call (OpRecord::seq). Without send/recv they agree.
 //
 // The Store given to make_world() must outlive every communicator made from it (split() included):
 // each communicator keeps its records under its own prefix of that store.

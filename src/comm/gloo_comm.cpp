@@ -1,7 +1,9 @@
 // CPU communicator over Gloo (Debian libgloo-dev): TCP transport, rendezvous through our Store,
 // Gloo's algorithms for every collective. Every call completes before it returns. Gloo's own
-// timeout (CommOptions::timeout) bounds every wait; abort() wakes a call blocked in another thread
-// and closes the connections, so that the peers fail at once instead of at their timeouts.
+// timeout (CommOptions::timeout) bounds every wait; abort() closes the connections, so that the
+// peers fail at once instead of at their timeouts (a call of this rank blocked in another thread
+// still ends at its timeout: Debian's Gloo lacks the headers, gloo/common/memory.h, that reaching
+// the transport's wake-up would need).
 //
 // The transport binds to an interface named by MT_GLOO_IFNAME or GLOO_SOCKET_IFNAME, else to the
 // address MT_GLOO_HOST names, else to loopback when every rank runs on this host and to this
@@ -15,7 +17,6 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 #include <unistd.h>
@@ -26,16 +27,6 @@
 
 #include "comm/backends.h"
 #include "core/log.h"
-
-// tcp::Context declares this class a friend but Gloo defines no such class; we define it to reach
-// tcp::Context::signalException, the call Gloo itself makes when a wait times out. It sets an
-// exception on every pair, which wakes any thread waiting on them and closes the sockets.
-namespace gloo::transport::tcp {
-class ContextMutator {
- public:
-  static void signal_exception(Context& c, const std::string& msg) { c.signalException(msg); }
-};
-}  // namespace gloo::transport::tcp
 
 namespace mt::comm::detail {
 
@@ -64,16 +55,6 @@ class StoreAdapter : public gloo::rendezvous::Store {
  private:
   mt::comm::Store& s_;
   Millis timeout_;
-};
-
-// Exposes the transport context, so that abort() can signal it.
-class MtGlooContext : public gloo::rendezvous::Context {
- public:
-  using gloo::rendezvous::Context::Context;
-  void signal_abort(const std::string& msg) {
-    if (auto* tc = dynamic_cast<gloo::transport::tcp::Context*>(transportContext_.get()))
-      gloo::transport::tcp::ContextMutator::signal_exception(*tc, msg);
-  }
 };
 
 std::string env_or(const char* a, const char* b = nullptr) {
@@ -133,8 +114,9 @@ class GlooComm : public Communicator {
   GlooComm(int rank, int size, const std::string& name, Store& root, const std::string& prefix, CommOptions opt,
            std::shared_ptr<gloo::transport::Device> dev)
       : Communicator(rank, size, name, root, prefix, opt), dev_(std::move(dev)), sent_(size), received_(size) {
-    StoreAdapter adapter(store_, opt_.timeout);
-    auto ctx = std::make_shared<MtGlooContext>(rank, size);
+    auto gloo_keys = make_prefix_store(store_, "gloo");
+    StoreAdapter adapter(*gloo_keys, opt_.timeout);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(opt_.timeout);
     try {
       ctx->connectFullMesh(adapter, dev_);
@@ -283,13 +265,14 @@ class GlooComm : public Communicator {
 
   void do_abort(const std::string& why) override {
     std::lock_guard<std::mutex> lock(ctx_mu_);
-    if (ctx_) ctx_->signal_abort(str("communicator '", name(), "' aborted: ", why));
+    (void)why;
+    if (ctx_) ctx_->closeConnections();
   }
 
  private:
   std::shared_ptr<gloo::transport::Device> dev_;
   std::mutex ctx_mu_;  // abort() may run on another thread while the constructor or destructor runs
-  std::shared_ptr<MtGlooContext> ctx_;
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
   std::vector<uint64_t> sent_, received_;  // point-to-point messages per peer
 };
 
@@ -309,7 +292,7 @@ std::shared_ptr<gloo::transport::Device> make_device(int rank, int size, Store& 
     how = "address " + host + " (MT_GLOO_HOST)";
   } else {
     std::string me = this_host();
-    auto ns = make_prefix_store(root, prefix + "hosts/");
+    auto ns = make_prefix_store(root, prefix + "/hosts");
     ns->set_str(std::to_string(rank), me);
     bool one_host = true;
     for (int r = 0; r < size; ++r) one_host = one_host && ns->get_str(std::to_string(r), timeout) == me;
