@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/dist_selftest.h"
+#include "comm/launch.h"
 #include "core/error.h"
 #include "train/grads.h"
 #include "train/train_config.h"
@@ -15,6 +17,8 @@ static const char* kUsage =
     "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
     "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective]\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
+    "  launch  --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- <command> [args]\n"
+    "          start the ranks of a command on this node and supervise them (like torchrun; see launch --help)\n"
     "  help    this text; `moetrain train --help` lists every training option\n";
 
 int main(int argc, char** argv) {
@@ -32,6 +36,8 @@ int main(int argc, char** argv) {
       return mt::train_main(rest);
     }
     if (cmd == "grads") return mt::grads_main(rest);
+    if (cmd == "launch") return mt::comm::launch_main(rest);
+    if (cmd == "_selftest") return mt::comm::selftest_main(rest);  // hidden: used by the tests
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -62,8 +62,14 @@ void Store::barrier(const std::string& name, int rank, int world, Millis timeout
     wait(keys, timeout);
   } catch (const StoreTimeout&) {
     std::vector<int> absent;
-    for (int r = 0; r < world; ++r)
-      if (!check({keys[r]})) absent.push_back(r);
+    try {
+      for (int r = 0; r < world; ++r)
+        if (!check({keys[r]})) absent.push_back(r);
+    } catch (const Error& e) {
+      // Typically rank 0 timed out at the same moment and took the server down with it.
+      throw StoreTimeout(str("barrier '", name, "' timed out after ", timeout.count(),
+                             " ms (and asking which ranks arrived failed: ", e.what(), ")"));
+    }
     std::string ranks;
     for (size_t i = 0; i < absent.size(); ++i) ranks += (i ? ", " : "") + std::to_string(absent[i]);
     throw StoreTimeout(str("barrier '", name, "' timed out after ", timeout.count(),

@@ -98,6 +98,11 @@ void free(Device d, void* p);
 void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void memset0(void* p, Device d, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
+int cuda_device_count();  // 0 without CUDA
+// Makes GPU `index` this process's device (ranks use their local rank); the error names the index
+// and how many GPUs are visible.
+void set_cuda_device(int index);
+std::string cuda_pci_bus_id(int index);  // "0000:1b:00.0"; "" without CUDA
 void synchronize(Device d);  // waits for all work queued on the device (no-op on the CPU)
 // Bytes held by CUDA tensors and arenas now, and the most since the last reset (0 without CUDA).
 size_t cuda_bytes_in_use();

@@ -386,8 +386,19 @@ Tensor CheckpointReader::read_rows_f32(const std::string& name, int64_t dim0_sta
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+static std::vector<PendingTensor> eager(const NamedTensors& tensors) {
+  std::vector<PendingTensor> v;
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) MT_THROW("cannot write tensor '", name, "': it is undefined");
+    v.push_back({name, t.shape(), t.dtype(), [t] { return t; }});
+  }
+  return v;
+}
+
+static size_t pending_bytes(const PendingTensor& p) { return size_t(shape_numel(p.shape)) * dtype_size(p.dtype); }
+
+static void write_safetensors_lazy(const std::string& path, const std::vector<PendingTensor>& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header;  // keeps __metadata__ first and the tensors in the given order
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
   if (!metadata.count("format")) meta["format"] = "pt";
@@ -396,14 +407,13 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
 
   std::set<std::string> seen;
   size_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (name.empty() || name == "__metadata__") MT_THROW("cannot write '", path, "': invalid tensor name '", name, "'");
-    if (!seen.insert(name).second) MT_THROW("cannot write '", path, "': tensor name '", name, "' appears twice");
-    if (!t.defined()) MT_THROW("cannot write '", path, "': tensor '", name, "' is undefined");
-    header[name] = {{"dtype", safetensors_dtype_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+  for (const PendingTensor& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__") MT_THROW("cannot write '", path, "': invalid tensor name '", t.name, "'");
+    if (!seen.insert(t.name).second) MT_THROW("cannot write '", path, "': tensor name '", t.name, "' appears twice");
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + pending_bytes(t)}}};
+    offset += pending_bytes(t);
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // as the Python library: data starts 8-byte aligned
@@ -412,7 +422,10 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   write_atomically(path, [&](int fd, const std::string& tmp) {
     write_all(fd, &header_len, 8, tmp);
     write_all(fd, h.data(), h.size(), tmp);
-    for (const auto& [name, t] : tensors) {
+    for (const PendingTensor& p : tensors) {
+      Tensor t = p.produce();
+      MT_CHECK(t.shape() == p.shape && t.dtype() == p.dtype, "tensor '", p.name, "' was announced as ",
+               dtype_name(p.dtype), shape_str(p.shape), " but produced as ", t.desc());
       if (t.nbytes() == 0) continue;
       Tensor host = t.is_cpu() ? t : t.to(Device::CPU);
       write_all(fd, host.raw(), host.nbytes(), tmp);
@@ -420,30 +433,42 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   });
 }
 
+void write_safetensors(const std::string& path, const NamedTensors& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const auto& [name, t] : tensors)
+    if (!t.defined()) MT_THROW("cannot write '", path, "': tensor '", name, "' is undefined");
+  write_safetensors_lazy(path, eager(tensors), metadata);
+}
+
 void write_safetensors_sharded(const std::string& dir, const NamedTensors& tensors, size_t max_shard_bytes,
                                const std::map<std::string, std::string>& metadata) {
+  write_safetensors_sharded_lazy(dir, eager(tensors), max_shard_bytes, metadata);
+}
+
+void write_safetensors_sharded_lazy(const std::string& dir, const std::vector<PendingTensor>& tensors,
+                                    size_t max_shard_bytes, const std::map<std::string, std::string>& metadata) {
   if (max_shard_bytes == 0) MT_THROW("write_safetensors_sharded: max_shard_bytes must be > 0");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) MT_THROW("cannot create checkpoint directory '", dir, "': ", ec.message());
 
   // Pack in order; a tensor larger than the limit gets a shard of its own (as transformers does).
-  std::vector<NamedTensors> shards(1);
+  std::vector<std::vector<PendingTensor>> shards(1);
   size_t total = 0, current = 0;
-  for (const auto& nt : tensors) {
-    size_t n = nt.second.nbytes();
+  for (const PendingTensor& t : tensors) {
+    size_t n = pending_bytes(t);
     if (current > 0 && current + n > max_shard_bytes) {
       shards.emplace_back();
       current = 0;
     }
-    shards.back().push_back(nt);
+    shards.back().push_back(t);
     current += n;
     total += n;
   }
 
   std::set<std::string> written;
   if (total <= max_shard_bytes) {
-    write_safetensors((fs::path(dir) / kSingleFile).string(), tensors, metadata);
+    write_safetensors_lazy((fs::path(dir) / kSingleFile).string(), tensors, metadata);
     written.insert(kSingleFile);
   } else {
     json weight_map = json::object();
@@ -451,8 +476,8 @@ void write_safetensors_sharded(const std::string& dir, const NamedTensors& tenso
     for (size_t i = 0; i < n; ++i) {
       char fname[64];
       std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-      write_safetensors((fs::path(dir) / fname).string(), shards[i], metadata);
-      for (const auto& nt : shards[i]) weight_map[nt.first] = fname;
+      write_safetensors_lazy((fs::path(dir) / fname).string(), shards[i], metadata);
+      for (const PendingTensor& t : shards[i]) weight_map[t.name] = fname;
       written.insert(fname);
     }
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

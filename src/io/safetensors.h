@@ -15,6 +15,7 @@
 // file under the final name.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,18 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // the metadata unless the caller sets "format": transformers refuses files whose metadata lacks it.
 void write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// A tensor to be written whose data is produced only when the writer reaches it (so that a large
+// checkpoint is written holding one tensor at a time). produce() must return a tensor of exactly
+// `shape` and `dtype`; it is called once, in file order.
+struct PendingTensor {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::F32;
+  std::function<Tensor()> produce;
+};
+void write_safetensors_sharded_lazy(const std::string& dir, const std::vector<PendingTensor>& tensors,
+                                    size_t max_shard_bytes, const std::map<std::string, std::string>& metadata = {});
 
 // Writes `dir`/model.safetensors when the total size is at most max_shard_bytes; otherwise
 // model-00001-of-0000N.safetensors ... (tensors packed in order, a new shard started when the next

@@ -1,5 +1,6 @@
 #include "model/hf_checkpoint.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <set>
@@ -62,6 +63,12 @@ static std::vector<HfSlot> hf_slots(const ModelConfig& c, const ParamTable& tabl
 }
 
 LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const ParamTable& table, Tensor& flat) {
+  MT_CHECK(flat.numel() == table.total(), "flat buffer has ", flat.numel(), " elements, the table needs ", table.total());
+  return load_hf_weights_ranges(dir, c, table, {{0, table.total(), 0}}, flat);
+}
+
+LoadReport load_hf_weights_ranges(const std::string& dir, const ModelConfig& c, const ParamTable& table,
+                                  const std::vector<FlatRange>& ranges, Tensor& dst) {
   auto t0 = std::chrono::steady_clock::now();
   CheckpointReader r(dir);
   LoadReport rep;
@@ -69,7 +76,8 @@ LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const P
   rep.files = r.num_files();
   std::vector<HfSlot> slots = hf_slots(c, table, rep.layout);
   std::set<std::string> used;
-  Tensor host = flat.is_cpu() ? flat : Tensor::empty({flat.numel()}, DType::F32, Device::CPU);
+  MT_CHECK(dst.dtype() == DType::F32, "load destination must be f32, got ", dst.desc());
+  Tensor host = dst.is_cpu() ? dst : Tensor::zeros({dst.numel()}, DType::F32, Device::CPU);
   for (const HfSlot& s : slots) {
     if (!r.has(s.name))
       MT_THROW("checkpoint ", dir, " lacks tensor '", s.name, "' (expected shape ", shape_str(s.shape), ", ",
@@ -81,10 +89,20 @@ LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const P
     if (info.dtype != DType::F32 && info.dtype != DType::BF16 && info.dtype != DType::F16)
       MT_THROW("tensor '", s.name, "' in ", dir, " has dtype ", dtype_name(info.dtype),
                "; parameters must be f32, bf16 or f16");
-    Tensor src = r.read_f32(s.name);
-    view_at(host, s.offset, s.shape).copy_from(src);
-    rep.bytes_read += info.end - info.begin;
     used.insert(s.name);
+    // Only the elements inside the requested ranges are touched (the file is mapped, so only their
+    // pages are read from disk).
+    const int64_t n = shape_numel(s.shape);
+    Tensor file_view;
+    for (const FlatRange& fr : ranges) {
+      const int64_t b = std::max(fr.begin, s.offset), e = std::min(fr.end, s.offset + n);
+      if (e <= b) continue;
+      if (!file_view.defined()) file_view = r.view(s.name).view({n});
+      Tensor part = file_view.rows(b - s.offset, e - b);
+      Tensor out = host.rows(fr.dst_offset + (b - fr.begin), e - b);
+      out.copy_from(part.dtype() == DType::F32 ? part : part.to(DType::F32));
+      rep.bytes_read += size_t(e - b) * dtype_size(info.dtype);
+    }
   }
   std::vector<std::string> extra;
   for (const std::string& n : r.names()) {
@@ -101,7 +119,7 @@ LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const P
     if (extra.size() > 5) list += str(" and ", extra.size() - 5, " more");
     MT_THROW("checkpoint ", dir, " has ", extra.size(), " tensor(s) this ", c.architecture, " config does not: ", list);
   }
-  if (!flat.is_cpu()) flat.copy_from(host);
+  if (!dst.is_cpu()) dst.copy_from(host);
   rep.tensors = used.size();
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return rep;
@@ -111,6 +129,29 @@ NamedTensors export_hf_tensors(const ModelConfig& c, const ParamTable& table, co
   Tensor host = flat.to(Device::CPU);
   NamedTensors out;
   for (const HfSlot& s : hf_slots(c, table, layout)) out.emplace_back(s.name, view_at(host, s.offset, s.shape).clone());
+  return out;
+}
+
+std::vector<PendingTensor> pending_hf_tensors(const ModelConfig& c, const ParamTable& table, ExpertLayout layout,
+                                              std::function<Tensor(const ParamEntry&)> param_data) {
+  struct Cache {
+    const ParamEntry* entry = nullptr;
+    Tensor data;
+  };
+  auto cache = std::make_shared<Cache>();
+  std::vector<PendingTensor> out;
+  for (const HfSlot& s : hf_slots(c, table, layout)) {
+    out.push_back({s.name, s.shape, DType::F32, [cache, param_data, s] {
+                     if (cache->entry != s.param) {
+                       cache->data = Tensor();  // drop the previous parameter before fetching the next
+                       cache->data = param_data(*s.param);
+                       cache->entry = s.param;
+                       MT_CHECK(cache->data.numel() == s.param->numel, "parameter ", s.param->name, " produced ",
+                                cache->data.desc());
+                     }
+                     return view_at(cache->data, s.offset - s.param->offset, s.shape).clone();
+                   }});
+  }
   return out;
 }
 

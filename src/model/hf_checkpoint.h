@@ -30,12 +30,24 @@ struct LoadReport {
 // Loads every parameter of `table` from the checkpoint at `dir` into `flat` (f32, CPU or CUDA).
 LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const ParamTable& table, Tensor& flat);
 
+// Loads only the given pieces of the flat layout (a rank's shards under FSDP) into dst (f32, CPU or
+// CUDA): each rank maps the files and reads only its slices of each tensor. The checkpoint is still
+// validated as a whole (missing, extra, mis-shaped tensors). bytes_read counts the bytes read.
+LoadReport load_hf_weights_ranges(const std::string& dir, const ModelConfig& c, const ParamTable& table,
+                                  const std::vector<FlatRange>& ranges, Tensor& dst);
+
 // HF-named tensors (host f32 copies) of a flat buffer: parameters, gradients or anything laid out
 // by `table`, in `layout`'s naming.
 NamedTensors export_hf_tensors(const ModelConfig& c, const ParamTable& table, const Tensor& flat, ExpertLayout layout);
 
 // The layout a checkpoint directory uses (fused when any fused expert tensor is present).
 ExpertLayout detect_expert_layout(const CheckpointReader& r);
+
+// The HF tensors of a model in file order, each produced on demand from `param_data(entry)` (the
+// parameter's f32 values, host, its full shape; called once per parameter, in table order) and
+// sliced per expert for the per-expert layout. Used to save sharded models one tensor at a time.
+std::vector<PendingTensor> pending_hf_tensors(const ModelConfig& c, const ParamTable& table, ExpertLayout layout,
+                                              std::function<Tensor(const ParamEntry&)> param_data);
 
 // Writes config.json + safetensors (sharded above max_shard_bytes) into dir, creating it.
 void save_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& table, const Tensor& flat,

@@ -72,73 +72,131 @@ Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape) {
   return flat.view({flat.numel()}).rows(offset, shape_numel(shape)).view(shape);
 }
 
+// The field of w that a parameter binds to; null for up_proj, which is bound as the second half of
+// the fused gate_up view that starts at gate_proj.
+static Tensor* field_of(ModelWeights& w, const ParamEntry& e) {
+  if (e.layer < 0) {
+    if (e.name == "model.embed_tokens.weight") return &w.embed;
+    if (e.name == "model.norm.weight") return &w.norm;
+    if (e.name == "lm_head.weight") return &w.lm_head;
+    MT_CHECK(false, "unknown non-layer parameter ", e.name);
+  }
+  LayerWeights& lw = w.layers[size_t(e.layer)];
+  const std::string n = e.name.substr(layer_prefix(e.layer).size());
+  if (n == "input_layernorm.weight") return &lw.in_norm;
+  if (n == "self_attn.q_proj.weight") return &lw.q;
+  if (n == "self_attn.k_proj.weight") return &lw.k;
+  if (n == "self_attn.v_proj.weight") return &lw.v;
+  if (n == "self_attn.o_proj.weight") return &lw.o;
+  if (n == "self_attn.q_norm.weight") return &lw.q_norm;
+  if (n == "self_attn.k_norm.weight") return &lw.k_norm;
+  if (n == "post_attention_layernorm.weight") return &lw.post_norm;
+  if (n == "mlp.gate.weight") return &lw.router;
+  if (n == "mlp.experts.gate_up_proj") return &lw.experts_gate_up;
+  if (n == "mlp.experts.down_proj") return &lw.experts_down;
+  if (n == "mlp.gate_proj.weight") return &lw.mlp_gate_up;
+  if (n == "mlp.up_proj.weight") return nullptr;
+  if (n == "mlp.down_proj.weight") return &lw.mlp_down;
+  MT_CHECK(false, "unknown layer parameter ", e.name);
+  return nullptr;
+}
+
+void bind_range(const ModelConfig& c, const ParamTable& t, const Tensor& buf, int64_t base, ModelWeights& w) {
+  if (w.layers.size() != size_t(c.num_hidden_layers)) {
+    w.layers.resize(size_t(c.num_hidden_layers));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) w.layers[size_t(l)].sparse = c.is_sparse_layer(l);
+  }
+  const int64_t end = base + buf.numel();
+  bool embed_bound = false;
+  for (const ParamEntry& e : t.entries()) {
+    if (e.offset < base || e.offset + e.numel > end) {
+      MT_CHECK(e.offset >= end || e.offset + e.numel <= base, "parameter ", e.name, " straddles the bound range [",
+               base, ", ", end, ")");
+      continue;
+    }
+    Tensor* f = field_of(w, e);
+    if (!f) continue;
+    Shape shape = e.shape;
+    if (e.name.size() > 20 && e.name.compare(e.name.size() - 20, 20, "mlp.gate_proj.weight") == 0) {
+      const ParamEntry& up = t.at(layer_prefix(e.layer) + "mlp.up_proj.weight");
+      MT_CHECK(up.offset == e.offset + e.numel && up.offset + up.numel <= end, "gate_proj and up_proj of layer ",
+               e.layer, " are not adjacent in the bound range");
+      shape = {2 * c.intermediate_size, c.hidden_size};
+    }
+    *f = view_at(buf, e.offset - base, shape);
+    embed_bound |= f == &w.embed;
+  }
+  if (c.tie_word_embeddings && embed_bound) w.lm_head = w.embed;
+}
+
 ModelWeights bind_weights(const ModelConfig& c, const ParamTable& t, const Tensor& flat) {
   MT_CHECK(flat.numel() == t.total(), "flat buffer has ", flat.numel(), " elements, the table needs ", t.total());
-  auto get = [&](const std::string& n) {
-    const ParamEntry& e = t.at(n);
-    return view_at(flat, e.offset, e.shape);
-  };
   ModelWeights w;
-  w.embed = get("model.embed_tokens.weight");
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    std::string p = layer_prefix(l);
-    LayerWeights lw;
-    lw.in_norm = get(p + "input_layernorm.weight");
-    lw.q = get(p + "self_attn.q_proj.weight");
-    lw.k = get(p + "self_attn.k_proj.weight");
-    lw.v = get(p + "self_attn.v_proj.weight");
-    lw.o = get(p + "self_attn.o_proj.weight");
-    lw.q_norm = get(p + "self_attn.q_norm.weight");
-    lw.k_norm = get(p + "self_attn.k_norm.weight");
-    lw.post_norm = get(p + "post_attention_layernorm.weight");
-    lw.sparse = c.is_sparse_layer(l);
-    if (lw.sparse) {
-      lw.router = get(p + "mlp.gate.weight");
-      lw.experts_gate_up = get(p + "mlp.experts.gate_up_proj");
-      lw.experts_down = get(p + "mlp.experts.down_proj");
-    } else {
-      const ParamEntry& g = t.at(p + "mlp.gate_proj.weight");
-      const ParamEntry& u = t.at(p + "mlp.up_proj.weight");
-      MT_CHECK(u.offset == g.offset + g.numel, "gate_proj and up_proj of layer ", l, " are not adjacent");
-      lw.mlp_gate_up = view_at(flat, g.offset, {2 * c.intermediate_size, c.hidden_size});
-      lw.mlp_down = get(p + "mlp.down_proj.weight");
-    }
-    w.layers.push_back(lw);
-  }
-  w.norm = get("model.norm.weight");
-  w.lm_head = c.tie_word_embeddings ? w.embed : get("lm_head.weight");
+  bind_range(c, t, flat, 0, w);
   return w;
 }
 
-void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed) {
-  // Fixed chunks of the flat buffer, each with its own stream seeded from (seed, chunk), filled in
-  // parallel: the values depend on the seed only, not on the thread count, and a 3 B-parameter model
-  // initialises in seconds instead of a minute.
-  constexpr int64_t kChunk = int64_t(1) << 20;
+// Fixed chunks of the flat buffer, each with its own stream seeded from (seed, chunk): the values
+// depend on the seed only, not on the thread count or on which pieces are asked for, and a
+// 3 B-parameter model initialises in seconds instead of a minute.
+static constexpr int64_t kInitChunk = int64_t(1) << 20;
+
+// Writes chunk ch's elements [lo, hi) (absolute flat positions inside the chunk) to out[0, hi - lo).
+static void init_chunk(const ParamTable& table, float std, uint64_t seed, int64_t ch, int64_t lo, int64_t hi,
+                       float* out) {
+  const auto& entries = table.entries();
+  Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
+  const int64_t begin = ch * kInitChunk;
+  size_t e = size_t(std::upper_bound(entries.begin(), entries.end(), begin,
+                                     [](int64_t v, const ParamEntry& p) { return v < p.offset; }) -
+                    entries.begin()) - 1;
+  for (int64_t i = begin; i < hi; ++i) {
+    while (i >= entries[e].offset + entries[e].numel) ++e;
+    // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range). The
+    // stream advances only for matrices, so every element before `lo` in the chunk is generated too.
+    const float v = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
+    if (i >= lo) out[i - lo] = v;
+  }
+}
+
+static void init_pieces(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
+                        float* dst, uint64_t seed) {
+  struct Piece {
+    int64_t ch, lo, hi, dst;
+  };
+  std::vector<Piece> pieces;
+  for (const FlatRange& r : ranges)
+    for (int64_t lo = r.begin; lo < r.end;) {
+      const int64_t ch = lo / kInitChunk, hi = std::min(r.end, (ch + 1) * kInitChunk);
+      pieces.push_back({ch, lo, hi, r.dst_offset + (lo - r.begin)});
+      lo = hi;
+    }
   const float std = float(c.initializer_range);
-  std::vector<const ParamEntry*> owner(size_t((table.total() + kChunk - 1) / kChunk), nullptr);
-  float* p = flat.data<float>();
-  MT_CHECK(flat.is_cpu() && flat.numel() == table.total(), "init_weights needs the CPU flat buffer, got ", flat.desc());
-  const int64_t n_chunks = int64_t(owner.size());
-  auto fill = [&](int64_t first, int64_t stride) {
-    size_t e = 0;
-    const auto& entries = table.entries();
-    for (int64_t ch = first; ch < n_chunks; ch += stride) {
-      Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
-      const int64_t begin = ch * kChunk, end = std::min(table.total(), begin + kChunk);
-      while (e > 0 && entries[e].offset > begin) --e;
-      for (int64_t i = begin; i < end; ++i) {
-        while (i >= entries[e].offset + entries[e].numel) ++e;
-        // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range).
-        p[i] = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
-      }
+  auto fill = [&](size_t first, size_t stride) {
+    for (size_t i = first; i < pieces.size(); i += stride) {
+      const Piece& p = pieces[i];
+      init_chunk(table, std, seed, p.ch, p.lo, p.hi, dst + p.dst);
     }
   };
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(n_chunks, std::thread::hardware_concurrency()));
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(pieces.size(), std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
   fill(0, threads);
   for (auto& th : pool) th.join();
+}
+
+void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed) {
+  MT_CHECK(flat.is_cpu() && flat.numel() == table.total(), "init_weights needs the CPU flat buffer, got ", flat.desc());
+  init_pieces(c, table, {{0, table.total(), 0}}, flat.data<float>(), seed);
+}
+
+void init_weights_ranges(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
+                         Tensor& dst, uint64_t seed) {
+  MT_CHECK(dst.is_cpu() && dst.dtype() == DType::F32, "init_weights_ranges needs a host f32 buffer, got ", dst.desc());
+  for (const FlatRange& r : ranges)
+    MT_CHECK(r.begin >= 0 && r.end <= table.total() && r.dst_offset + (r.end - r.begin) <= dst.numel(),
+             "init range [", r.begin, ", ", r.end, ") -> ", r.dst_offset, " outside the buffers");
+  init_pieces(c, table, ranges, dst.data<float>(), seed);
 }
 
 }  // namespace mt

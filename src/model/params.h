@@ -64,8 +64,23 @@ struct ModelWeights {
 
 Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape);
 ModelWeights bind_weights(const ModelConfig& c, const ParamTable& table, const Tensor& flat);
+// Binds the parameters that lie in elements [base, base + buf.numel()) of the flat layout to views of
+// buf, leaving w's other views as they are (one FSDP unit at a time). With tied embeddings, binding
+// the embedding binds lm_head too.
+void bind_range(const ModelConfig& c, const ParamTable& table, const Tensor& buf, int64_t base, ModelWeights& w);
+
+// A piece of the flat layout, [begin, end), that lands at dst_offset of a destination buffer (a
+// rank's shards under FSDP are a list of these).
+struct FlatRange {
+  int64_t begin = 0, end = 0, dst_offset = 0;
+};
 
 // HF-style random init: normal(0, initializer_range) for matrices and embeddings, ones for norms.
+// The values depend on the seed and the element's position only.
 void init_weights(const ModelConfig& c, const ParamTable& table, Tensor& flat, uint64_t seed);
+// The same values for the given pieces only, into a host f32 buffer (sharded init: no rank ever
+// holds the full model).
+void init_weights_ranges(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
+                         Tensor& dst, uint64_t seed);
 
 }  // namespace mt

@@ -28,26 +28,43 @@ struct Qwen3MoeModel::LayerActs {
   Tensor xp, gu, hh, yp;                          // experts (R rows) or dense MLP (T rows; no xp/yp)
 };
 
-Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device)
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
     : cfg_(config),
       device_(device),
       act_(device == Device::CUDA ? DType::BF16 : DType::F32),
       table_(config),
       keep_(0, device),
       work_(0, device) {
-  params_ = Tensor::zeros({table_.total()}, DType::F32, device);
-  grads_ = Tensor::zeros({table_.total()}, DType::F32, device);
-  // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
-  params_compute_ = device == Device::CUDA ? Tensor::zeros({table_.total()}, DType::BF16, device) : params_;
-  w_ = bind_weights(cfg_, table_, params_compute_);
-  g_ = bind_weights(cfg_, table_, grads_);
+  units_ = param_units(cfg_, table_);
+  if (source) {
+    src_ = source;
+  } else {
+    local_ = std::make_unique<LocalParams>(cfg_, table_, device);
+    src_ = local_.get();
+  }
   acts_.resize(size_t(cfg_.num_hidden_layers));
 }
 
 Qwen3MoeModel::~Qwen3MoeModel() = default;
 
-void Qwen3MoeModel::refresh_compute_weights() {
-  if (params_compute_.raw() != params_.raw()) ops::copy_cast(params_, params_compute_);
+LocalParams& Qwen3MoeModel::local() {
+  if (!local_)
+    MT_THROW("this model's parameters live in an external ParamSource (sharded); the full flat buffers "
+             "exist only for a model that holds its own parameters");
+  return *local_;
+}
+
+// Units: 0 embedding, 1 + l block l, L + 1 head. Binding a unit's views is cheap (no copies).
+void Qwen3MoeModel::acquire(int u) {
+  const ParamUnit& pu = units_[size_t(u)];
+  bind_range(cfg_, table_, src_->acquire_weights(u), pu.begin, w_);
+}
+
+void Qwen3MoeModel::release(int u) { src_->release_weights(u); }
+
+void Qwen3MoeModel::grads_for(int u) {
+  const ParamUnit& pu = units_[size_t(u)];
+  bind_range(cfg_, table_, src_->unit_grads(u), pu.begin, g_);
 }
 
 bool Qwen3MoeModel::aux_enabled() const {
@@ -268,15 +285,25 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     sums_E_ = keep_.zeros({E});
   }
 
+  // Parameter units in the order this micro-batch uses them (see param_source.h): forward 0, 1..L,
+  // head (+ 0 when tied); backward head (+ 0 when tied), L..1, then the embedding's gradient.
+  const int head = int(L) + 1;
+  const bool tied = cfg_.tie_word_embeddings;
+  acquire(0);
+  src_->prefetch(1);
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
+  release(0);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
     a = LayerActs{};
     a.x = h;
     Tensor out = keep_.alloc({T, D}, DType::F32);
     if (recompute != Recompute::None) work_.reset();
+    acquire(int(l) + 1);
+    src_->prefetch(int(l) + 2);
     forward_layer(l, a, out, false);
+    release(int(l) + 1);
     if (cfg_.is_sparse_layer(l)) {
       ops::expert_counts(a.idx, E, counts_E_);
       ops::prob_column_sums(a.probs, sums_E_);
@@ -284,12 +311,18 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     h = out;
   }
   work_.reset();
+  acquire(head);
+  if (tied) acquire(0);
+  if (backward) src_->prefetch(int(L));
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
 
   LossParts out;
   for (int64_t t = 0; t < T; ++t) out.n_valid += lab_host.data<int64_t>()[t] != -100 ? 1 : 0;
-  if (aux_enabled()) out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  if (aux_enabled()) {
+    if (reduce_aux_stats) reduce_aux_stats(counts_E_, sums_E_, aux_rows_);
+    out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
+  }
   // Training without a request for logits takes the fused, chunked LM head + cross-entropy, which
   // never holds the f32 logits of the whole micro-batch; otherwise the logits are materialised.
   const bool fused_head = backward && !logits_out;
@@ -306,8 +339,14 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   auto t1 = Clock::now();
   forward_s_ = std::chrono::duration<double>(t1 - t0).count();
   backward_s_ = 0;
-  if (!backward) return out;
+  if (!backward) {
+    release(head);
+    if (tied) release(0);
+    return out;
+  }
 
+  grads_for(head);
+  if (tied) grads_for(0);
   Tensor dhn = keep_.alloc({T, D}, act_);
   if (fused_head) {
     Tensor loss_sum = keep_.zeros({1});
@@ -321,17 +360,28 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   }
   Tensor dA = keep_.alloc({T, D}, DType::F32), dB = keep_.alloc({T, D}, DType::F32);
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm);
+  release(head);
+  if (tied) release(0);
+  src_->grads_done(head);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
+    const int u = int(l) + 1;
+    acquire(u);
+    if (l > 0) src_->prefetch(u - 1);
+    grads_for(u);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }
     backward_layer(l, a, dA, dB, aux_scale);
+    release(u);
+    src_->grads_done(u);
     std::swap(dA, dB);
   }
+  grads_for(0);
   ops::embedding_bwd(ids_T, dA, g_.embed);
+  src_->grads_done(0);
   device_mem::synchronize(device_);
   backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;

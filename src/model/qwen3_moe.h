@@ -13,12 +13,14 @@
 // decision (probabilities, top-k ids and weights, dispatch plan) and recomputes the rest from
 // them, never re-deciding routing, so its results are bit-identical to no recompute.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/arena.h"
 #include "model/config.h"
+#include "model/param_source.h"
 #include "model/params.h"
 
 namespace mt {
@@ -44,22 +46,26 @@ struct LossParts {
 
 class Qwen3MoeModel {
  public:
-  explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU);
+  // With no ParamSource the model holds all parameters itself (LocalParams); otherwise it reads and
+  // writes them through `source` (FSDP), which must outlive the model.
+  explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU, ParamSource* source = nullptr);
   ~Qwen3MoeModel();
 
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
-  Tensor& params() { return params_; }  // f32 (P): the master weights
-  Tensor& grads() { return grads_; }    // f32 (P)
+  // The full buffers of a model that holds its own parameters (no external ParamSource).
+  LocalParams& local();
+  Tensor& params() { return local().params(); }  // f32 (P): the master weights
+  Tensor& grads() { return local().grads(); }    // f32 (P)
   // The weights the forward reads: bf16 (P) on CUDA, the master weights themselves on the CPU. After
   // changing params() other than through AdamW::step(..., compute_params()), call
   // refresh_compute_weights().
-  Tensor* compute_params() { return params_compute_.raw() == params_.raw() ? nullptr : &params_compute_; }
-  void refresh_compute_weights();
+  Tensor* compute_params() { return local().has_compute_copy() ? &local().compute() : nullptr; }
+  void refresh_compute_weights() { local().refresh_compute_weights(); }
   Device device() const { return device_; }
   DType activation_dtype() const { return act_; }
-  const ModelWeights& weights() const { return w_; }
-  void zero_grads() { grads_.zero_(); }
+  void zero_grads() { local().grads().zero_(); }
+  ParamSource& param_source() { return *src_; }
   bool aux_enabled() const;  // output_router_logits and at least one sparse layer
 
   // Forward and backward of one micro-batch. Gradients of ce_scale * ce_sum + aux_scale * aux
@@ -78,6 +84,11 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
+  // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
+  // the aux loss is the one of the global batch. Called once per micro-batch between the forward and
+  // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
+  std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }
@@ -94,8 +105,14 @@ class Qwen3MoeModel {
   Device device_;
   DType act_;  // activations: f32 on the CPU, bf16 on CUDA (the residual stream is f32 on both)
   ParamTable table_;
-  Tensor params_, grads_, params_compute_;
+  std::unique_ptr<LocalParams> local_;  // when the model holds its own parameters
+  ParamSource* src_ = nullptr;           // local_ or the external source
+  std::vector<ParamUnit> units_;
+  // Views of the units currently acquired (weights) and of their gradient buffers.
   ModelWeights w_, g_;
+  void acquire(int u);
+  void release(int u);
+  void grads_for(int u);
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.
   int64_t B_ = 0, S_ = 0, T_ = 0;

@@ -2,7 +2,10 @@
 
 #include "core/log.h"
 #include "data/batch.h"
+#include "comm/dist_env.h"
 #include "model/hf_checkpoint.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
 
 namespace mt {
 
@@ -17,11 +20,21 @@ static Tensor read_batch_tensor(const SafetensorsFile& f, const char* name) {
 
 GradsResult run_grads(const GradsOptions& opt) {
   ModelConfig cfg = load_model_config(opt.model_dir);
-  Qwen3MoeModel model(cfg);
+  DistOptions dopt;
+  dopt.mesh.dp_shard = opt.dp_shard;
+  dopt.mesh.dp_replicate = opt.dp_replicate;
+  std::unique_ptr<DistContext> dist = DistContext::create(Device::CPU, dopt);
+  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
+  ParamTable table(cfg);
+  std::unique_ptr<FsdpParams> fsdp;
+  if (dist->distributed()) fsdp = std::make_unique<FsdpParams>(cfg, table, Device::CPU, *dist->dp_shard(), dist->dp_replicate());
+  Qwen3MoeModel model(cfg, Device::CPU, fsdp.get());
   model.recompute = opt.recompute;
-  LoadReport rep = load_hf_weights(opt.model_dir, cfg, model.table(), model.params());
-  model.refresh_compute_weights();
-  log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes, ", expert_layout_name(rep.layout),
+  LoadReport rep = fsdp ? load_hf_weights_ranges(opt.model_dir, cfg, table, fsdp->owned_pieces(), fsdp->params())
+                        : load_hf_weights(opt.model_dir, cfg, table, model.params());
+  if (fsdp) fsdp->refresh_compute_weights();
+  else model.refresh_compute_weights();
+  log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes read, ", expert_layout_name(rep.layout),
            " experts) from ", opt.model_dir, " in ", rep.seconds, " s");
 
   SafetensorsFile bf(opt.batch_path);
@@ -29,31 +42,74 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (mb.labels.shape() != mb.input_ids.shape())
     MT_THROW("labels ", shape_str(mb.labels.shape()), " and input_ids ", shape_str(mb.input_ids.shape()),
              " in ", opt.batch_path, " differ in shape");
+  const int64_t B = mb.input_ids.size(0), S = mb.input_ids.size(1);
+  // Planned before the model runs: the loss is normalised by the target tokens of the whole batch.
   int64_t n_valid = count_target_tokens(mb.labels);
   if (n_valid == 0) MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
   double aux_scale = model.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
+  MicroBatch local = mb;
+  if (dp_size > 1) {
+    auto [r0, n] = dp_rows(B, dp_rank, dp_size);
+    local = MicroBatch{mb.input_ids.rows(r0, n), mb.labels.rows(r0, n)};
+    model.reduce_aux_stats = [&](Tensor& counts, Tensor& sums, int64_t& rows) {
+      dist->dp()->all_reduce(counts)->wait();
+      dist->dp()->all_reduce(sums)->wait();
+      rows *= dp_size;
+    };
+  }
 
-  model.zero_grads();
+  if (fsdp) fsdp->zero_grads();
+  else model.zero_grads();
   Tensor logits;
-  LossParts lp = model.forward_backward(mb, 1.0 / double(n_valid), aux_scale, &logits);
+  LossParts lp = model.forward_backward(local, 1.0 / double(n_valid), aux_scale, &logits);
+  Tensor all_logits = logits;
+  double ce_sum = lp.ce_sum;
+  if (dp_size > 1) {
+    all_logits = Tensor::empty({B * S, cfg.vocab_size});
+    dist->dp()->all_gather(logits, all_logits)->wait();  // dp rank order is row order
+    Tensor ce = Tensor::empty({2 * dp_size}), mine = Tensor::empty({2});
+    mine.data<float>()[0] = float(lp.ce_sum);
+    mine.data<float>()[1] = float(lp.ce_sum - double(float(lp.ce_sum)));
+    dist->dp()->all_gather(mine, ce)->wait();
+    ce_sum = 0;
+    for (int r = 0; r < dp_size; ++r) ce_sum += double(ce.data<float>()[2 * r]) + double(ce.data<float>()[2 * r + 1]);
+  }
+  // Full gradients: gathered unit by unit (every shard rank takes part), written by rank 0.
+  Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();
+  if (fsdp)
+    for (int u = 0; u < fsdp->num_units(); ++u)
+      grads.rows(fsdp->unit(u).begin, fsdp->unit(u).numel()).copy_from(fsdp->gather_unit_host(u, /*grads=*/true));
 
-  GradsResult res{lp.loss, lp.aux, lp.n_valid};
+  GradsResult res{ce_sum / double(n_valid) + lp.aux * aux_scale, lp.aux, n_valid};
+  if (dist->rank() != 0) return res;
   NamedTensors out;
   Tensor loss = Tensor::empty({1}), aux = Tensor::empty({1});
-  loss.data<float>()[0] = float(lp.loss);
+  loss.data<float>()[0] = float(res.loss);
   aux.data<float>()[0] = float(lp.aux);
   out.emplace_back("loss", loss);
   out.emplace_back("aux_loss", aux);
-  out.emplace_back("logits", logits.to(Device::CPU).view({mb.input_ids.size(0), mb.input_ids.size(1), cfg.vocab_size}));
+  out.emplace_back("logits", all_logits.to(Device::CPU).view({B, S, cfg.vocab_size}));
   CheckpointReader r(opt.model_dir);
   bool file_has_lm_head = r.has("lm_head.weight");
-  for (auto& [name, t] : export_hf_tensors(cfg, model.table(), model.grads(), rep.layout)) {
+  for (auto& [name, t] : export_hf_tensors(cfg, table, grads, rep.layout)) {
     out.emplace_back("grad." + name, t);
     if (cfg.tie_word_embeddings && file_has_lm_head && name == "model.embed_tokens.weight")
       out.emplace_back("grad.lm_head.weight", t);  // the file names the tied matrix twice
   }
   write_safetensors(opt.out_path, out);
   return res;
+}
+
+static int parse_degree(const std::string& flag, const std::string& v, int min) {
+  size_t used = 0;
+  int x = 0;
+  try {
+    x = std::stoi(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || x < min) MT_THROW("grads: ", flag, " '", v, "' must be an integer >= ", min);
+  return x;
 }
 
 int grads_main(const std::vector<std::string>& args) {
@@ -68,11 +124,14 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--batch") opt.batch_path = value();
     else if (a == "--out") opt.out_path = value();
     else if (a == "--recompute") opt.recompute = parse_recompute(value());
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective]");
+    else if (a == "--dp-shard") opt.dp_shard = parse_degree(a, value(), 0);
+    else if (a == "--dp-replicate") opt.dp_replicate = parse_degree(a, value(), 1);
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N]");
   GradsResult r = run_grads(opt);
+  if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,
               (long long)r.n_valid, opt.out_path.c_str());
   return 0;

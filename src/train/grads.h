@@ -13,6 +13,11 @@ struct GradsOptions {
   std::string batch_path;
   std::string out_path;
   Recompute recompute = Recompute::None;
+  // Parallel layout when started by `moetrain launch` (world size > 1): the batch rows are split over
+  // the data-parallel ranks, the parameters FSDP-sharded; rank 0 writes the gathered result, which
+  // means the same as the single-process output.
+  int dp_shard = 0;  // 0 = the rest of the world
+  int dp_replicate = 1;
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the

@@ -16,11 +16,12 @@ AdamW::AdamW(int64_t numel, Device device, const AdamWConfig& cfg) : cfg_(cfg) {
   v_ = Tensor::zeros({numel}, DType::F32, device);
 }
 
-OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr, Tensor* compute) {
+OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr, Tensor* compute,
+                            const std::function<double()>& global_grad_sq) {
   MT_CHECK(params.numel() == m_.numel() && grads.numel() == m_.numel(), "AdamW sized for ", m_.numel(),
            " elements, got params ", params.desc(), " grads ", grads.desc());
   OptimStepResult r;
-  r.grad_norm = std::sqrt(ops::sum_squares(grads));
+  r.grad_norm = std::sqrt(global_grad_sq ? global_grad_sq() : ops::sum_squares(grads));
   if (!std::isfinite(r.grad_norm)) {
     r.skipped = true;
     r.clip_scale = 0;

@@ -5,6 +5,7 @@
 // they were, and is counted.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -26,8 +27,11 @@ class AdamW {
  public:
   AdamW(int64_t numel, Device device, const AdamWConfig& cfg);
   // One update of params from grads with learning rate lr. grads are read, not modified. When
-  // compute is given (bf16, the weights the forward uses), it receives the updated params.
-  OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr);
+  // compute is given (bf16, the weights the forward uses), it receives the updated params. With
+  // sharded gradients, global_grad_sq returns the squared norm over every shard (one collective that
+  // every rank makes); by default it is the local sum of squares.
+  OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr,
+                       const std::function<double()>& global_grad_sq = {});
   int64_t steps_taken() const { return step_; }
   int64_t steps_skipped() const { return skipped_; }
   Tensor& exp_avg() { return m_; }

@@ -119,6 +119,19 @@ const std::vector<Field>& fields() {
        [](const TrainConfig&) { return std::string(); }},
       {"threads", &TrainConfig::threads, "CPU threads; 0 = all cores",
        [](const TrainConfig& c) { return c.threads < 0 ? std::string("must be >= 0 (0 = all cores)") : ""; }},
+      {"dp_shard", &TrainConfig::dp_shard, "FSDP ranks; 0 = the rest of the world size",
+       [](const TrainConfig& c) { return c.dp_shard < 0 ? std::string("must be >= 0 (0 = the rest of the world)") : ""; }},
+      {"dp_replicate", &TrainConfig::dp_replicate, "HSDP replicas of the sharded model",
+       [](const TrainConfig& c) { return c.dp_replicate < 1 ? std::string("must be >= 1") : ""; }},
+      {"grad_sync", &TrainConfig::grad_sync,
+       "FSDP gradient reduction: every (micro-batch) | last (only in the last micro-batch; full-size grads meanwhile)",
+       [](const TrainConfig& c) { return one_of(c.grad_sync, {"every", "last"}); }},
+      {"comm_timeout_s", &TrainConfig::comm_timeout_s, "seconds before a stuck collective or rendezvous is an error",
+       [](const TrainConfig& c) { return c.comm_timeout_s < 1 ? std::string("must be >= 1") : ""; }},
+      {"schedule_check", &TrainConfig::schedule_check, "collective-schedule check: off | periodic | per_op (debug)",
+       [](const TrainConfig& c) { return one_of(c.schedule_check, {"off", "periodic", "per_op"}); }},
+      {"schedule_check_every", &TrainConfig::schedule_check_every, "steps between periodic schedule checks",
+       [](const TrainConfig& c) { return c.schedule_check_every < 1 ? std::string("must be >= 1") : ""; }},
   };
   return kFields;
 }

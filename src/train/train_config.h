@@ -42,6 +42,13 @@ struct TrainConfig {
   std::string recompute = "none";           // activation recompute per block: none | full
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
   int64_t threads = 0;                      // CPU threads; 0 = all cores
+  // Parallel layout (used when started by `moetrain launch` or another launcher with WORLD_SIZE > 1).
+  int64_t dp_shard = 0;           // FSDP ranks; 0 = what is left of the world size
+  int64_t dp_replicate = 1;       // HSDP replicas of the sharded model
+  std::string grad_sync = "every";  // FSDP gradient reduce-scatter: every micro-batch | last (full-size grads meanwhile)
+  int64_t comm_timeout_s = 300;   // a collective or rendezvous that takes longer is an error (watchdog)
+  std::string schedule_check = "periodic";  // collective-schedule check: off | periodic | per_op (debug)
+  int64_t schedule_check_every = 100;       // steps between periodic schedule checks
 };
 
 // Reads a JSON config file and validates it (validate_train_config).

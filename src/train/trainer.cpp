@@ -2,6 +2,10 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +16,8 @@
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
 
@@ -28,6 +34,16 @@ static std::string fmt_duration(double s) {
   if (t < 60) return str(t, "s");
   if (t < 3600) return str(t / 60, "m", (t % 60 < 10 ? "0" : ""), t % 60, "s");
   return str(t / 3600, "h", (t % 3600) / 60 / 10, (t % 3600) / 60 % 10, "m");
+}
+
+// Fault injection for the multi-rank tests: "RANK:STEP" (1-based step) from the environment.
+static bool debug_hit(const char* var, int rank, int64_t step) {
+  const char* v = std::getenv(var);
+  if (!v) return false;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &s) != 2) MT_THROW(var, "='", v, "' must be RANK:STEP");
+  return r == rank && s == step;
 }
 
 static size_t peak_rss_bytes() {
@@ -62,18 +78,62 @@ TrainSummary run_training(const TrainConfig& cfg) {
   Device device = resolve_device(cfg.device);
   ModelConfig mc = resolve_model_config(cfg.model);
 
-  Qwen3MoeModel model(mc, device);
-  model.recompute = parse_recompute(cfg.recompute);
-  if (cfg.init_from.empty()) {
-    Tensor host = Tensor::zeros({model.table().total()});
-    init_weights(mc, model.table(), host, uint64_t(cfg.seed));
-    model.params().copy_from(host.to(device));
-  } else {
-    LoadReport rep = load_hf_weights(cfg.init_from, mc, model.table(), model.params());
-    log_info("loaded ", rep.tensors, " tensors, ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ",
-             rep.seconds, " s");
+  // Parallel layout: with more than one rank the parameters are FSDP-sharded over dp_shard (and
+  // replicated over dp_replicate); every rank draws the same global micro-batches and trains on its
+  // rows of each, so the loss and gradients are those of the global batch.
+  DistOptions dopt;
+  dopt.mesh.dp_shard = int(cfg.dp_shard);
+  dopt.mesh.dp_replicate = int(cfg.dp_replicate);
+  dopt.comm.timeout = std::chrono::seconds(cfg.comm_timeout_s);
+  dopt.comm.schedule_check = cfg.schedule_check == "off"      ? comm::ScheduleCheck::Off
+                             : cfg.schedule_check == "per_op" ? comm::ScheduleCheck::PerOp
+                                                              : comm::ScheduleCheck::Periodic;
+  std::unique_ptr<DistContext> dist = DistContext::create(device, dopt);
+  const bool lead = dist->rank() == 0;
+  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
+  if (cfg.micro_batch_size % dp_size != 0)
+    MT_THROW("micro_batch_size ", cfg.micro_batch_size, " cannot be split evenly over ", dp_size,
+             " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp_size);
+  ParamTable table(mc);
+  std::unique_ptr<FsdpParams> fsdp;
+  if (dist->distributed()) {
+    FsdpOptions fo;
+    fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+    fsdp = std::make_unique<FsdpParams>(mc, table, device, *dist->dp_shard(), dist->dp_replicate(), fo);
   }
-  model.refresh_compute_weights();
+  Qwen3MoeModel model(mc, device, fsdp.get());
+  model.recompute = parse_recompute(cfg.recompute);
+  if (fsdp && model.aux_enabled())
+    model.reduce_aux_stats = [&](Tensor& counts, Tensor& sums, int64_t& rows) {
+      dist->dp()->all_reduce(counts)->wait();
+      dist->dp()->all_reduce(sums)->wait();
+      rows *= dp_size;
+    };
+  Tensor& master = fsdp ? fsdp->params() : model.params();
+  Tensor& grads = fsdp ? fsdp->grads() : model.grads();
+  Tensor* compute = fsdp ? fsdp->compute_params() : model.compute_params();
+  auto t_init = Clock::now();
+  if (cfg.init_from.empty()) {
+    if (fsdp) {
+      Tensor host = Tensor::zeros({fsdp->local_numel()});
+      init_weights_ranges(mc, table, fsdp->owned_pieces(), host, uint64_t(cfg.seed));
+      master.copy_from(host.to(device));
+    } else {
+      Tensor host = Tensor::zeros({table.total()});
+      init_weights(mc, table, host, uint64_t(cfg.seed));
+      master.copy_from(host.to(device));
+    }
+    if (dist->distributed())
+      log_info("rank ", dist->rank(), ": initialised ", master.numel(), " parameters (its shard) in ",
+               seconds_since(t_init), " s");
+  } else {
+    LoadReport rep = fsdp ? load_hf_weights_ranges(cfg.init_from, mc, table, fsdp->owned_pieces(), master)
+                          : load_hf_weights(cfg.init_from, mc, table, master);
+    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
+             " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
+  }
+  if (fsdp) fsdp->refresh_compute_weights();
+  else model.refresh_compute_weights();
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed));
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
@@ -87,24 +147,29 @@ TrainSummary run_training(const TrainConfig& cfg) {
   oc.eps = cfg.eps;
   oc.weight_decay = cfg.weight_decay;
   oc.max_grad_norm = cfg.grad_clip;
-  AdamW opt(model.table().total(), device, oc);
+  AdamW opt(master.numel(), device, oc);
   LrParams lrp = lr_params(cfg);
 
-  fs::create_directories(cfg.out_dir);
-  {
+  // Rank 0 writes the run's files and logs the steps; the other ranks only log their own start-up.
+  std::string mpath = metrics_path(cfg);
+  std::ofstream metrics;
+  if (lead) {
+    fs::create_directories(cfg.out_dir);
     std::ofstream f(cfg.out_dir + "/train_config.json");
     f << to_json(cfg) << "\n";
+    if (fs::path(mpath).has_parent_path()) fs::create_directories(fs::path(mpath).parent_path());
+    metrics.open(mpath, std::ios::trunc);
+    if (!metrics) MT_THROW("cannot open metrics file ", mpath);
   }
-  std::string mpath = metrics_path(cfg);
-  if (fs::path(mpath).has_parent_path()) fs::create_directories(fs::path(mpath).parent_path());
-  std::ofstream metrics(mpath, std::ios::trunc);
-  if (!metrics) MT_THROW("cannot open metrics file ", mpath);
+  auto log0 = [&](const auto&... a) {
+    if (lead) log_info(a...);
+  };
 
-  log_info("model ", mc.architecture, ": ", mc.num_parameters() / 1e6, " M parameters (", model.table().total(),
+  log0("model ", mc.architecture, ": ", mc.num_parameters() / 1e6, " M parameters (", model.table().total(),
            " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
            mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
-  log_info("data: ", data->describe());
-  log_info("training ", cfg.steps, " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
+  log0("data: ", data->describe());
+  log0("training ", cfg.steps, " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
            cfg.seq_len, " tokens; metrics -> ", mpath);
 
   const double aux_scale = model.aux_enabled() ? mc.router_aux_loss_coef / double(cfg.grad_accum) : 0.0;
@@ -117,6 +182,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     auto t = Clock::now();
     sum.eval = evaluate_addition(model, eval_set, int(cfg.max_digits));
     sum.evaluated = true;
+    if (!lead) return;
     log_info("eval @ step ", step, ": exact-match ", sum.eval.exact_match(), "% (", sum.eval.correct, "/",
              sum.eval.problems, ") in ", seconds_since(t), " s; e.g. ", sum.eval.samples.empty() ? "" : sum.eval.samples[0]);
     nlohmann::json j{{"event", "eval"}, {"step", step}, {"exact_match", sum.eval.exact_match()},
@@ -126,13 +192,15 @@ TrainSummary run_training(const TrainConfig& cfg) {
   auto save = [&](int64_t step) {
     std::string dir = str(cfg.out_dir, "/checkpoint-", step);
     auto t = Clock::now();
-    save_hf_checkpoint(dir, mc, model.table(), model.params());
+    if (fsdp) save_sharded_hf_checkpoint(dir, mc, table, *fsdp, lead);
+    else save_hf_checkpoint(dir, mc, table, model.params());
     sum.checkpoint_dir = dir;
-    log_info("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");
+    log0("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");
   };
 
   for (int64_t step = 0; step < cfg.steps; ++step) {
     auto step_start = Clock::now();
+    if (debug_hit("MOETRAIN_DEBUG_KILL", dist->rank(), step + 1)) std::raise(SIGKILL);
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     // The loss is normalised by the target tokens of the whole step, counted before any forward.
     std::vector<Batch> batches;
@@ -142,20 +210,27 @@ TrainSummary run_training(const TrainConfig& cfg) {
       batches.push_back(data->next());
       targets += count_target_tokens(batches.back().labels);
       tokens += batches.back().input_ids.numel();
+      if (dp_size > 1) {  // this rank's rows of the global micro-batch
+        auto [r0, n] = dp_rows(batches.back().input_ids.size(0), dp_rank, dp_size);
+        batches.back().input_ids = batches.back().input_ids.rows(r0, n);
+        batches.back().labels = batches.back().labels.rows(r0, n);
+      }
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
-    model.zero_grads();
+    if (fsdp) fsdp->zero_grads();
+    else model.zero_grads();
     double ce_sum = 0, aux_sum = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       auto tm = Clock::now();
+      if (fsdp) fsdp->set_last_micro_batch(m + 1 == cfg.grad_accum);
       LossParts lp = model.forward_backward(MicroBatch{batches[size_t(m)].input_ids, batches[size_t(m)].labels},
                                             1.0 / double(targets), aux_scale);
       ce_sum += lp.ce_sum;
       aux_sum += lp.aux;
       t_fwd += model.last_forward_seconds();
       t_bwd += model.last_backward_seconds();
-      if (cfg.grad_accum > 1) {
+      if (cfg.grad_accum > 1 && lead) {
         double lat = seconds_since(tm), done = double(m + 1) / double(cfg.grad_accum);
         log_info("  step ", step + 1, " micro ", m + 1, "/", cfg.grad_accum, ": ", lat, " s (fwd ",
                  model.last_forward_seconds(), ", bwd ", model.last_backward_seconds(), "), elapsed ",
@@ -165,11 +240,41 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
-    OptimStepResult os = opt.step(model.params(), model.grads(), lr, model.compute_params());
+    if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", dist->rank(), step + 1)) {
+      Tensor inf = Tensor::empty({1});
+      inf.data<float>()[0] = INFINITY;
+      grads.rows(0, 1).copy_from(inf.to(device));
+    }
+    std::function<double()> global_sq;
+    if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
+    OptimStepResult os = opt.step(master, grads, lr, compute, global_sq);
     double t_opt = seconds_since(to);
+    // Metrics: one collective per step, after the optimizer: every rank's loss sum, communication
+    // time and memory; rank 0 sums the losses and reports the slowest rank's communication wait.
+    double comm_s = 0, comm_max = 0, peak_max = 0;
+    if (dist->distributed()) {
+      comm_s = fsdp ? fsdp->take_comm_seconds() : 0;
+      const double peak = double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
+      Tensor mine = Tensor::empty({4});
+      mine.data<float>()[0] = float(ce_sum);
+      mine.data<float>()[1] = float(ce_sum - double(float(ce_sum)));
+      mine.data<float>()[2] = float(comm_s);
+      mine.data<float>()[3] = float(peak / 1e6);
+      Tensor dev = mine.to(device), all = Tensor::empty({4 * dist->world_size()}, DType::F32, device);
+      dist->world()->all_gather(dev, all)->wait();
+      Tensor h = all.to(Device::CPU);
+      ce_sum = 0;
+      for (int r = 0; r < dist->world_size(); ++r) {
+        const float* v = h.data<float>() + 4 * r;
+        if (dist->mesh().coord(Axis::Tp, r) == 0 && dist->mesh().coord(Axis::Sp, r) == 0) ce_sum += double(v[0]) + double(v[1]);
+        comm_max = std::max(comm_max, double(v[2]));
+        peak_max = std::max(peak_max, double(v[3]) * 1e6);
+      }
+      if ((step + 1) % cfg.schedule_check_every == 0) dist->check_schedules();
+    }
     double ce = ce_sum / double(targets), aux = aux_sum / double(cfg.grad_accum);
     double loss = ce + (model.aux_enabled() ? mc.router_aux_loss_coef * aux : 0.0);
-    if (os.skipped) log_info("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
+    if (os.skipped) log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
                              opt.steps_skipped(), " skipped so far)");
     double dt = seconds_since(step_start), elapsed = seconds_since(run_start);
     double eta = elapsed / double(step + 1) * double(cfg.steps - step - 1);
@@ -197,8 +302,16 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"peak_rss_bytes", peak_rss_bytes()},
                      {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
                      {"elapsed_s", elapsed}};
-    metrics << j.dump() << "\n" << std::flush;
-    if (cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
+    if (dist->distributed()) {
+      j["world_size"] = dist->world_size();
+      j["dp_size"] = dp_size;
+      j["time_s"]["comm_wait_rank0"] = comm_s;
+      j["time_s"]["comm_wait_max"] = comm_max;
+      j["time_s"]["compute_rank0"] = t_fwd + t_bwd - comm_s;
+      j["peak_bytes_max_rank"] = peak_max;
+    }
+    if (lead) metrics << j.dump() << "\n" << std::flush;
+    if (lead && cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
       char line[512];
       std::snprintf(line, sizeof line,
                     "step %lld/%lld | loss %.4f (ce %.4f aux %.4f) | gnorm %.3f%s | lr %.2e | %.0f tok/s | "
@@ -217,6 +330,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   sum.skipped = opt.steps_skipped();
   evaluate(cfg.steps);
   save(cfg.steps);
+  if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
   double last = n_last ? last10 / double(n_last) : sum.last_loss;
   if (sum.evaluated)
@@ -231,7 +345,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
 int train_main(const std::vector<std::string>& args) {
   TrainConfig cfg = train_config_from_args(args);
   TrainSummary s = run_training(cfg);
-  std::printf("%s\n", s.summary_line.c_str());
+  if (!s.summary_line.empty()) std::printf("%s\n", s.summary_line.c_str());
   return 0;
 }
 

@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string>
 #include <mutex>
 #include <unordered_map>
 
@@ -66,6 +68,25 @@ void cuda_synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 bool cuda_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+int cuda_device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+void set_cuda_device(int index) {
+  const int n = cuda_device_count();
+  if (index < 0 || index >= n) MT_THROW("GPU ", index, " requested (local rank), but ", n, " GPU(s) are visible");
+  MT_CUDA_CHECK(cudaSetDevice(index));
+}
+
+std::string cuda_pci_bus_id(int index) {
+  char id[32] = {0};
+  MT_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, index));
+  std::string s(id);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  return s;
 }
 
 }  // namespace mt::device_mem

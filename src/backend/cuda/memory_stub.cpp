@@ -13,5 +13,8 @@ size_t cuda_bytes_in_use() { return 0; }
 size_t cuda_peak_bytes() { return 0; }
 void cuda_reset_peak() {}
 bool cuda_available() { return false; }
+int cuda_device_count() { return 0; }
+void set_cuda_device(int index) { MT_THROW("GPU ", index, " requested, but this moetrain was built without CUDA"); }
+std::string cuda_pci_bus_id(int) { return ""; }
 
 }  // namespace mt::device_mem

@@ -1,0 +1,60 @@
+#include "parallel/dist.h"
+
+#include "comm/dist_env.h"
+#include "comm/numa.h"
+#include "core/log.h"
+
+namespace mt {
+
+DistContext::DistContext(const MeshSpec& spec, int world) : world_(world), mesh_(spec, world) {}
+
+DistContext::~DistContext() {
+  // The watchdog goes first so that tearing the communicators down is not reported as a hang.
+  watchdog_.reset();
+  dp_.reset();
+  replicate_.reset();
+  shard_.reset();
+  world_comm_.reset();
+  store_.reset();
+}
+
+std::unique_ptr<DistContext> DistContext::create(Device device, const DistOptions& opt) {
+  comm::DistEnv env = comm::detect_dist_env();
+  std::unique_ptr<DistContext> d(new DistContext(opt.mesh, env.world_size));
+  d->rank_ = env.rank;
+  d->local_rank_ = env.local_rank;
+  if (env.world_size == 1) return d;
+  set_log_rank(env.rank);
+  if (device == Device::CUDA) {
+    device_mem::set_cuda_device(env.local_rank);
+    comm::bind_to_gpu_numa_node(env.rank, device_mem::cuda_pci_bus_id(env.local_rank));
+  }
+  d->store_ = comm::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, opt.comm.timeout);
+  d->world_comm_ = comm::make_world(device, env.rank, env.world_size, *d->store_, opt.comm, env.local_rank);
+  const DeviceMesh& m = d->mesh_;
+  const int r = env.rank;
+  d->shard_ = d->world_comm_->split(m.group_color(Axis::DpShard, r), m.coord(Axis::DpShard, r), "dp_shard");
+  d->replicate_ =
+      d->world_comm_->split(m.group_color(Axis::DpReplicate, r), m.coord(Axis::DpReplicate, r), "dp_replicate");
+  d->dp_ = d->world_comm_->split(m.dp_color(r), d->dp_rank(), "dp");
+  d->watchdog_ = std::make_unique<comm::Watchdog>(*d->store_, r, opt.comm.timeout);
+  for (comm::Communicator* c : {d->world_comm_.get(), d->shard_.get(), d->replicate_.get(), d->dp_.get()})
+    d->watchdog_->watch(c);
+  if (r == 0) log_info("dist: ", d->describe(), " (ranks from ", env.source, ")");
+  return d;
+}
+
+int DistContext::dp_rank() const {
+  return mesh_.coord(Axis::DpReplicate, rank_) * mesh_.size(Axis::DpShard) + mesh_.coord(Axis::DpShard, rank_);
+}
+
+int DistContext::dp_size() const { return mesh_.size(Axis::DpReplicate) * mesh_.size(Axis::DpShard); }
+
+void DistContext::check_schedules() {
+  for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get()})
+    if (c) c->check_schedule();
+}
+
+std::string DistContext::describe() const { return mesh_.describe(); }
+
+}  // namespace mt

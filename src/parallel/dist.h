@@ -1,0 +1,52 @@
+// One rank's view of a distributed run: who it is (from the launcher's environment), the rendezvous
+// store, the world communicator and the communicators of the mesh axes it needs, and the watchdog.
+// A single process (WORLD_SIZE unset or 1) gets world size 1 and no communicators at all.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/store.h"
+#include "parallel/mesh.h"
+
+namespace mt {
+
+struct DistOptions {
+  MeshSpec mesh;
+  comm::CommOptions comm;
+};
+
+class DistContext {
+ public:
+  // Reads the environment (moetrain launch, torchrun, Slurm, OpenMPI), selects the GPU of the local
+  // rank and binds to its NUMA node (CUDA), rendezvouses and builds the communicators.
+  static std::unique_ptr<DistContext> create(Device device, const DistOptions& opt);
+  ~DistContext();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  int local_rank() const { return local_rank_; }
+  bool distributed() const { return world_ > 1; }
+  const DeviceMesh& mesh() const { return mesh_; }
+  comm::Store& store() { return *store_; }
+  // Null in a single process. dp: dp_replicate × dp_shard (the ranks that see different data).
+  comm::Communicator* world() { return world_comm_.get(); }
+  comm::Communicator* dp_shard() { return shard_.get(); }
+  comm::Communicator* dp_replicate() { return replicate_.get(); }
+  comm::Communicator* dp() { return dp_.get(); }
+  int dp_rank() const;
+  int dp_size() const;
+  // Compares every communicator's collective schedule across its ranks (collective).
+  void check_schedules();
+  std::string describe() const;
+
+ private:
+  DistContext(const MeshSpec& spec, int world);
+  int rank_ = 0, world_ = 1, local_rank_ = 0;
+  DeviceMesh mesh_;
+  std::unique_ptr<comm::Store> store_;
+  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_;
+  std::unique_ptr<comm::Watchdog> watchdog_;
+};
+
+}  // namespace mt

@@ -1,0 +1,262 @@
+#include "parallel/fsdp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "ops/ops.h"
+
+namespace mt {
+
+namespace {
+constexpr int64_t kChunkAlign = 64;  // elements: keeps every shard 256-byte aligned for vector loads
+
+// Adds the host time of a scope to a counter (time spent issuing or waiting for collectives).
+struct CommTimer {
+  double& acc;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~CommTimer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+}  // namespace
+
+std::vector<FlatRange> FsdpParams::owned_pieces() const {
+  std::vector<FlatRange> r;
+  for (int u = 0; u < num_units(); ++u) {
+    auto [b, e] = owned_range(u);
+    if (e > b) r.push_back({b, e, offset_[size_t(u)]});
+  }
+  return r;
+}
+
+double FsdpParams::take_comm_seconds() {
+  double s = comm_s_;
+  comm_s_ = 0;
+  return s;
+}
+
+std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size) {
+  if (batch_rows % dp_size != 0)
+    MT_THROW("micro-batch of ", batch_rows, " sequences cannot be split evenly over ", dp_size,
+             " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp_size);
+  const int64_t n = batch_rows / dp_size;
+  return {int64_t(dp_rank) * n, n};
+}
+
+FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
+                       comm::Communicator* replicate, FsdpOptions opt)
+    : device_(device),
+      shard_(shard),
+      replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
+      opt_(opt),
+      units_(param_units(c, t)),
+      compute_dt_(device == Device::CUDA ? DType::BF16 : DType::F32) {
+  MT_CHECK(shard.device() == device, "dp_shard communicator is on ", device_name(shard.device()), ", the model on ",
+           device_name(device));
+  const int64_t W = shard.size();
+  for (const ParamUnit& u : units_) {
+    const int64_t c_u = (u.numel() + W * kChunkAlign - 1) / (W * kChunkAlign) * kChunkAlign;
+    offset_.push_back(local_numel_);
+    chunk_.push_back(c_u);
+    local_numel_ += c_u;
+  }
+  params_ = Tensor::zeros({local_numel_}, DType::F32, device);
+  grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
+  compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
+}
+
+FsdpParams::~FsdpParams() = default;
+
+std::pair<int64_t, int64_t> FsdpParams::owned_range(int u) const {
+  const ParamUnit& pu = units_[size_t(u)];
+  const int64_t b = std::min(pu.end, pu.begin + int64_t(shard_.rank()) * chunk_[size_t(u)]);
+  return {b, std::min(pu.end, b + chunk_[size_t(u)])};
+}
+
+Tensor FsdpParams::take(int64_t numel, DType dt) {
+  auto it = pool_.find({numel, int(dt)});
+  if (it == pool_.end()) return Tensor::empty({numel}, dt, device_);
+  Tensor t = it->second;
+  pool_.erase(it);
+  return t;
+}
+
+// Reuse is safe without events: on CUDA the next collective into a recycled buffer waits for all
+// compute work queued before it, which includes the last use of the buffer.
+void FsdpParams::give(Tensor t) { pool_.emplace(std::make_pair(t.numel(), int(t.dtype())), std::move(t)); }
+
+void FsdpParams::prefetch(int u) {
+  if (u < 0 || u >= num_units() || gathered_.count(u)) return;
+  Gather g;
+  g.buf = take(shard_.size() * chunk_[size_t(u)], compute_dt_);
+  CommTimer t{comm_s_};
+  g.work = shard_.all_gather(compute_.rows(offset_[size_t(u)], chunk_[size_t(u)]), g.buf);  // NOLINT
+  gathered_.emplace(u, std::move(g));
+}
+
+Tensor FsdpParams::acquire_weights(int u) {
+  MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  prefetch(u);
+  Gather& g = gathered_.at(u);
+  if (g.users++ == 0) {
+    CommTimer t{comm_s_};
+    g.work->wait();
+  }
+  return g.buf.rows(0, units_[size_t(u)].numel());
+}
+
+void FsdpParams::release_weights(int u) {
+  auto it = gathered_.find(u);
+  MT_CHECK(it != gathered_.end() && it->second.users > 0, "release of unit ", u, " that is not acquired");
+  if (--it->second.users == 0) {
+    give(std::move(it->second.buf));
+    gathered_.erase(it);
+  }
+}
+
+Tensor FsdpParams::unit_grads(int u) {
+  MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  auto it = unit_grads_.find(u);
+  if (it == unit_grads_.end()) {
+    Tensor full = take(shard_.size() * chunk_[size_t(u)], DType::F32);
+    full.zero_();
+    it = unit_grads_.emplace(u, std::move(full)).first;
+  }
+  return it->second.rows(0, units_[size_t(u)].numel());
+}
+
+void FsdpParams::grads_done(int u) {
+  auto it = unit_grads_.find(u);
+  MT_CHECK(it != unit_grads_.end(), "grads_done for unit ", u, " without unit_grads");
+  if (opt_.grad_sync == GradSync::LastMicroBatch && !last_micro_) return;  // keep accumulating, unreduced
+  Pending p;
+  p.unit = u;
+  p.full = std::move(it->second);
+  unit_grads_.erase(it);
+  p.part = take(chunk_[size_t(u)], DType::F32);
+  {
+    CommTimer t{comm_s_};
+    p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+  }
+  pending_.push_back(std::move(p));
+  // The embedding is the last unit of every backward: everything must land before the optimizer.
+  finish_pending(/*all=*/u == 0);
+}
+
+void FsdpParams::finish_pending(bool all) {
+  const size_t keep = all ? 0 : 1;  // leave the newest in flight so it overlaps the next block
+  while (pending_.size() > keep) {
+    Pending p = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    {
+      CommTimer t{comm_s_};
+      p.work->wait();
+      if (replicate_) replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
+    }
+    Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
+    ops::add_(dst, p.part);
+    give(std::move(p.full));
+    give(std::move(p.part));
+  }
+}
+
+void FsdpParams::zero_grads() {
+  MT_CHECK(pending_.empty(), "zero_grads with ", pending_.size(), " gradient reductions still pending");
+  grads_.zero_();
+  for (auto& [u, t] : unit_grads_) give(std::move(t));
+  unit_grads_.clear();
+}
+
+void FsdpParams::refresh_compute_weights() {
+  if (compute_.raw() != params_.raw()) ops::copy_cast(params_, compute_);
+}
+
+void FsdpParams::load_full(const Tensor& full_host) {
+  MT_CHECK(full_host.is_cpu() && full_host.dtype() == DType::F32, "load_full needs a host f32 buffer, got ",
+           full_host.desc());
+  MT_CHECK(full_host.numel() == units_.back().end, "load_full: ", full_host.numel(), " elements, the model has ",
+           units_.back().end);
+  Tensor local = Tensor::zeros({local_numel_});
+  for (int u = 0; u < num_units(); ++u) {
+    auto [b, e] = owned_range(u);
+    if (e > b)
+      std::memcpy(local.data<float>() + offset_[size_t(u)], full_host.data<float>() + b, size_t(e - b) * sizeof(float));
+  }
+  params_.copy_from(local.to(device_));
+  refresh_compute_weights();
+}
+
+Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {
+  int u = 0;
+  while (u < num_units() && units_[size_t(u)].end <= begin) ++u;
+  MT_CHECK(u < num_units() && end <= units_[size_t(u)].end && begin < end, "range [", begin, ", ", end,
+           ") is not inside one unit");
+  const ParamUnit& pu = units_[size_t(u)];
+  const int64_t c = chunk_[size_t(u)], W = shard_.size();
+  // Rank r holds [pu.begin + r c, pu.begin + (r + 1) c); its part of the range travels padded to the
+  // longest part, so one fixed-size all-gather serves any range.
+  auto part = [&](int64_t r) {
+    const int64_t b = std::max(begin, pu.begin + r * c), e = std::min({end, pu.begin + (r + 1) * c, pu.end});
+    return std::make_pair(b, std::max(b, e));
+  };
+  int64_t longest = 0;
+  for (int64_t r = 0; r < W; ++r) longest = std::max(longest, part(r).second - part(r).first);
+  auto [mb, me] = part(shard_.rank());
+  Tensor mine = Tensor::zeros({longest}, DType::F32, device_);
+  if (me > mb)
+    mine.rows(0, me - mb).copy_from((grads ? grads_ : params_).rows(offset_[size_t(u)] + (mb - pu.begin - shard_.rank() * c), me - mb));
+  Tensor all = Tensor::empty({W * longest}, DType::F32, device_);
+  shard_.all_gather(mine, all)->wait();
+  device_mem::synchronize(device_);
+  Tensor host = all.to(Device::CPU), out = Tensor::empty({end - begin});
+  for (int64_t r = 0; r < W; ++r) {
+    auto [b, e] = part(r);
+    if (e > b) out.rows(b - begin, e - b).copy_from(host.rows(r * longest, e - b));
+  }
+  return out;
+}
+
+Tensor FsdpParams::gather_unit_host(int u, bool grads) {
+  Tensor src = (grads ? grads_ : params_).rows(offset_[size_t(u)], chunk_[size_t(u)]);
+  Tensor full = Tensor::empty({shard_.size() * chunk_[size_t(u)]}, DType::F32, device_);
+  shard_.all_gather(src, full)->wait();
+  device_mem::synchronize(device_);
+  return full.rows(0, units_[size_t(u)].numel()).to(Device::CPU);
+}
+
+double FsdpParams::global_grad_sq() {
+  const double local = ops::sum_squares(grads_);
+  // Each rank's sum travels as two floats (value and rounding remainder), and every rank adds all of
+  // them in double in rank order: the same value on every rank, to about double precision. A NaN or
+  // inf on any rank reaches every rank, so all of them skip the step together.
+  Tensor v = Tensor::empty({2});
+  v.data<float>()[0] = float(local);
+  v.data<float>()[1] = float(local - double(float(local)));
+  Tensor d = v.to(device_), all = Tensor::empty({2 * shard_.size()}, DType::F32, device_);
+  shard_.all_gather(d, all)->wait();
+  device_mem::synchronize(device_);
+  Tensor h = all.to(Device::CPU);
+  double sum = 0;
+  for (int r = 0; r < shard_.size(); ++r) sum += double(h.data<float>()[2 * r]) + double(h.data<float>()[2 * r + 1]);
+  return sum;
+}
+
+}  // namespace mt
+
+#include "model/hf_checkpoint.h"
+
+namespace mt {
+
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
+                                bool writer) {
+  // One parameter at a time: every rank takes part in its gather, the writer streams it to disk.
+  auto fetch = [&](const ParamEntry& e) { return p.gather_range_host(e.offset, e.offset + e.numel, false).view(e.shape); };
+  std::vector<PendingTensor> tensors = pending_hf_tensors(c, t, ExpertLayout::PerExpert, fetch);
+  if (writer) {
+    write_safetensors_sharded_lazy(dir, tensors, size_t(5) << 30);
+    save_model_config(c, dir + "/config.json");
+  } else {
+    for (const PendingTensor& pt : tensors) pt.produce();  // the same gathers, in the same order
+  }
+}
+
+}  // namespace mt

@@ -1,0 +1,131 @@
+// FSDP (ZeRO-3) and HSDP: the model's parameters, gradients and optimizer states sharded over the
+// dp_shard ranks, unit by unit (embedding, each block, head; see model/param_source.h).
+//
+// Layout. Unit u (n_u elements of the flat layout) is padded to W × chunk_u elements, W = dp_shard
+// size, chunk_u a multiple of 64; rank r holds unit elements [r × chunk_u, (r + 1) × chunk_u) (the
+// padding is zero and stays zero). The local buffers (f32 master, f32 grads, the optimizer's f32
+// moments, and on CUDA the bf16 compute copy) are the concatenation of the rank's chunks, so the
+// optimizer is one elementwise call over the local shard. Nothing full-size is ever allocated:
+// parameters are sharded from the start.
+//
+// Per micro-batch: acquire_weights(u) all-gathers the unit's compute-dtype shard into a pooled
+// buffer (already in flight when prefetch(u) came first: on CUDA the gather runs on the
+// communicator's stream while the previous unit computes); unit_grads(u) hands out a zeroed f32
+// buffer of the full unit; grads_done(u) reduce-scatters it (fp32 sum) into this rank's chunk, then,
+// under HSDP, all-reduces the chunk over dp_replicate, and adds it to the local gradient shard. The
+// add of unit u is deferred until the next grads_done, so that on CUDA the reduce-scatter overlaps
+// the next block's backward; the embedding (the last unit of every backward) flushes everything.
+// With grad_sync = LastMicroBatch, unit gradients stay full-size and unsynchronised across
+// micro-batches and are reduced once, in the last one (less communication, full-size f32 grads).
+//
+// Every rank issues the same collectives in the same order because the model calls the hooks in a
+// fixed order (recompute happens inside acquire/release of the same unit) and the trainer makes
+// every decision (clip, skip, last micro-batch) from values all ranks share.
+#pragma once
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/param_source.h"
+
+namespace mt {
+
+enum class GradSync { EveryMicroBatch, LastMicroBatch };
+
+struct FsdpOptions {
+  GradSync grad_sync = GradSync::EveryMicroBatch;
+};
+
+class FsdpParams final : public ParamSource {
+ public:
+  // shard: the dp_shard communicator; replicate: the dp_replicate communicator (null or size 1: FSDP).
+  FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
+             comm::Communicator* replicate, FsdpOptions opt = {});
+  ~FsdpParams() override;
+
+  Tensor acquire_weights(int u) override;
+  void release_weights(int u) override;
+  void prefetch(int u) override;
+  Tensor unit_grads(int u) override;
+  void grads_done(int u) override;
+
+  // Local shards (1-D, local_numel() elements).
+  Tensor& params() { return params_; }
+  Tensor& grads() { return grads_; }
+  Tensor* compute_params() { return compute_.raw() == params_.raw() ? nullptr : &compute_; }
+  void refresh_compute_weights();
+  void zero_grads();
+  // The trainer says whether the coming micro-batch is the last of the step (GradSync::LastMicroBatch).
+  void set_last_micro_batch(bool last) { last_micro_ = last; }
+
+  int64_t local_numel() const { return local_numel_; }
+  int num_units() const { return int(units_.size()); }
+  const ParamUnit& unit(int u) const { return units_[size_t(u)]; }
+  int64_t chunk(int u) const { return chunk_[size_t(u)]; }
+  int64_t shard_offset(int u) const { return offset_[size_t(u)]; }
+  // The flat-layout elements this rank holds of unit u: [begin, end) (may be empty for the padding).
+  std::pair<int64_t, int64_t> owned_range(int u) const;
+  int shard_rank() const { return shard_.rank(); }
+  int shard_size() const { return shard_.size(); }
+
+  // This rank's pieces of the flat layout and where they sit in the local buffers (for sharded init
+  // and sharded loading).
+  std::vector<FlatRange> owned_pieces() const;
+  // Host seconds spent issuing and waiting for collectives since the last call (then reset).
+  double take_comm_seconds();
+  // Fills the local master shard from a full flat buffer (host, f32; e.g. init_weights' output).
+  void load_full(const Tensor& full_host);
+  // All-gathers unit u's f32 master (gather = true) or gradient into a full host copy of the unit
+  // (numel() elements), on every rank. Collective: every shard rank calls it.
+  Tensor gather_unit_host(int u, bool grads);
+  // The same for elements [begin, end) of the flat layout (inside one unit), moving only that range.
+  Tensor gather_range_host(int64_t begin, int64_t end, bool grads);
+  // Sum of squares of the local gradient shard, reduced over the shard ranks (the replicas hold the
+  // same values and are not counted twice): the global squared gradient norm. Collective.
+  double global_grad_sq();
+
+ private:
+  Tensor take(int64_t numel, DType dt);
+  void give(Tensor t);
+  void finish_pending(bool all);
+
+  Device device_;
+  comm::Communicator& shard_;
+  comm::Communicator* replicate_;
+  FsdpOptions opt_;
+  std::vector<ParamUnit> units_;
+  std::vector<int64_t> chunk_, offset_;
+  int64_t local_numel_ = 0;
+  Tensor params_, grads_, compute_;
+  DType compute_dt_;
+  struct Gather {
+    Tensor buf;
+    std::shared_ptr<comm::Work> work;
+    int users = 0;
+  };
+  std::map<int, Gather> gathered_;
+  std::map<int, Tensor> unit_grads_;
+  struct Pending {
+    int unit;
+    Tensor full, part;
+    std::shared_ptr<comm::Work> work;
+  };
+  std::vector<Pending> pending_;
+  std::multimap<std::pair<int64_t, int>, Tensor> pool_;  // free buffers by (numel, dtype)
+  bool last_micro_ = true;
+  double comm_s_ = 0;
+};
+
+// Each rank's share of a global micro-batch of B rows: rows [rank × B / n, (rank + 1) × B / n).
+// B must be divisible by n (the error names both).
+std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size);
+
+}  // namespace mt
+
+namespace mt {
+// Writes an HF checkpoint (config.json + safetensors) of a sharded model from rank 0 (`writer`).
+// Collective over the dp_shard ranks: units are gathered one at a time.
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
+                                bool writer);
+}  // namespace mt

@@ -1,0 +1,45 @@
+// The device mesh: which rank plays which role. Dense layers see the world as
+// dp_replicate × dp_shard × sp × tp (tp varies fastest); expert layers re-fold the same ranks as
+// expert_dp × ep × etp (etp fastest), where etp is 1 or tp (DESIGN.md, "parallel folding"). "axis"
+// is a mesh axis; "dim" is a tensor dimension. Invalid layouts are rejected naming every degree.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mt {
+
+enum class Axis { DpReplicate, DpShard, Sp, Tp, ExpertDp, Ep, Etp };
+const char* axis_name(Axis a);  // "dp_replicate", ...
+
+struct MeshSpec {
+  int dp_replicate = 1;
+  int dp_shard = 0;  // 0: whatever is left of the world size
+  int sp = 1, tp = 1, ep = 1, etp = 1;
+};
+
+class DeviceMesh {
+ public:
+  DeviceMesh(const MeshSpec& spec, int world_size);  // throws naming the degrees and the rule
+  int world_size() const { return world_; }
+  int size(Axis a) const;
+  int coord(Axis a, int rank) const;
+  // The ranks that differ from `rank` only along `a`, in coordinate order (rank's own group).
+  std::vector<int> group(Axis a, int rank) const;
+  // The ranks that differ from `rank` only along the data-parallel axes (dp_replicate × dp_shard):
+  // the ranks that see different samples of the batch.
+  std::vector<int> dp_group(int rank) const;
+  // Index that is equal for all ranks of rank's group along `a` and different between groups (a
+  // color for Communicator::split).
+  int group_color(Axis a, int rank) const;
+  int dp_color(int rank) const;
+  // Checks the experts split: num_experts divisible by ep.
+  void check_experts(int num_experts) const;
+  std::string describe() const;  // "world 8 = dp_replicate 1 × dp_shard 4 × sp 1 × tp 2; experts: ..."
+
+ private:
+  int world_;
+  MeshSpec s_;
+  int expert_dp_ = 1;
+};
+
+}  // namespace mt
