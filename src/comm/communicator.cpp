@@ -367,7 +367,9 @@ void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
         if (r.coll) mine.entries.push_back({r, h});
       std::string enc = encode(mine);
       store_.set(str("fail/", rank_), Bytes(enc.begin(), enc.end()));
-      Millis wait = std::min(opt_.timeout, Millis(10000));
+      // Ranks failing for the same cause (a lost peer, a divergence that timed out) do so within a
+      // short window; a rank that never reports by then is gone or stuck elsewhere.
+      Millis wait = std::min(opt_.timeout, Millis(3000));
       auto deadline = std::chrono::steady_clock::now() + wait;
       std::vector<int> missing;
       std::vector<Snapshot> snaps(static_cast<size_t>(size_));
