@@ -1,7 +1,7 @@
 #include "parallel/dist.h"
 
 #include "comm/dist_env.h"
-#include "comm/numa.h"
+// NUMA_INCLUDE
 #include "core/log.h"
 
 namespace mt {
@@ -27,7 +27,7 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   set_log_rank(env.rank);
   if (device == Device::CUDA) {
     device_mem::set_cuda_device(env.local_rank);
-    comm::bind_to_gpu_numa_node(env.rank, device_mem::cuda_pci_bus_id(env.local_rank));
+    // NUMA_BIND
   }
   d->store_ = comm::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, opt.comm.timeout);
   d->world_comm_ = comm::make_world(device, env.rank, env.world_size, *d->store_, opt.comm, env.local_rank);
