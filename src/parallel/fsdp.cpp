@@ -135,7 +135,17 @@ void FsdpParams::grads_done(int u) {
   p.part = take(chunk_[size_t(u)], DType::F32);
   {
     CommTimer t{comm_s_};
-    p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+    if (opt_.reduce_dtype == DType::BF16) {
+      // Rank r's piece of every rank's gradient goes to rank r as bf16; the sum happens in fp32 at
+      // the receiver (finish_pending).
+      p.send = take(p.full.numel(), DType::BF16);
+      ops::copy_cast(p.full, p.send);
+      p.wire = take(p.full.numel(), DType::BF16);
+      const std::vector<int64_t> counts(size_t(shard_.size()), chunk_[size_t(u)]);
+      p.work = shard_.all_to_all_v(p.send, counts, p.wire, counts);
+    } else {
+      p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+    }
   }
   pending_.push_back(std::move(p));
   // The embedding is the last unit of every backward: everything must land before the optimizer.
@@ -150,7 +160,20 @@ void FsdpParams::finish_pending(bool all) {
     {
       CommTimer t{comm_s_};
       p.work->wait();
-      if (replicate_) replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
+    }
+    if (p.wire.defined()) {
+      const int64_t c = p.part.numel();
+      for (int r = 0; r < shard_.size(); ++r) {
+        Tensor piece = r == 0 ? p.part : p.full.rows(0, c);
+        ops::copy_cast(p.wire.rows(r * c, c), piece);
+        if (r > 0) ops::add_(p.part, piece);
+      }
+      give(std::move(p.wire));
+      give(std::move(p.send));
+    }
+    if (replicate_) {
+      CommTimer t{comm_s_};
+      replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
     }
     Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
     ops::add_(dst, p.part);

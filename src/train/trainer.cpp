@@ -99,6 +99,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   if (dist->distributed()) {
     FsdpOptions fo;
     fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+    fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
     fsdp = std::make_unique<FsdpParams>(mc, table, device, *dist->dp_shard(), dist->dp_replicate(), fo);
   }
   Qwen3MoeModel model(mc, device, fsdp.get());
@@ -301,6 +302,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"activation_peak_bytes", model.activation_peak_bytes()},
                      {"peak_rss_bytes", peak_rss_bytes()},
                      {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
+                     {"gpu_bytes_in_use", device_mem::cuda_bytes_in_use()},
                      {"elapsed_s", elapsed}};
     if (dist->distributed()) {
       j["world_size"] = dist->world_size();

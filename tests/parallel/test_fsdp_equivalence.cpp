@@ -168,6 +168,25 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   }
 }
 
+// bf16 on the wire: the gradients are rounded to bf16 before they travel, so the curve follows the
+// fp32 one within bf16 tolerance (DESIGN: 1e-2), not exactly.
+TEST(FsdpTrain, Bf16GradientReductionFollowsTheCurve) {
+  const std::string ref_dir = tmp("bf16_ref"), dir = tmp("bf16");
+  ShellRun r = sh(kBin + train_cmd(ref_dir, 10));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ShellRun p = sh(kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 10) + " --grad-reduce-dtype bf16");
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto ref = read_metrics(ref_dir + "/metrics.jsonl"), got = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), 10u);
+  double worst = 0;
+  for (size_t i = 0; i < 10; ++i) {
+    const double a = got[i]["loss"].get<double>(), b = ref[i]["loss"].get<double>();
+    worst = std::max(worst, std::abs(a - b) / std::abs(b));
+  }
+  EXPECT_LE(worst, 1e-2);
+  EXPECT_GT(worst, 0.0) << "bf16 transport should not be bit-identical to fp32";
+}
+
 TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   const std::string dir = tmp("inf");
   ShellRun p = sh("MOETRAIN_DEBUG_INF_GRAD=1:3 " + kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 5));
