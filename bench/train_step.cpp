@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     const int64_t targets = batch * (seq - 1), tokens = batch * seq;
 
     auto one_step = [&]() {
-      m.zero_grads();
+      m.first_micro_batch = true;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
       OptimStepResult r = opt.step(m.params(), m.grads(), 1e-4, m.compute_params());
       device_mem::synchronize(dev);

@@ -145,10 +145,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
-    model.zero_grads();
     double ce_sum = 0, aux_sum = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       auto tm = Clock::now();
+      model.first_micro_batch = m == 0;  // the first writes the gradients (=): no zeroing pass
       LossParts lp = model.forward_backward(MicroBatch{batches[size_t(m)].input_ids, batches[size_t(m)].labels},
                                             1.0 / double(targets), aux_scale);
       ce_sum += lp.ce_sum;
@@ -163,6 +163,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                  fmt_duration(seconds_since(step_start) / done * (1 - done)));
       }
     }
+    model.first_micro_batch = false;
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
     OptimStepResult os = opt.step(model.params(), model.grads(), lr, model.compute_params());
