@@ -262,10 +262,11 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
           dwgu[size_t(j * D + i)] += dgu[size_t(j)] * double(xt[i]);
         }
     }
-    const float keep = accumulate_dw ? 1.0f : 0.0f;
+    // = must not read the old value (it may be anything, NaN included).
     for (int64_t i = 0; i < 2 * F * D; ++i)
-      pdwgu[e * 2 * F * D + i] = float(dwgu[size_t(i)]) + keep * pdwgu[e * 2 * F * D + i];
-    for (int64_t i = 0; i < D * F; ++i) pdwd[e * D * F + i] = float(dwd[size_t(i)]) + keep * pdwd[e * D * F + i];
+      pdwgu[e * 2 * F * D + i] = float(dwgu[size_t(i)]) + (accumulate_dw ? pdwgu[e * 2 * F * D + i] : 0.0f);
+    for (int64_t i = 0; i < D * F; ++i)
+      pdwd[e * D * F + i] = float(dwd[size_t(i)]) + (accumulate_dw ? pdwd[e * D * F + i] : 0.0f);
   }
   float* pdx = dx_TD.data<float>();
   for (int64_t i = 0; i < T * D; ++i) pdx[i] = float(dx[size_t(i)]);
