@@ -625,7 +625,8 @@ TEST(CudaOverwriteGrads, GroupedExpertsWriteEveryExpertIncludingOnesWithoutRows)
   const Tensor wgu = rand_bf16_exact({E, 2 * F, D}, rng, 0.1f), wd = rand_bf16_exact({E, D, F}, rng, 0.1f);
   Tensor gu = Tensor::empty({R, 2 * F}), h = Tensor::empty({R, F}), yp = Tensor::empty({R, D});
   cpu::experts_fwd(xp, plan.offsets, wgu, wd, gu, h, yp);
-  Tensor dxp_want = Tensor::empty({R, D}), dwgu_want = Tensor::zeros({E, 2 * F, D}), dwd_want = Tensor::zeros({E, D, F});
+  Tensor dxp_want = Tensor::empty({R, D}), dwgu_want = Tensor::zeros({E, 2 * F, D}),
+         dwd_want = Tensor::zeros({E, D, F});
   cpu::experts_bwd(dyp, xp, plan.offsets, wgu, wd, gu, h, dxp_want, dwgu_want, dwd_want);
   const Tensor xpc = to_cuda(xp, DType::BF16), wguc = to_cuda(wgu, DType::BF16), wdc = to_cuda(wd, DType::BF16);
   Tensor guc = cuda_filled({R, 2 * F}, DType::BF16, kNaN), hc = cuda_filled({R, F}, DType::BF16, kNaN),
@@ -644,7 +645,8 @@ TEST(CudaOverwriteGrads, GroupedExpertsWriteEveryExpertIncludingOnesWithoutRows)
   Tensor empty_bf16 = Tensor::empty({0, D}, DType::BF16, Device::CUDA);
   Tensor dwd2 = cuda_filled({E, D, F}, DType::F32, kNaN), dwgu2 = cuda_filled({E, 2 * F, D}, DType::F32, kNaN);
   Tensor dxp0 = Tensor::empty({0, D}, DType::BF16, Device::CUDA);
-  cuda::experts_bwd(empty_bf16, empty_bf16, to_dev(off0), wguc, wdc, Tensor::empty({0, 2 * F}, DType::BF16, Device::CUDA),
+  cuda::experts_bwd(empty_bf16, empty_bf16, to_dev(off0), wguc, wdc,
+                    Tensor::empty({0, 2 * F}, DType::BF16, Device::CUDA),
                     Tensor::empty({0, F}, DType::BF16, Device::CUDA), dxp0, dwgu2, dwd2, false);
   expect_rel(dwgu2, Tensor::zeros({E, 2 * F, D}), 0.0, "dwgu_no_rows");
   expect_rel(dwd2, Tensor::zeros({E, D, F}), 0.0, "dwd_no_rows");
@@ -669,8 +671,8 @@ TEST(CudaOverwriteGrads, LmHeadOverSeveralGroupsMatchesCpuForBothContracts) {
     cpu::lm_head_cross_entropy(hn, w, labels, scale, 25, loss_want, dhn_want, dw_want);
     Tensor loss = cuda_filled({1}, DType::F32, 0.0f), dhn = cuda_filled({T, D}, DType::BF16, kNaN),
            dw = acc ? to_cuda(dw0, DType::F32) : cuda_filled({V, D}, DType::F32, kNaN);
-    cuda::lm_head_cross_entropy(to_cuda(hn, DType::BF16), to_cuda(w, DType::BF16), to_dev(labels), scale, 25, loss,
-                                dhn, dw, acc);
+    cuda::lm_head_cross_entropy(to_cuda(hn, DType::BF16), to_cuda(w, DType::BF16), to_dev(labels), scale, 25, loss, dhn,
+                                dw, acc);
     expect_rel(loss, loss_want, 1e-4, acc ? "loss_acc" : "loss_set");
     expect_rel(dhn, dhn_want, kBf16Out, acc ? "dhn_acc" : "dhn_set");
     expect_rel(dw, dw_want, kBf16Out, acc ? "dw_acc" : "dw_set");

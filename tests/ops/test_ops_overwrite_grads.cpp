@@ -45,32 +45,41 @@ TEST(OverwriteGrads, LinearRmsNormEmbeddingAndLmHead) {
     SCOPED_TRACE(::testing::Message() << "T " << T);
     const int64_t I = 6, O = 5, V = 9;
     const Tensor x = randn({T, I}, rng), w = randn({O, I}, rng), dy = randn({T, O}, rng);
-    expect_set_equals_add_on_zero({O, I}, [&](Tensor& dw, bool acc) {
-      Tensor dx = Tensor::empty({T, I});
-      ops::linear_bwd(dy, x, w, &dx, false, dw, acc);
-    }, "linear_bwd");
+    expect_set_equals_add_on_zero(
+        {O, I},
+        [&](Tensor& dw, bool acc) {
+          Tensor dx = Tensor::empty({T, I});
+          ops::linear_bwd(dy, x, w, &dx, false, dw, acc);
+        },
+        "linear_bwd");
 
     const Tensor wn = randn({I}, rng), dyn = randn({T, I}, rng);
     Tensor y = Tensor::empty({T, I}), rstd = Tensor::empty({T});
     ops::rms_norm_fwd(x, wn, 1e-6f, y, rstd);
-    expect_set_equals_add_on_zero({I}, [&](Tensor& dw, bool acc) {
-      Tensor dx = Tensor::empty({T, I});
-      ops::rms_norm_bwd(dyn, x, wn, rstd, dx, dw, acc);
-    }, "rms_norm_bwd");
+    expect_set_equals_add_on_zero(
+        {I},
+        [&](Tensor& dw, bool acc) {
+          Tensor dx = Tensor::empty({T, I});
+          ops::rms_norm_bwd(dyn, x, wn, rstd, dx, dw, acc);
+        },
+        "rms_norm_bwd");
 
     Tensor ids = Tensor::empty({T}, DType::I64);
     for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = rng.randint(0, V / 2);  // rows >= V/2 never hit
     const Tensor dout = randn({T, I}, rng);
-    expect_set_equals_add_on_zero({V, I}, [&](Tensor& dt, bool acc) { ops::embedding_bwd(ids, dout, dt, acc); },
-                                  "embedding_bwd");
+    expect_set_equals_add_on_zero(
+        {V, I}, [&](Tensor& dt, bool acc) { ops::embedding_bwd(ids, dout, dt, acc); }, "embedding_bwd");
 
     Tensor labels = Tensor::empty({T}, DType::I64);
     for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t == 2 ? -100 : rng.randint(0, V);
     const Tensor wv = randn({V, I}, rng);
-    expect_set_equals_add_on_zero({V, I}, [&](Tensor& dw, bool acc) {
-      Tensor loss = Tensor::zeros({1}), dhn = Tensor::empty({T, I});
-      ops::lm_head_cross_entropy(x, wv, labels, 0.25f, 3, loss, dhn, dw, acc);  // chunks 3, 3, 1
-    }, "lm_head_cross_entropy");
+    expect_set_equals_add_on_zero(
+        {V, I},
+        [&](Tensor& dw, bool acc) {
+          Tensor loss = Tensor::zeros({1}), dhn = Tensor::empty({T, I});
+          ops::lm_head_cross_entropy(x, wv, labels, 0.25f, 3, loss, dhn, dw, acc);  // chunks 3, 3, 1
+        },
+        "lm_head_cross_entropy");
   }
 }
 

@@ -56,7 +56,7 @@ void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const 
 void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                            const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
                            const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
-                         bool accumulate_dw = true);
+                           bool accumulate_dw = true);
 // The grouped path: the grouped GEMMs above, no host synchronisation. Throws when unsupported.
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                          const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);

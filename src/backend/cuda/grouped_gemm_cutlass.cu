@@ -102,8 +102,8 @@ void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, in
     MT_CUDA_LAUNCH_CHECK(op);
   }
   if (R == 0) return;
-  grouped::run_wgrad(op,
-                     grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err, accumulate ? 1.0f : 0.0f});
+  grouped::run_wgrad(
+      op, grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err, accumulate ? 1.0f : 0.0f});
   offsets_error().publish(op);
 }
 
