@@ -5,7 +5,9 @@
 // the step is numerically sane (finite loss near log(V) at init, finite gradient norm).
 //
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
-//                   [--recompute none|full] [--device cuda|cpu] [--no-profile]
+//                   [--recompute none|full] [--device cuda|cpu] [--no-profile] [--zero-grads]
+// --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
+// first_micro_batch contract (an A/B of that change in one build).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -66,7 +68,7 @@ static std::string category(const std::string& op) {
 int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
-  bool profile = true;
+  bool profile = true, zero_grads = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
     else if (a == "--recompute") rc = next();
     else if (a == "--device") device = next();
     else if (a == "--no-profile") profile = false;
+    else if (a == "--zero-grads") zero_grads = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -112,7 +115,8 @@ int main(int argc, char** argv) {
     const int64_t targets = batch * (seq - 1), tokens = batch * seq;
 
     auto one_step = [&]() {
-      m.zero_grads();
+      if (zero_grads) m.zero_grads();
+      m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
       OptimStepResult r = opt.step(m.params(), m.grads(), 1e-4, m.compute_params());
       device_mem::synchronize(dev);
@@ -165,6 +169,7 @@ int main(int argc, char** argv) {
                      {"batch", batch},
                      {"seq", seq},
                      {"recompute", rc},
+                     {"grads", zero_grads ? "zeroed, +=" : "first micro-batch ="},
                      {"steps", steps},
                      {"step_s", step_s},
                      {"tokens_per_s", double(tokens) / step_s},

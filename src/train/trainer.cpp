@@ -219,11 +219,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
-    if (fsdp) fsdp->zero_grads();
-    else model.zero_grads();
+    if (fsdp) fsdp->zero_grads();  // the local shards: the reduced unit gradients are added into them
     double ce_sum = 0, aux_sum = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       auto tm = Clock::now();
+      // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
+      // gets fresh unit gradient buffers unless they stay unreduced until the last one.
+      model.first_micro_batch = m == 0 || (fsdp && cfg.grad_sync == "every");
       if (fsdp) fsdp->set_last_micro_batch(m + 1 == cfg.grad_accum);
       LossParts lp = model.forward_backward(MicroBatch{batches[size_t(m)].input_ids, batches[size_t(m)].labels},
                                             1.0 / double(targets), aux_scale);
@@ -239,6 +241,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                  fmt_duration(seconds_since(step_start) / done * (1 - done)));
       }
     }
+    model.first_micro_batch = false;
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
     if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", dist->rank(), step + 1)) {
