@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace mt {
 
@@ -99,6 +100,7 @@ Tensor FsdpParams::acquire_weights(int u) {
   Gather& g = gathered_.at(u);
   if (g.users++ == 0) {
     CommTimer t{comm_s_};
+    ops::OpScope scope("comm_all_gather_wait", device_ == Device::CUDA);  // exposed time, when profiling
     g.work->wait();
   }
   return g.buf.rows(0, units_[size_t(u)].numel());
@@ -159,6 +161,7 @@ void FsdpParams::finish_pending(bool all) {
     pending_.erase(pending_.begin());
     {
       CommTimer t{comm_s_};
+      ops::OpScope scope("comm_reduce_scatter_wait", device_ == Device::CUDA);
       p.work->wait();
     }
     if (p.wire.defined()) {
