@@ -5,6 +5,7 @@
 //   --hang-rank R         rank R sleeps forever after the barrier
 //   --absent-rank R       rank R never reaches the barrier (sleeps forever before it)
 //   --ignore-sigterm      ranks that hang or stay absent ignore SIGTERM (the launcher must SIGKILL)
+//   --numa                bind each rank to the NUMA node of GPU <local rank> first (logs one line)
 #include "comm/dist_selftest.h"
 
 #include <unistd.h>
@@ -14,9 +15,11 @@
 #include <cstdlib>
 
 #include "comm/dist_env.h"
+#include "comm/numa.h"
 #include "comm/store.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 namespace mt::comm {
 
@@ -40,7 +43,7 @@ int int_arg(const std::vector<std::string>& args, size_t& i) {
 int selftest_main(const std::vector<std::string>& args) {
   if (args.empty() || args[0] != "dist") MT_THROW("_selftest: expected 'dist' (the only self test)");
   int timeout_ms = 30000, fail_rank = -1, exit_code = 3, crash_rank = -1, hang_rank = -1, absent_rank = -1;
-  bool ignore_sigterm = false;
+  bool ignore_sigterm = false, numa = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--timeout-ms")
@@ -57,6 +60,8 @@ int selftest_main(const std::vector<std::string>& args) {
       absent_rank = int_arg(args, i);
     else if (a == "--ignore-sigterm")
       ignore_sigterm = true;
+    else if (a == "--numa")
+      numa = true;
     else
       MT_THROW("_selftest dist: unknown option '", a, "'");
   }
@@ -64,6 +69,7 @@ int selftest_main(const std::vector<std::string>& args) {
   set_log_rank(env.rank);
   const int r = env.rank, w = env.world_size;
   const Millis timeout(timeout_ms);
+  if (numa) bind_to_gpu_numa_node(r, device_mem::cuda_pci_bus_id(env.local_rank));
   if (ignore_sigterm && (r == hang_rank || r == absent_rank)) std::signal(SIGTERM, SIG_IGN);
   if (r == absent_rank) {
     std::printf("rank %d of %d: staying away from the barrier\n", r, w);
