@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
                      {"initial_loss", ce0},
                      {"losses", losses}};
     if (dist->rank() == 0) std::printf("%s\n", j.dump().c_str());
+    dist->finish();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step: error: %s\n", e.what());

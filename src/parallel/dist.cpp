@@ -1,7 +1,7 @@
 #include "parallel/dist.h"
 
 #include "comm/dist_env.h"
-// NUMA_INCLUDE
+#include "comm/numa.h"
 #include "core/log.h"
 
 namespace mt {
@@ -27,7 +27,7 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   set_log_rank(env.rank);
   if (device == Device::CUDA) {
     device_mem::set_cuda_device(env.local_rank);
-    // NUMA_BIND
+    comm::bind_to_gpu_numa_node(env.rank, device_mem::cuda_pci_bus_id(env.local_rank));
   }
   d->store_ = comm::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, opt.comm.timeout);
   d->world_comm_ = comm::make_world(device, env.rank, env.world_size, *d->store_, opt.comm, env.local_rank);
@@ -49,6 +49,12 @@ int DistContext::dp_rank() const {
 }
 
 int DistContext::dp_size() const { return mesh_.size(Axis::DpReplicate) * mesh_.size(Axis::DpShard); }
+
+void DistContext::finish() {
+  if (!distributed()) return;
+  check_schedules();
+  store_->barrier("moetrain/finish", rank_, world_, std::chrono::minutes(5));
+}
 
 void DistContext::check_schedules() {
   for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get()})

@@ -335,6 +335,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   sum.skipped = opt.steps_skipped();
   evaluate(cfg.steps);
   save(cfg.steps);
+  dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
   double last = n_last ? last10 / double(n_last) : sum.last_loss;
