@@ -242,6 +242,11 @@ void Communicator::mark_completed(uint64_t seq) {
   }
 }
 
+std::string Communicator::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
 void Communicator::abort(const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -337,6 +342,13 @@ void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - rec.issued).count();
   std::string msg = str(where(), ": op ", rec.str(), " failed after ", secs, " s (timeout ", opt_.timeout.count(),
                         " ms): ", e.what());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load() == 0) {
+      failure_ = e.what();
+      failed_.store(rec.seq);
+    }
+  }
   // The backend's state is unknown after a failure (Gloo closes its connections on a timeout, NCCL
   // must be aborted), so no later call may use it.
   abort(str("op ", rec.str(), " failed"));

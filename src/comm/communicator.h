@@ -107,6 +107,9 @@ class Communicator {
   OpRecord last_issued() const;
   uint64_t completed_seq() const { return completed_.load(); }
   std::vector<OpRecord> history() const;  // the last kHistory ops, oldest first
+  // The op whose backend call threw (seq 0: none) and what it threw; the communicator is aborted then.
+  uint64_t failed_seq() const { return failed_.load(); }
+  std::string failure() const;
   // Brings completed_seq() up to date where completion is asynchronous (CUDA events); the watchdog
   // calls it before reading completed_seq(). Safe from another thread.
   virtual void poll_completion() {}
@@ -175,6 +178,8 @@ class Communicator {
   uint64_t checks_ = 0, splits_ = 0;
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // written once, before aborted_ is set
+  std::atomic<uint64_t> failed_{0};
+  std::string failure_;  // written once, before failed_ is set
 };
 
 // World communicator for this process. CPU: Gloo over TCP with the store for rendezvous (a world of

@@ -4,7 +4,8 @@
 // a collective, and its peers, get errors instead of hanging), and gives the main thread `grace` to
 // react; a process whose main thread neither destroys the watchdog nor unwatches the communicators
 // in that time exits with kWatchdogExitCode. For Gloo the op blocks the calling thread and Gloo's
-// own timeout throws there; the watchdog still reports, from its own thread.
+// own timeout throws there; the watchdog still reports, from its own thread: an op that failed
+// (threw) is reported like one overdue, since the rank is out of step with its group either way.
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -40,10 +41,20 @@ struct Watchdog::Impl {
     OpRecord oldest = last;
     for (const auto& r : c.history())
       if (r.seq == done + 1) oldest = r;
-    double secs = std::chrono::duration<double>(now - oldest.issued).count();
-    if (now - oldest.issued <= timeout) return "";
-    std::string msg = str("watchdog: rank ", rank, ": communicator '", c.name(), "' op ", oldest.str(), " in flight for ",
-                          int64_t(secs * 10) / 10.0, " s; last completed #", done);
+    double secs = int64_t(std::chrono::duration<double>(now - oldest.issued).count() * 10) / 10.0;
+    std::string msg;
+    if (uint64_t f = c.failed_seq(); f != 0) {
+      // The op threw in the main thread (Gloo's own timeout, a lost peer): report it all the same, so
+      // that the store has every rank's last collective.
+      for (const auto& r : c.history())
+        if (r.seq == f) oldest = r;
+      msg = str("watchdog: rank ", rank, ": communicator '", c.name(), "' op ", oldest.str(), " failed (", c.failure(),
+                "); last completed #", done);
+    } else {
+      if (now - oldest.issued <= timeout) return "";
+      msg = str("watchdog: rank ", rank, ": communicator '", c.name(), "' op ", oldest.str(), " in flight for ", secs,
+                " s; last completed #", done);
+    }
     if (last.seq != oldest.seq) msg += str(" (last issued ", last.str(), ")");
     return msg;
   }
