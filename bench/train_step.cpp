@@ -5,7 +5,13 @@
 // the step is numerically sane (finite loss near log(V) at init, finite gradient norm).
 //
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
-//                   [--recompute none|full] [--device cuda|cpu] [--no-profile]
+//                   [--recompute none|full] [--device cuda|cpu] [--no-profile] [--zero-grads]
+// Under `moetrain launch` (or any launcher setting WORLD_SIZE > 1) the model is FSDP-sharded over
+// the ranks (--dp-shard, --dp-replicate as in training); --batch is the per-GPU batch, every rank
+// draws the same global batch and trains on its rows, and rank 0 prints the line with the global
+// and per-GPU tokens/s and the loss of every step (to compare layouts on the same global batch).
+// --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
+// first_micro_batch contract (an A/B of that change in one build).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +22,8 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
+#include "parallel/dist.h"
+#include "parallel/fsdp.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/optimizer.h"
@@ -59,6 +67,7 @@ static std::string category(const std::string& op) {
   if (op.rfind("attention", 0) == 0) return "attention";
   if (op.rfind("experts", 0) == 0) return "experts";
   if (op.rfind("linear", 0) == 0 || op == "lm_head_cross_entropy") return "other_gemms";
+  if (op.rfind("comm", 0) == 0) return "communication";
   if (op == "adamw_step" || op == "sum_squares") return "optimizer";
   return "other";
 }
@@ -66,7 +75,8 @@ static std::string category(const std::string& op) {
 int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
-  bool profile = true;
+  bool profile = true, zero_grads = false;
+  int dp_shard = 0, dp_replicate = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -81,6 +91,9 @@ int main(int argc, char** argv) {
     else if (a == "--recompute") rc = next();
     else if (a == "--device") device = next();
     else if (a == "--no-profile") profile = false;
+    else if (a == "--zero-grads") zero_grads = true;
+    else if (a == "--dp-shard") dp_shard = std::stoi(next());
+    else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -89,33 +102,69 @@ int main(int argc, char** argv) {
   try {
     Device dev = resolve_device(device);
     ModelConfig mc = resolve_model_config(model);
+    DistOptions dopt;
+    dopt.mesh.dp_shard = dp_shard;
+    dopt.mesh.dp_replicate = dp_replicate;
+    std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
+    const int dp = dist->dp_size();
     double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
     device_mem::cuda_reset_peak();
 
     auto t_init = Clock::now();
-    Qwen3MoeModel m(mc, dev);
+    ParamTable table(mc);
+    std::unique_ptr<FsdpParams> fsdp;
+    if (dist->distributed())
+      fsdp = std::make_unique<FsdpParams>(mc, table, dev, *dist->dp_shard(), dist->dp_replicate());
+    Qwen3MoeModel m(mc, dev, fsdp.get());
     m.recompute = parse_recompute(rc);
-    {
-      Tensor host = Tensor::zeros({m.table().total()});
-      init_weights(mc, m.table(), host, 1);
-      m.params().copy_from(host.to(dev));
+    Tensor& master = fsdp ? fsdp->params() : m.params();
+    Tensor& grads = fsdp ? fsdp->grads() : m.grads();
+    Tensor* compute = fsdp ? fsdp->compute_params() : m.compute_params();
+    if (fsdp) {
+      Tensor host = Tensor::zeros({fsdp->local_numel()});
+      init_weights_ranges(mc, table, fsdp->owned_pieces(), host, 1);
+      master.copy_from(host.to(dev));
+      fsdp->refresh_compute_weights();
+    } else {
+      Tensor host = Tensor::zeros({table.total()});
+      init_weights(mc, table, host, 1);
+      master.copy_from(host.to(dev));
       m.refresh_compute_weights();
     }
     AdamWConfig oc;
-    AdamW opt(m.table().total(), dev, oc);
+    AdamW opt(master.numel(), dev, oc);
     double init_s = secs(t_init);
 
+    // The global batch (batch rows per rank) is the same on every rank; each trains on its rows.
     Rng rng(7);
-    MicroBatch mb{Tensor::empty({batch, seq}, DType::I64), Tensor::empty({batch, seq}, DType::I64)};
-    for (int64_t i = 0; i < batch * seq; ++i)
-      mb.input_ids.data<int64_t>()[i] = mb.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
-    const int64_t targets = batch * (seq - 1), tokens = batch * seq;
+    const int64_t global = batch * dp;
+    MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};
+    for (int64_t i = 0; i < global * seq; ++i)
+      all.input_ids.data<int64_t>()[i] = all.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
+    MicroBatch mb{all.input_ids.rows(dist->dp_rank() * batch, batch), all.labels.rows(dist->dp_rank() * batch, batch)};
+    const int64_t targets = global * (seq - 1), tokens = global * seq;
+    std::vector<double> losses;
 
     auto one_step = [&]() {
-      m.zero_grads();
+      if (zero_grads && !fsdp) m.zero_grads();
+      if (fsdp) fsdp->zero_grads();
+      m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      OptimStepResult r = opt.step(m.params(), m.grads(), 1e-4, m.compute_params());
+      std::function<double()> global_sq;
+      if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
+      OptimStepResult r = opt.step(master, grads, 1e-4, compute, global_sq);
+      if (dist->distributed()) {  // the loss of the global batch: every rank's sum
+        Tensor mine = Tensor::empty({2});
+        mine.data<float>()[0] = float(lp.ce_sum);
+        mine.data<float>()[1] = float(lp.ce_sum - double(float(lp.ce_sum)));
+        Tensor d = mine.to(dev), g = Tensor::empty({2 * dist->world_size()}, DType::F32, dev);
+        dist->world()->all_gather(d, g)->wait();
+        Tensor h = g.to(Device::CPU);
+        lp.ce_sum = 0;
+        for (int i = 0; i < dist->world_size(); ++i) lp.ce_sum += double(h.data<float>()[2 * i]) + h.data<float>()[2 * i + 1];
+      }
       device_mem::synchronize(dev);
+      losses.push_back(lp.ce_sum / double(targets));
       return std::make_pair(lp, r);
     };
     // Sanity before timing: at init the loss is near log(V) and everything is finite.
@@ -154,20 +203,24 @@ int main(int argc, char** argv) {
     const int64_t L = mc.num_hidden_layers;
     double flops_per_token = 6.0 * double(mc.active_matmul_parameters()) +
                              6.0 * double(L) * double(seq) * double(mc.num_attention_heads * mc.head_dim);
-    double tflops = flops_per_token * double(tokens) / step_s / 1e12;
-    const int64_t P = m.table().total();
-    double adamw_bytes = 30.0 * double(P);  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
+    double tflops = flops_per_token * double(tokens) / step_s / 1e12 / double(dist->world_size());  // per GPU
+    const int64_t P = table.total();
+    double adamw_bytes = 30.0 * double(master.numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
                      {"device", device_name(dev)},
                      {"params", P},
                      {"active_matmul_params", mc.active_matmul_parameters()},
-                     {"batch", batch},
+                     {"batch_per_gpu", batch},
+                     {"world_size", dist->world_size()},
+                     {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},
+                     {"grads", zero_grads ? "zeroed, +=" : "first micro-batch ="},
                      {"steps", steps},
                      {"step_s", step_s},
                      {"tokens_per_s", double(tokens) / step_s},
+                     {"tokens_per_s_per_gpu", double(tokens) / step_s / double(dist->world_size())},
                      {"model_tflops", tflops},
                      {"gemm_bf16_tflops_measured", gemm_tflops},
                      {"mfu", gemm_tflops > 0 ? tflops / gemm_tflops : 0.0},
@@ -178,8 +231,10 @@ int main(int argc, char** argv) {
                      {"optimizer_floor_s", copy_gbps > 0 ? adamw_bytes / (copy_gbps * 1e9) : 0.0},
                      {"copy_gbps_measured", copy_gbps},
                      {"init_s", init_s},
-                     {"initial_loss", ce0}};
-    std::printf("%s\n", j.dump().c_str());
+                     {"initial_loss", ce0},
+                     {"losses", losses}};
+    if (dist->rank() == 0) std::printf("%s\n", j.dump().c_str());
+    dist->finish();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_step: error: %s\n", e.what());

@@ -19,6 +19,7 @@
 #include "comm/store.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 namespace mt::comm {
 
@@ -68,7 +69,7 @@ int selftest_main(const std::vector<std::string>& args) {
   set_log_rank(env.rank);
   const int r = env.rank, w = env.world_size;
   const Millis timeout(timeout_ms);
-  if (numa) bind_to_gpu_numa_node(r, gpu_pci_bus_id(env.local_rank));
+  if (numa) bind_to_gpu_numa_node(r, device_mem::cuda_pci_bus_id(env.local_rank));
   if (ignore_sigterm && (r == hang_rank || r == absent_rank)) std::signal(SIGTERM, SIG_IGN);
   if (r == absent_rank) {
     std::printf("rank %d of %d: staying away from the barrier\n", r, w);

@@ -63,7 +63,8 @@ std::string launch_help() {
          "  --master-addr A      host of rank 0, reachable from every node (default 127.0.0.1; required with M > 1)\n"
          "  --master-port P      rendezvous port (default: a free port; required with M > 1)\n"
          "  --timeout-s T        stop every rank and exit 124 after T seconds (default 0: no limit)\n"
-         "  --grace-s G          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n";
+         "  --grace-s G          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+         "  --exe PATH           run this program (e.g. build/train_step) instead of moetrain\n";
 }
 
 namespace {
@@ -129,6 +130,8 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       o.timeout_s = parse_seconds_flag(a, next());
     } else if (a == "--grace-s") {
       o.grace_s = parse_seconds_flag(a, next());
+    } else if (a == "--exe") {
+      o.exe = next();
     } else {
       MT_THROW("launch: unknown option '", a, "' (the command to run goes after '--'; see moetrain launch --help)");
     }

@@ -36,11 +36,8 @@ struct NumaBinding {
 std::string normalize_pci_bus_id(const std::string& id);
 
 // Binds per the rules above and logs the line. An empty bus id (no GPU) logs and binds nothing.
+// The caller passes device_mem::cuda_pci_bus_id(local GPU) (core/tensor.h; "" without CUDA).
 NumaBinding bind_to_gpu_numa_node(int rank, const std::string& pci_bus_id, const std::string& sysfs_root = "/sys",
                                   NumaOps* ops = nullptr);
-
-// The PCI bus id of CUDA device `device` (cudaDeviceGetPCIBusId); "" in builds without CUDA or when
-// the device cannot be asked.
-std::string gpu_pci_bus_id(int device);
 
 }  // namespace mt::comm

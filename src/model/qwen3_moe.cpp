@@ -194,6 +194,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float theta = float(cfg_.rope_theta);
   Arena& W = work_;
+  const bool acc = !first_micro_batch;  // parameter gradients: = on a step's first micro-batch
 
   // FFN: out = h1 + ffn(norm2(h1))
   Tensor dxn2 = W.zeros({T, D}, act_);
@@ -202,7 +203,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dyp = W.alloc({R, D}, act_), dwts = W.alloc({T, K}), dxp = W.alloc({R, D}, act_);
     ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
     ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
-                     g.experts_down);
+                     g.experts_down, acc);
     ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
     Tensor dprobs;
     if (aux_scale != 0) {
@@ -211,33 +212,33 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     }
     Tensor dlogits = W.alloc({T, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
-    ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router);
+    ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
   } else {
     const int64_t I = cfg_.intermediate_size;
     Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
-    ops::linear_bwd(dout, a.hh, w.mlp_down, &dhh, false, g.mlp_down);
+    ops::linear_bwd(dout, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
     ops::swiglu_bwd(dhh, a.gu, dgu);
-    ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up);
+    ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
   }
   Tensor dh1 = W.alloc({T, D}, DType::F32);
-  ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm);
+  ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm, acc);
   ops::add_(dh1, dout);
 
   // Attention: h1 = x + o_proj(attn(rope(qn), rope(kn), v))
   Tensor datt = W.alloc({T, H * Hd}, act_);
-  ops::linear_bwd(dh1, a.att.view({T, H * Hd}), w.o, &datt, false, g.o);
+  ops::linear_bwd(dh1, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
   ops::rope_bwd(dqr, pos_T_, theta);
   ops::rope_bwd(dkr, pos_T_, theta);
   Tensor dq = W.alloc({T * H, Hd}, act_), dk = W.alloc({T * G, Hd}, act_);
-  ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm);
-  ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm);
+  ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm, acc);
+  ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm, acc);
   Tensor dxn1 = W.alloc({T, D}, act_);
-  ops::linear_bwd(dq.view({T, H * Hd}), a.xn1, w.q, &dxn1, false, g.q);
-  ops::linear_bwd(dk.view({T, G * Hd}), a.xn1, w.k, &dxn1, true, g.k);
-  ops::linear_bwd(dv.view({T, G * Hd}), a.xn1, w.v, &dxn1, true, g.v);
-  ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm);
+  ops::linear_bwd(dq.view({T, H * Hd}), a.xn1, w.q, &dxn1, false, g.q, acc);
+  ops::linear_bwd(dk.view({T, G * Hd}), a.xn1, w.k, &dxn1, true, g.k, acc);
+  ops::linear_bwd(dv.view({T, G * Hd}), a.xn1, w.v, &dxn1, true, g.v, acc);
+  ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
   ops::add_(dx, dh1);
 }
 
@@ -348,18 +349,19 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   grads_for(head);
   if (tied) grads_for(0);
   Tensor dhn = keep_.alloc({T, D}, act_);
+  const bool acc = !first_micro_batch;  // the embedding's second use (tied) then still adds
   if (fused_head) {
     Tensor loss_sum = keep_.zeros({1});
-    ops::lm_head_cross_entropy(hn, w_.lm_head, labels_T, float(ce_scale), 0, loss_sum, dhn, g_.lm_head);
+    ops::lm_head_cross_entropy(hn, w_.lm_head, labels_T, float(ce_scale), 0, loss_sum, dhn, g_.lm_head, acc);
     out.ce_sum = double(loss_sum.to(Device::CPU).data<float>()[0]);
     out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
   } else {
     Tensor dlogits = keep_.alloc({T, V});
     ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
-    ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head);
+    ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head, acc);
   }
   Tensor dA = keep_.alloc({T, D}, DType::F32), dB = keep_.alloc({T, D}, DType::F32);
-  ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm);
+  ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm, acc);
   release(head);
   if (tied) release(0);
   src_->grads_done(head);
@@ -380,7 +382,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     std::swap(dA, dB);
   }
   grads_for(0);
-  ops::embedding_bwd(ids_T, dA, g_.embed);
+  ops::embedding_bwd(ids_T, dA, g_.embed, acc || cfg_.tie_word_embeddings);
   src_->grads_done(0);
   device_mem::synchronize(device_);
   backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();

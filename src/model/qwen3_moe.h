@@ -7,7 +7,8 @@
 // f32, as under PyTorch's fp32-master + bf16-autocast policy, so that additions over many layers
 // do not round to bf16 at every step.
 //
-// Contracts: forward_backward accumulates (+=) parameter gradients, so micro-batches add up.
+// Contracts: forward_backward accumulates (+=) parameter gradients, so micro-batches add up; with
+// first_micro_batch set it writes them (=) instead, so the caller need not zero them first.
 // Everything that needs data about the whole micro-batch (positions, shifted labels) is computed
 // before the first layer and passed in. Full recompute keeps each block's input and routing
 // decision (probabilities, top-k ids and weights, dispatch plan) and recomputes the rest from
@@ -89,6 +90,9 @@ class Qwen3MoeModel {
   // the aux loss is the one of the global batch. Called once per micro-batch between the forward and
   // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
   std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
+  // When true, forward_backward overwrites grads() (every gradient written with =, none read) instead
+  // of adding to them: set it for the first micro-batch of a step in place of zero_grads().
+  bool first_micro_batch = false;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }

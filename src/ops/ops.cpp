@@ -24,11 +24,11 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
 }
 
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI) {
+                Tensor& dw_OI, bool accumulate_dw) {
   const bool cuda = on_cuda("linear_bwd", {&dy_TO, &x_TI, &w_OI, dx_TI, &dw_OI});
   OpScope scope("linear_bwd", cuda);
-  if (cuda) return cuda::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI);
-  return cpu::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI);
+  if (cuda) return cuda::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI, accumulate_dw);
+  return cpu::linear_bwd(dy_TO, x_TI, w_OI, dx_TI, accumulate_dx, dw_OI, accumulate_dw);
 }
 
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) {
@@ -38,11 +38,11 @@ void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) 
   return cpu::embedding_fwd(ids_T, table_VD, out_TD);
 }
 
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD) {
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw) {
   const bool cuda = on_cuda("embedding_bwd", {&ids_T, &dout_TD, &dtable_VD});
   OpScope scope("embedding_bwd", cuda);
-  if (cuda) return cuda::embedding_bwd(ids_T, dout_TD, dtable_VD);
-  return cpu::embedding_bwd(ids_T, dout_TD, dtable_VD);
+  if (cuda) return cuda::embedding_bwd(ids_T, dout_TD, dtable_VD, accumulate_dw);
+  return cpu::embedding_bwd(ids_T, dout_TD, dtable_VD, accumulate_dw);
 }
 
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
@@ -53,11 +53,11 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 }
 
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D) {
+                  Tensor& dw_D, bool accumulate_dw) {
   const bool cuda = on_cuda("rms_norm_bwd", {&dy_ND, &x_ND, &w_D, &rstd_N, &dx_ND, &dw_D});
   OpScope scope("rms_norm_bwd", cuda);
-  if (cuda) return cuda::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D);
-  return cpu::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D);
+  if (cuda) return cuda::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D, accumulate_dw);
+  return cpu::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D, accumulate_dw);
 }
 
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta) {
@@ -198,15 +198,15 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const bool cuda = on_cuda("experts_bwd", {&dyp_RD, &xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF,
                                             &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
   OpScope scope("experts_bwd", cuda);
   if (cuda)
     return cuda::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD,
-                             dw_gate_up_E2FD, dw_down_EDF);
+                             dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);
   return cpu::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
-                          dw_down_EDF);
+                          dw_down_EDF, accumulate_dw);
 }
 
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
@@ -219,15 +219,15 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const bool cuda = on_cuda("experts_ref_bwd", {&dy_TD, &x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF,
                                                 &dx_TD, &dtopk_w_TK, &dw_gate_up_E2FD, &dw_down_EDF});
   OpScope scope("experts_ref_bwd", cuda);
   if (cuda)
     return cuda::experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
-                                 dw_gate_up_E2FD, dw_down_EDF);
+                                 dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);
   return cpu::experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
-                              dw_gate_up_E2FD, dw_down_EDF);
+                              dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);
 }
 
 double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid) {
@@ -246,11 +246,13 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
 }
 
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
-                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD) {
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
   const bool cuda = on_cuda("lm_head_cross_entropy", {&hn_TD, &w_VD, &labels_T, &loss_sum, &dhn_TD, &dw_VD});
   OpScope scope("lm_head_cross_entropy", cuda);
-  if (cuda) return cuda::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD);
-  return cpu::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD);
+  if (cuda)
+    return cuda::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD,
+                                       accumulate_dw);
+  return cpu::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD, accumulate_dw);
 }
 
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,

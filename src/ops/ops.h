@@ -7,7 +7,11 @@
 //     bf16 and everything marked "f32" below stays f32 (norm statistics, log-sum-exp, router logits,
 //     probabilities and routing weights, parameter gradients, optimizer state); reductions and GEMMs
 //     accumulate in f32. Where an op says "bf16|f32" the CUDA version takes either;
-//   - parameter gradients use += (they accumulate over micro-batches and branches);
+//   - parameter gradients use += (they accumulate over micro-batches and branches), unless the
+//     op's trailing `accumulate_dw` argument is false: then they are written with = (the first
+//     micro-batch of a step writes its gradients, which saves zeroing and re-reading every dW). A
+//     parameter whose gradient comes from two ops in one micro-batch (tied embeddings) is written
+//     with = by the first of them only;
 //   - activation gradients use = unless the argument says "+=";
 //   - outputs are preallocated by the caller with the documented shape; ops check shapes and
 //     dtypes and fail with the tensor's role, its shape and the expected shape.
@@ -26,15 +30,16 @@ namespace mt::ops {
 // ---- GEMM and linear layers (HF weight layout: w_OI is [out, in]) ----
 // y_TO = x_TI @ w_OI^T. CUDA: x, w bf16; y bf16|f32 (f32 for router logits).
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
-// dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += dy_TO^T @ x_TI. dx may be null.
-// CUDA: dy bf16|f32, x, w, dx bf16; dw f32.
+// dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += (or = unless accumulate_dw) dy_TO^T @ x_TI.
+// dx may be null. CUDA: dy bf16|f32, x, w, dx bf16; dw f32.
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI);
+                Tensor& dw_OI, bool accumulate_dw = true);
 
 // ---- embedding: ids_T is i64, each in [0, V) (checked) ----
 // CUDA: table bf16; out and dout bf16|f32 (f32 for an f32 residual stream); dtable f32.
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);  // dtable += (f32)
+// dtable += (f32); with accumulate_dw false, dtable = (rows of ids not present become 0)
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw = true);
 
 // ---- RMSNorm over the last dim: y = w * x / sqrt(mean(x^2) + eps), fp64 accumulation ----
 // Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N (f32) is saved for
@@ -42,7 +47,7 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
 // residual stream has x and dx f32; the per-head norms bf16).
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D);  // dx =, dw +=
+                  Tensor& dw_D, bool accumulate_dw = true);  // dx =, dw += (= unless accumulate_dw)
 
 // ---- RoPE, rotate-half form, in place on x_TNHd ([T, heads, Hd]); pos_T is i32 ----
 // inv_freq[i] = theta^(-2i/Hd) for i < Hd/2; angle = pos * inv_freq[i];
@@ -115,19 +120,19 @@ void swiglu_bwd(const Tensor& dh_NF, const Tensor& gu_N2F, Tensor& dgu_N2F);  //
 // gu_R2F = xp @ w_gate_up[e]^T; h_RF = swiglu(gu); yp_RD = h @ w_down[e]^T. gu and h are saved.
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
-// dxp =, dw_gate_up +=, dw_down +=
+// dxp =, dw_gate_up +=, dw_down += (both = unless accumulate_dw; experts without rows then get 0)
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
 
 // ---- experts, reference form: a plain loop over experts and the tokens routed to each ----
 // y_TD = sum_k w_TK[t,k] * expert_{idx[t,k]}(x_TD[t]); no permutation, no saved state.
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD);
-// dx =, dw_TK =, dw_gate_up +=, dw_down += (recomputes what it needs)
+// dx =, dw_TK =, dw_gate_up +=, dw_down += (= unless accumulate_dw) (recomputes what it needs)
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
 
 // ---- cross-entropy with ignore index -100 (labels_T i64, already aligned with logits rows) ----
 // Returns the sum over valid rows of (lse - logit[label]) in fp64; lse_T is saved; *n_valid = rows
@@ -140,10 +145,12 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
 // ---- LM head fused with cross-entropy, chunked over tokens ----
 // For each chunk of rows: logits = hn @ w^T (f32, never for the whole batch at once), loss_sum += the
 // chunk's sum of (lse - logit[label]) over labels != -100, dlogits = scale * (softmax - onehot) (0 on
-// ignored rows), dhn = dlogits @ w (=), dw += dlogits^T @ hn. loss_sum is f32 [1] on the op's device
-// (no host synchronisation). chunk_rows <= 0 lets the backend choose. CUDA: hn, w, dhn bf16; dw f32.
+// ignored rows), dhn = dlogits @ w (=), dw += dlogits^T @ hn (= unless accumulate_dw). loss_sum is
+// f32 [1] on the op's device (no host synchronisation). chunk_rows <= 0 lets the backend choose.
+// CUDA: hn, w, dhn bf16; dw f32.
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
-                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD);
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw = true);
 
 // ---- optimizer and gradient utilities ----
 struct AdamWHyper {

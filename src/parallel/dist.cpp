@@ -50,6 +50,12 @@ int DistContext::dp_rank() const {
 
 int DistContext::dp_size() const { return mesh_.size(Axis::DpReplicate) * mesh_.size(Axis::DpShard); }
 
+void DistContext::finish() {
+  if (!distributed()) return;
+  check_schedules();
+  store_->barrier("moetrain/finish", rank_, world_, std::chrono::minutes(5));
+}
+
 void DistContext::check_schedules() {
   for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get()})
     if (c) c->check_schedule();

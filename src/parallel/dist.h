@@ -36,6 +36,10 @@ class DistContext {
   comm::Communicator* dp() { return dp_.get(); }
   int dp_rank() const;
   int dp_size() const;
+  // A clean end of a run: a barrier of every rank through the store, so that rank 0 (which serves
+  // the store) leaves last. Not called on errors: a failing rank exits at once and the launcher
+  // stops the others.
+  void finish();
   // Compares every communicator's collective schedule across its ranks (collective).
   void check_schedules();
   std::string describe() const;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace mt {
 
@@ -99,6 +100,7 @@ Tensor FsdpParams::acquire_weights(int u) {
   Gather& g = gathered_.at(u);
   if (g.users++ == 0) {
     CommTimer t{comm_s_};
+    ops::OpScope scope("comm_all_gather_wait", device_ == Device::CUDA);  // exposed time, when profiling
     g.work->wait();
   }
   return g.buf.rows(0, units_[size_t(u)].numel());
@@ -135,7 +137,17 @@ void FsdpParams::grads_done(int u) {
   p.part = take(chunk_[size_t(u)], DType::F32);
   {
     CommTimer t{comm_s_};
-    p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+    if (opt_.reduce_dtype == DType::BF16) {
+      // Rank r's piece of every rank's gradient goes to rank r as bf16; the sum happens in fp32 at
+      // the receiver (finish_pending).
+      p.send = take(p.full.numel(), DType::BF16);
+      ops::copy_cast(p.full, p.send);
+      p.wire = take(p.full.numel(), DType::BF16);
+      const std::vector<int64_t> counts(size_t(shard_.size()), chunk_[size_t(u)]);
+      p.work = shard_.all_to_all_v(p.send, counts, p.wire, counts);
+    } else {
+      p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+    }
   }
   pending_.push_back(std::move(p));
   // The embedding is the last unit of every backward: everything must land before the optimizer.
@@ -149,8 +161,22 @@ void FsdpParams::finish_pending(bool all) {
     pending_.erase(pending_.begin());
     {
       CommTimer t{comm_s_};
+      ops::OpScope scope("comm_reduce_scatter_wait", device_ == Device::CUDA);
       p.work->wait();
-      if (replicate_) replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
+    }
+    if (p.wire.defined()) {
+      const int64_t c = p.part.numel();
+      for (int r = 0; r < shard_.size(); ++r) {
+        Tensor piece = r == 0 ? p.part : p.full.rows(0, c);
+        ops::copy_cast(p.wire.rows(r * c, c), piece);
+        if (r > 0) ops::add_(p.part, piece);
+      }
+      give(std::move(p.wire));
+      give(std::move(p.send));
+    }
+    if (replicate_) {
+      CommTimer t{comm_s_};
+      replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
     }
     Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
     ops::add_(dst, p.part);

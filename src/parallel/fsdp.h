@@ -35,6 +35,9 @@ enum class GradSync { EveryMicroBatch, LastMicroBatch };
 
 struct FsdpOptions {
   GradSync grad_sync = GradSync::EveryMicroBatch;
+  // F32: reduce-scatter in fp32. BF16: the gradients travel as bf16 (half the bytes) through an
+  // all-to-all and each rank sums the W pieces of its chunk in fp32 (no bf16 partial sums).
+  DType reduce_dtype = DType::F32;
 };
 
 class FsdpParams final : public ParamSource {
@@ -108,7 +111,7 @@ class FsdpParams final : public ParamSource {
   std::map<int, Tensor> unit_grads_;
   struct Pending {
     int unit;
-    Tensor full, part;
+    Tensor full, part, send, wire;  // send / wire: the bf16 pieces sent / received (reduce_dtype BF16)
     std::shared_ptr<comm::Work> work;
   };
   std::vector<Pending> pending_;

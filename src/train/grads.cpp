@@ -1,5 +1,7 @@
 #include "train/grads.h"
 
+#include <exception>
+
 #include "core/log.h"
 #include "data/batch.h"
 #include "comm/dist_env.h"
@@ -81,6 +83,12 @@ GradsResult run_grads(const GradsOptions& opt) {
       grads.rows(fsdp->unit(u).begin, fsdp->unit(u).numel()).copy_from(fsdp->gather_unit_host(u, /*grads=*/true));
 
   GradsResult res{ce_sum / double(n_valid) + lp.aux * aux_scale, lp.aux, n_valid};
+  struct Finish {  // every rank waits until rank 0 has written the file
+    DistContext& d;
+    ~Finish() noexcept(false) {
+      if (!std::uncaught_exceptions()) d.finish();
+    }
+  } finish{*dist};
   if (dist->rank() != 0) return res;
   NamedTensors out;
   Tensor loss = Tensor::empty({1}), aux = Tensor::empty({1});

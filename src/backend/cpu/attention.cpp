@@ -11,30 +11,21 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm.h"
+#include "ops/attention_shapes.h"
 
 namespace mt::cpu {
 
 namespace {
 
-struct AttnDims {
-  int64_t T, H, G, Hd;
-};
+using AttnDims = ops::AttentionDims;
 
+// Dtypes here; the shapes by the check all backends share.
 AttnDims check_attention_args(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
                               const char* op) {
   check_dtype(q_THHd, DType::F32, str(op, " q_THHd").c_str());
   check_dtype(k_TGHd, DType::F32, str(op, " k_TGHd").c_str());
   check_dtype(v_TGHd, DType::F32, str(op, " v_TGHd").c_str());
-  if (q_THHd.dim() != 3) MT_THROW(op, " q_THHd must be 3-D [T, H, Hd], got shape ", shape_str(q_THHd.shape()));
-  if (k_TGHd.dim() != 3) MT_THROW(op, " k_TGHd must be 3-D [T, G, Hd], got shape ", shape_str(k_TGHd.shape()));
-  AttnDims d{q_THHd.size(0), q_THHd.size(1), k_TGHd.size(1), q_THHd.size(2)};
-  if (B < 0 || S < 0 || B * S != d.T)
-    MT_THROW(op, ": B (", B, ") * S (", S, ") must equal the number of tokens T (", d.T, ")");
-  if (d.G <= 0 || d.H % d.G != 0)
-    MT_THROW(op, ": query heads H (", d.H, ") must be a multiple of key/value heads G (", d.G, ")");
-  check_shape(k_TGHd, {d.T, d.G, d.Hd}, str(op, " k_TGHd").c_str());
-  check_shape(v_TGHd, {d.T, d.G, d.Hd}, str(op, " v_TGHd").c_str());
-  return d;
+  return ops::check_attention_shapes(q_THHd, k_TGHd, v_TGHd, B, S, op);
 }
 
 // P[i, j] = exp(scores[i, j] - lse[i]) for j <= i, 0 above the diagonal. scores holds the scaled

@@ -8,12 +8,12 @@ using ops::AdamWHyper;
 
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI);
+                Tensor& dw_OI, bool accumulate_dw = true);
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD);
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw = true);
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D);
+                  Tensor& dw_D, bool accumulate_dw = true);
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta);
 void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta);
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
@@ -42,22 +42,23 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD);
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
 double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid);
 void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, float scale,
                        Tensor& dlogits_TV);
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
-                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD);
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw = true);
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute);
 double sum_squares(const Tensor& x);
 void scale_(Tensor& x, float s);
-void add_(Tensor& y, const Tensor& x, float alpha);
+void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);
 bool all_finite(const Tensor& x);
 void copy_cast(const Tensor& src, Tensor& dst);
 

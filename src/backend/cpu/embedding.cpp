@@ -30,7 +30,7 @@ void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) 
   for (int64_t t = 0; t < T; ++t) std::memcpy(out + t * D, table + ids[t] * D, size_t(D) * sizeof(float));
 }
 
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD) {
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw) {
   check_dtype(dtable_VD, DType::F32, "embedding_bwd dtable_VD");
   if (dtable_VD.dim() != 2) MT_THROW("embedding_bwd dtable_VD must be 2-D, got shape ", shape_str(dtable_VD.shape()));
   const int64_t V = dtable_VD.size(0), D = dtable_VD.size(1);
@@ -40,6 +40,7 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
   const int64_t* ids = ids_T.data<int64_t>();
   const float* dout = dout_TD.data<float>();
   float* dtable = dtable_VD.data<float>();
+  if (!accumulate_dw) std::fill(dtable, dtable + V * D, 0.0f);
   // Sequential in t, so repeated ids accumulate in a fixed order (deterministic).
   for (int64_t t = 0; t < T; ++t) {
     float* row = dtable + ids[t] * D;

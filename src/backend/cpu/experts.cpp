@@ -118,7 +118,7 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_bwd");
   MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
   const int64_t R = xp_RD.size(0);
@@ -142,6 +142,11 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
   float* dwgu = dw_gate_up_E2FD.data<float>();
   float* dwd = dw_down_EDF.data<float>();
 
+  // Experts without rows get no GEMM, so with = their gradients are cleared here.
+  if (!accumulate_dw) {
+    dw_gate_up_E2FD.zero_();
+    dw_down_EDF.zero_();
+  }
   int64_t max_rows = 0;
   for (int64_t e = 0; e < E; ++e) max_rows = std::max(max_rows, off[e + 1] - off[e]);
   Tensor dh = Tensor::empty({max_rows, F}), dgu = Tensor::empty({max_rows, 2 * F});
@@ -190,7 +195,7 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_ref_bwd");
   MT_CHECK(x_TD.dim() == 2, "experts_ref_bwd x_TD must be 2-D, got ", x_TD.desc());
   const int64_t T = x_TD.size(0);
@@ -257,8 +262,11 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
           dwgu[size_t(j * D + i)] += dgu[size_t(j)] * double(xt[i]);
         }
     }
-    for (int64_t i = 0; i < 2 * F * D; ++i) pdwgu[e * 2 * F * D + i] += float(dwgu[size_t(i)]);
-    for (int64_t i = 0; i < D * F; ++i) pdwd[e * D * F + i] += float(dwd[size_t(i)]);
+    // = must not read the old value (it may be anything, NaN included).
+    for (int64_t i = 0; i < 2 * F * D; ++i)
+      pdwgu[e * 2 * F * D + i] = float(dwgu[size_t(i)]) + (accumulate_dw ? pdwgu[e * 2 * F * D + i] : 0.0f);
+    for (int64_t i = 0; i < D * F; ++i)
+      pdwd[e * D * F + i] = float(dwd[size_t(i)]) + (accumulate_dw ? pdwd[e * D * F + i] : 0.0f);
   }
   float* pdx = dx_TD.data<float>();
   for (int64_t i = 0; i < T * D; ++i) pdx[i] = float(dx[size_t(i)]);

@@ -1,5 +1,5 @@
 // CPU linear layers with the HF weight layout (w_OI is [out, in]), both directions through sgemm.
-// Contract (ops.h): y = x @ w^T; dx = (or +=) dy @ w; dw += dy^T @ x.
+// Contract (ops.h): y = x @ w^T; dx = (or +=) dy @ w; dw += (or =) dy^T @ x.
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm.h"
 
@@ -21,7 +21,7 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
 }
 
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI) {
+                Tensor& dw_OI, bool accumulate_dw) {
   require_2d(x_TI, "linear_bwd x_TI");
   require_2d(w_OI, "linear_bwd w_OI");
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
@@ -36,7 +36,8 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
     sgemm(false, false, T, I, O, 1.0f, dy_TO.data<float>(), O, w_OI.data<float>(), I, accumulate_dx ? 1.0f : 0.0f,
           dx_TI->data<float>(), I);
   }
-  sgemm(true, false, O, I, T, 1.0f, dy_TO.data<float>(), O, x_TI.data<float>(), I, 1.0f, dw_OI.data<float>(), I);
+  sgemm(true, false, O, I, T, 1.0f, dy_TO.data<float>(), O, x_TI.data<float>(), I, accumulate_dw ? 1.0f : 0.0f,
+        dw_OI.data<float>(), I);
 }
 
 }  // namespace mt::cpu

@@ -5,7 +5,7 @@
 namespace mt::cpu {
 
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
-                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD) {
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
   const int64_t T = hn_TD.size(0), D = hn_TD.size(1), V = w_VD.size(0);
   check_shape(w_VD, {V, D}, "lm_head_cross_entropy w_VD");
   check_shape(labels_T, {T}, "lm_head_cross_entropy labels_T");
@@ -13,6 +13,7 @@ void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor
   check_shape(dhn_TD, {T, D}, "lm_head_cross_entropy dhn_TD");
   check_dtype(loss_sum, DType::F32, "lm_head_cross_entropy loss_sum");
   if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * std::max<int64_t>(V, 1)));
+  if (!accumulate_dw && T == 0) dw_VD.zero_();  // no chunk writes it
   double total = 0;
   for (int64_t t0 = 0; t0 < T; t0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, T - t0);
@@ -22,7 +23,7 @@ void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor
     int64_t valid = 0;
     total += cross_entropy_fwd(logits, labels, lse, &valid);
     cross_entropy_bwd(logits, labels, lse, scale, dlogits);
-    linear_bwd(dlogits, hn, w_VD, &dhn, false, dw_VD);
+    linear_bwd(dlogits, hn, w_VD, &dhn, false, dw_VD, accumulate_dw || t0 > 0);
   }
   loss_sum.data<float>()[0] += float(total);
 }

@@ -45,7 +45,7 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 // With xn = x * r and r = (mean(x^2) + eps)^(-1/2): dr/dx_j = -r^3 x_j / D, so
 // dx_j = r * (g_j - xn_j * mean_i(g_i * xn_i)) where g = dy * w; dw_j += sum_n dy_j * xn_j.
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D) {
+                  Tensor& dw_D, bool accumulate_dw) {
   const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
   check_shape(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
   check_dtype(dy_ND, DType::F32, "rms_norm_bwd dy_ND");
@@ -74,7 +74,7 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
     float* dxr = dx + n * D;
     for (int64_t d = 0; d < D; ++d) dxr[d] = float(r * (double(dyr[d]) * double(w[d]) - double(xr[d]) * r * mean_dot));
   }
-  for (int64_t d = 0; d < D; ++d) dw[d] += float(dw_acc[size_t(d)]);
+  for (int64_t d = 0; d < D; ++d) dw[d] = float(dw_acc[size_t(d)]) + (accumulate_dw ? dw[d] : 0.0f);
 }
 
 }  // namespace mt::cpu

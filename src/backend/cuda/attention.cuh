@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "ops/attention_shapes.h"
 
 namespace mt::cuda {
 
@@ -46,10 +47,9 @@ void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tens
                        Tensor& dk_TGHd, Tensor& dv_TGHd, StatsLayout stats = StatsLayout::TH);
 
 namespace detail {
-struct AttnDims {
-  int64_t T, H, G, Hd;
-};
-// Checks q, k, v (device, bf16, shapes, B*S == T, H % G == 0) and returns the dims; `op` names the caller.
+using AttnDims = ops::AttentionDims;
+// Checks q, k, v's device and dtype (bf16) here, their shapes by the shared ops::check_attention_shapes,
+// and returns the dims; `op` names the caller.
 AttnDims check_attention_inputs(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
                                 const char* op);
 }  // namespace detail

@@ -14,20 +14,20 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   no_cuda("linear_fwd");
 }
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI) {
+                Tensor& dw_OI, bool accumulate_dw) {
   no_cuda("linear_bwd");
 }
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) {
   no_cuda("embedding_fwd");
 }
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD) {
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw) {
   no_cuda("embedding_bwd");
 }
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
   no_cuda("rms_norm_fwd");
 }
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D) {
+                  Tensor& dw_D, bool accumulate_dw) {
   no_cuda("rms_norm_bwd");
 }
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta) {
@@ -94,7 +94,7 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 }
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   no_cuda("experts_bwd");
 }
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
@@ -103,7 +103,7 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 }
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   no_cuda("experts_ref_bwd");
 }
 double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid) {
@@ -114,7 +114,7 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
   no_cuda("cross_entropy_bwd");
 }
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
-                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD) {
+                           int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
   no_cuda("lm_head_cross_entropy");
 }
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,

@@ -129,12 +129,15 @@ void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) 
   MT_CUDA_LAUNCH_CHECK("embedding_fwd");
 }
 
-void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD) {
+void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD, bool accumulate_dw) {
   check_cuda(dtable_VD, DType::F32, "embedding_bwd dtable_VD");
   MT_CHECK(dtable_VD.dim() == 2, "embedding_bwd dtable_VD must be 2-D, got ", dtable_VD.desc());
   const int64_t V = dtable_VD.size(0), D = dtable_VD.size(1);
   const int64_t T = check_ids(ids_T, "embedding_bwd ids_T");
   check_bf16_or_f32(dout_TD, {T, D}, "embedding_bwd dout_TD");
+  // = is a clear and the scatter-add: rows of ids that do not occur must become 0 as well.
+  if (!accumulate_dw && V * D > 0)
+    MT_CUDA_CHECK("embedding_bwd", cudaMemsetAsync(dtable_VD.raw(), 0, size_t(V * D) * sizeof(float), stream()));
   if (T == 0 || D == 0) return;
   const unsigned grid = unsigned(std::min(T, kMaxGrid));
   dispatch_float(dout_TD.dtype(), [&](auto tag) {

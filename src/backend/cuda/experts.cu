@@ -165,17 +165,17 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_bwd");
   if (use_grouped(
           d.D, d.F,
           {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF},
           "experts_bwd"))
     experts_bwd_grouped(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
-                        dw_down_EDF);
+                        dw_down_EDF, accumulate_dw);
   else
     experts_bwd_reference(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
-                          dw_down_EDF);
+                          dw_down_EDF, accumulate_dw);
 }
 
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
@@ -200,7 +200,8 @@ void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Te
 
 void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                          const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
-                         const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                         const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
+                         bool accumulate_dw) {
   const char* op = "experts_bwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
@@ -211,19 +212,26 @@ void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor
       D, F, {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
   MT_CHECK(why.empty(), op, ": the grouped path cannot run: ", why);
   check_dispatch_plan_errors(op);
-  if (R == 0) return;
+  if (R == 0) {
+    if (!accumulate_dw) {
+      dw_gate_up_E2FD.zero_();
+      dw_down_EDF.zero_();
+    }
+    return;
+  }
   const int64_t* off = offsets_E1.data<int64_t>();
   const BwdScratch t = bwd_scratch(R, F, op);
   const __nv_bfloat16* dyp = bf16_in(dyp_RD);
   // dh = dyp @ w_down[e] (w_down[e] is [D, F] = [K, N]); dw_down[e] += dyp^T @ h
   grouped_gemm_rows("experts_bwd dh", E, off, R, F, D, dyp, bf16_in(w_down_EDF), false, t.dh);
-  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>());
+  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>(),
+                     accumulate_dw);
   const Tensor dh_RF = device_view(t.dh, {R, F}, DType::BF16);
   Tensor dgu_R2F = device_view(t.dgu, {R, 2 * F}, DType::BF16);
   swiglu_bwd(dh_RF, gu_R2F, dgu_R2F);
   // dw_gate_up[e] += dgu^T @ xp; dxp = dgu @ w_gate_up[e] (w_gate_up[e] is [2F, D] = [K, N])
   grouped_gemm_wgrad("experts_bwd dw_gate_up", E, off, R, 2 * F, D, t.dgu, bf16_in(xp_RD),
-                     dw_gate_up_E2FD.data<float>());
+                     dw_gate_up_E2FD.data<float>(), accumulate_dw);
   grouped_gemm_rows("experts_bwd dxp", E, off, R, D, 2 * F, t.dgu, bf16_in(w_gate_up_E2FD), false, bf16_out(dxp_RD));
 }
 
@@ -259,13 +267,19 @@ void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const 
 
 void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                            const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
-                           const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                           const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
+                           bool accumulate_dw) {
   const char* op = "experts_bwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
   const int64_t R =
       check_bwd(dyp_RD, xp_RD, w_gate_up_E2FD, w_down_EDF, d, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
   const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
+  // The reference path keeps +=: = is a clear first (experts without rows must read 0 too).
+  if (!accumulate_dw) {
+    dw_gate_up_E2FD.zero_();
+    dw_down_EDF.zero_();
+  }
   if (R == 0) return;
 
   const BwdScratch t = bwd_scratch(R, F, op);
@@ -344,7 +358,7 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
-                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF) {
+                     Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const char* op = "experts_ref_bwd";
   check_cuda(topk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_bwd topk_w_TK");
   check_cuda(dy_TD, DType::BF16, x_TD.shape(), "experts_ref_bwd dy_TD");
@@ -355,7 +369,8 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
   Tensor dyp = Tensor::empty(s.yp.shape(), DType::BF16, Device::CUDA);
   Tensor dxp = Tensor::empty(s.xp.shape(), DType::BF16, Device::CUDA);
   unpermute_bwd(dy_TD, s.yp, s.row_of_assign, topk_w_TK, dyp, dtopk_w_TK);
-  experts_bwd(dyp, s.xp, s.offsets, w_gate_up_E2FD, w_down_EDF, s.gu, s.h, dxp, dw_gate_up_E2FD, dw_down_EDF);
+  experts_bwd(dyp, s.xp, s.offsets, w_gate_up_E2FD, w_down_EDF, s.gu, s.h, dxp, dw_gate_up_E2FD, dw_down_EDF,
+              accumulate_dw);
   // dx is "=", permute_bwd accumulates.
   if (dx_TD.numel() > 0) MT_CUDA_CHECK(op, cudaMemsetAsync(dx_TD.raw(), 0, dx_TD.nbytes(), stream()));
   permute_bwd(dxp, s.assign_of_row, K, dx_TD);

@@ -37,8 +37,9 @@ void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int
 
 // For each expert e with rows [r0, r1):  W_e += A[r0:r1, 0:M]^T @ B[r0:r1, 0:N]   (f32 +=)
 // A is [R, M], B is [R, N], W_e = W + e*M*N is [M, N] f32. Experts without rows keep W_e untouched.
+// With accumulate false it is = instead (C is not read), and experts without rows get W_e = 0.
 void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t M, int64_t N,
-                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W);
+                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate = true);
 
 // ---- the experts' paths (experts.cu); experts_fwd / experts_bwd pick one per call ----
 // MOETRAIN_EXPERTS=reference forces the reference path, =grouped makes an unusable grouped path an
@@ -54,12 +55,14 @@ void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const 
                            const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
 void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                            const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
-                           const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                           const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
+                           bool accumulate_dw = true);
 // The grouped path: the grouped GEMMs above, no host synchronisation. Throws when unsupported.
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                          const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
 void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                          const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
-                         const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF);
+                         const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
+                         bool accumulate_dw = true);
 
 }  // namespace mt::cuda

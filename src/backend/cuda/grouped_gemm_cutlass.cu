@@ -1,6 +1,7 @@
 // The grouped GEMMs of grouped_gemm.cuh on CUTLASS: argument checks, the deferred report of bad
 // offsets, and dispatch to the three kernels (grouped_gemm_cutlass_{tn,nn,wgrad}.cu). Compiled only
 // when CMake finds the CUTLASS headers; grouped_gemm_fallback.cu replaces it otherwise.
+#include <algorithm>
 #include <climits>
 #include <initializer_list>
 #include <utility>
@@ -50,6 +51,18 @@ unsigned long long* check_args(const char* op, int64_t E, const int64_t* offsets
   return offsets_error().device_word(op);
 }
 
+// With =, experts without rows (or with bad offsets, which get no tiles either) must read 0.
+// grid (x: blocks over one expert's M*N floats, y: experts).
+__global__ void zero_empty_experts_kernel(const int64_t* off, int64_t R, int64_t MN, float* W) {
+  const int e = int(blockIdx.y), E = int(gridDim.y);
+  const int64_t r0 = off[e], r1 = off[e + 1];
+  const bool ok = 0 <= r0 && r0 <= r1 && r1 <= R && (e != 0 || r0 == 0) && (e != E - 1 || r1 == R);
+  if (ok && r1 > r0) return;
+  float4* w = reinterpret_cast<float4*>(W + int64_t(e) * MN);  // MN % 4 == 0: M, N are multiples of 8
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < MN / 4; i += int64_t(gridDim.x) * blockDim.x)
+    w[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 }  // namespace
 
 bool grouped_gemm_available() {
@@ -79,10 +92,18 @@ void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int
 }
 
 void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t M, int64_t N,
-                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W) {
+                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate) {
   unsigned long long* err = check_args(op, E, offsets_E1, R, {{"M", M}, {"N", N}}, {{"A", A}, {"B", B}, {"W", W}});
+  if (!accumulate) {
+    MT_CHECK(E <= 65535, op, ": E (", E, ") exceeds the grid's y range");
+    const int64_t MN = M * N;
+    const unsigned bx = unsigned(std::min<int64_t>((MN / 4 + 255) / 256, 64));
+    zero_empty_experts_kernel<<<dim3(bx, unsigned(E)), 256, 0, stream()>>>(offsets_E1, R, MN, W);
+    MT_CUDA_LAUNCH_CHECK(op);
+  }
   if (R == 0) return;
-  grouped::run_wgrad(op, grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err});
+  grouped::run_wgrad(
+      op, grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err, accumulate ? 1.0f : 0.0f});
   offsets_error().publish(op);
 }
 

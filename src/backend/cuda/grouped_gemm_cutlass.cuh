@@ -30,8 +30,9 @@ struct WgradProblem {
   int M, N;
   const __nv_bfloat16* A;  // [R, M]
   const __nv_bfloat16* B;  // [R, N]
-  float* W;                // E blocks of [M, N], +=
+  float* W;                // E blocks of [M, N]: W = A^T B + beta * W
   unsigned long long* err;
+  float beta;  // 1 (+=) or 0 (=, W not read)
 };
 
 void run_rows_tn(const char* op, const RowsProblem& p);

@@ -226,7 +226,7 @@ void run_wgrad_impl(const char* op, const WgradProblem& p) {
   const typename G::Arrays g = G::arrays(arrays_buf, p.E, op);
   wgrad_setup_kernel<G><<<blocks_for(p.E, 128), 128, 0, stream()>>>(g, p);
   MT_CUDA_LAUNCH_CHECK(op);
-  launch_grouped<G>(op, p.E, g, true, 1.0f, workspace);
+  launch_grouped<G>(op, p.E, g, true, p.beta, workspace);
 }
 
 }  // namespace mt::cuda::grouped

@@ -1,5 +1,5 @@
 // CUDA linear layers (HF layout, w_OI is [out, in]) on the cuBLASLt GEMM, f32 accumulation.
-// Contract (ops.h): y = x @ w^T (bf16 or f32 y); dx = (or +=) dy @ w (bf16); dw += dy^T @ x (f32).
+// Contract (ops.h): y = x @ w^T (bf16 or f32 y); dx = (or +=) dy @ w (bf16); dw += (or =) dy^T @ x (f32).
 // An f32 dy is rounded to bf16 once (a temporary) because the GEMM takes bf16 operands.
 #include <algorithm>
 
@@ -40,7 +40,7 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
 }
 
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
-                Tensor& dw_OI) {
+                Tensor& dw_OI, bool accumulate_dw) {
   check_matrix(x_TI, "linear_bwd x_TI");
   check_matrix(w_OI, "linear_bwd w_OI");
   check_dtype(x_TI, DType::BF16, "linear_bwd x_TI");
@@ -65,7 +65,8 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
   if (dx_TI)
     gemm("linear_bwd dx", false, false, T, I, O, dy, O, bf16_ptr(w_OI), I, accumulate_dx ? 1.0f : 0.0f, dx_TI->raw(),
          DType::BF16, I);
-  gemm("linear_bwd dw", true, false, O, I, T, dy, O, bf16_ptr(x_TI), I, 1.0f, dw_OI.raw(), DType::F32, I);
+  gemm("linear_bwd dw", true, false, O, I, T, dy, O, bf16_ptr(x_TI), I, accumulate_dw ? 1.0f : 0.0f, dw_OI.raw(),
+       DType::F32, I);
 }
 
 }  // namespace mt::cuda

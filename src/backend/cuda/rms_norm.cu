@@ -245,11 +245,14 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 }
 
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D) {
+                  Tensor& dw_D, bool accumulate_dw) {
   const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
   check_cuda(dy_ND, DType::BF16, {N, D}, "rms_norm_bwd dy_ND");
   check_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
   check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
+  // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats).
+  if (!accumulate_dw && D > 0)
+    MT_CUDA_CHECK("rms_norm_bwd", cudaMemsetAsync(dw_D.raw(), 0, size_t(D) * sizeof(float), stream()));
   if (N == 0 || D == 0) return;
   const auto* dy = static_cast<const bf16*>(dy_ND.raw());
   const auto* w = static_cast<const bf16*>(w_D.raw());
