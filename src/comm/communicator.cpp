@@ -340,7 +340,9 @@ void Communicator::check_op(const OpRecord& rec, const std::vector<int64_t>* sen
 
 void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - rec.issued).count();
-  std::string msg = str(where(), ": op ", rec.str(), " failed after ", secs, " s (timeout ", opt_.timeout.count(),
+  char secs_text[32];
+  std::snprintf(secs_text, sizeof(secs_text), "%.3f", secs);
+  std::string msg = str(where(), ": op ", rec.str(), " failed after ", secs_text, " s (timeout ", opt_.timeout.count(),
                         " ms): ", e.what());
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -105,10 +105,13 @@ class NcclComm : public Communicator {
       throw;
     }
     int nranks = 0, me = 0;
-    nccl_check(ncclCommCount(comm_, &nranks), "ncclCommCount");
-    nccl_check(ncclCommUserRank(comm_, &me), "ncclCommUserRank");
-    MT_CHECK(nranks == size && me == rank, "NCCL communicator '", name, "' has rank ", me, " of ", nranks,
-             ", the store's agreement says ", rank, " of ", size);
+    ncclCommCount(comm_, &nranks);
+    ncclCommUserRank(comm_, &me);
+    if (nranks != size || me != rank) {
+      destroy(true);
+      MT_CHECK(false, "NCCL communicator '", name, "' has rank ", me, " of ", nranks, ", the store's agreement says ",
+               rank, " of ", size);
+    }
   }
 
   ~NcclComm() override {
@@ -244,6 +247,7 @@ class NcclComm : public Communicator {
 
   std::unique_ptr<Communicator> do_split(SplitPlan plan) override {
     set_device();
+    std::unique_ptr<Communicator> child;
     if (plan.new_size == 0) {
       // This rank joins no group but still takes part in the parent's ncclCommSplit.
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -251,13 +255,16 @@ class NcclComm : public Communicator {
       ncclComm_t none = nullptr;
       nccl_check(with_comm([&](ncclComm_t c) { return ncclCommSplit(c, NCCL_SPLIT_NOCOLOR, plan.key, &none, &cfg); }),
                  "ncclCommSplit");
-      settle("ncclCommSplit");
-      return nullptr;
+    } else {
+      // The parent's handle stays locked while the child is made from it, so that an abort from the
+      // watchdog cannot free it meanwhile (the child's own wait is bounded by the timeout).
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      if (!comm_) MT_THROW(where_nccl(), ": split after abort");
+      child = std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_,
+                                         device_, comm_, plan.color, plan.key);
     }
-    std::lock_guard<std::mutex> lock(nccl_mu_);
-    if (!comm_) MT_THROW(where_nccl(), ": split after abort");
-    return std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_, device_,
-                                      comm_, plan.color, plan.key);
+    settle("ncclCommSplit (parent)");  // a non-blocking parent may be in progress after a split
+    return child;
   }
 
   void do_abort(const std::string&) override {
