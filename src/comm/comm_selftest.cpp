@@ -4,17 +4,19 @@
 //   --bench-mib M       size of the timed all_gather / reduce_scatter / all_reduce buffers (default
 //                       256 on cuda, 16 on cpu; 0 skips the timing)
 //   --iters K           timed iterations per op (default 10, after 2 untimed)
+//   --skip-without-gpus N  with --device cuda: when fewer than N GPUs are visible, print
+//                       "skipped: no GPU" and exit 0 (for test suites that also run on CPU machines)
 //   --kill-rank R       rank R SIGKILLs itself during a run of all_reduces; the other ranks ignore
 //                       SIGTERM, so that the launcher's stop protocol cannot pre-empt the error they
 //                       must raise themselves (the launcher's SIGKILL after its grace period still
 //                       ends a rank that hangs)
 #include "comm/comm_selftest.h"
 
-#include <csignal>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -89,7 +91,9 @@ struct Checker {
   }
 };
 
-Tensor on(Device d, const Tensor& host) { return d == Device::CPU ? host : host.to(d); }
+Tensor on(Device d, const Tensor& host) {
+  return d == Device::CPU ? host : host.to(d);
+}
 
 double reduced(DType dt, ReduceOp op, int n, int64_t i) {
   double s = 0, mx = -1e300, mn = 1e300;
@@ -110,28 +114,32 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
       Tensor in = on(dev, host_filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
       Tensor out = Tensor::zeros({n * count}, dt, dev);
       c.all_gather(in, out)->wait();
-      ck.expect(out, [&](int64_t j) { return value_of(dt, int(j / count), j % count); },
-                str("all_gather ", dtype_name(dt), " x ", count));
+      ck.expect(
+          out, [&](int64_t j) { return value_of(dt, int(j / count), j % count); },
+          str("all_gather ", dtype_name(dt), " x ", count));
     }
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
       for (int64_t count : {int64_t(0), int64_t(1001)}) {
         Tensor t = on(dev, host_filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
         c.all_reduce(t, op)->wait();
-        ck.expect(t, [&](int64_t i) { return reduced(dt, op, n, i); },
-                  str("all_reduce(", reduce_op_name(op), ") ", dtype_name(dt), " x ", count));
+        ck.expect(
+            t, [&](int64_t i) { return reduced(dt, op, n, i); },
+            str("all_reduce(", reduce_op_name(op), ") ", dtype_name(dt), " x ", count));
       }
       for (int64_t block : {int64_t(0), int64_t(1), int64_t(777)}) {
         Tensor in = on(dev, host_filled(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); }));
         Tensor out = Tensor::zeros({block}, dt, dev);
         c.reduce_scatter(in, out, op)->wait();
-        ck.expect(out, [&](int64_t i) { return reduced(dt, op, n, r * block + i); },
-                  str("reduce_scatter(", reduce_op_name(op), ") ", dtype_name(dt), " block ", block));
+        ck.expect(
+            out, [&](int64_t i) { return reduced(dt, op, n, r * block + i); },
+            str("reduce_scatter(", reduce_op_name(op), ") ", dtype_name(dt), " block ", block));
       }
     }
     for (int root = 0; root < n; ++root) {
       Tensor t = on(dev, host_filled(dt, 513, [&](int64_t i) { return value_of(dt, r, i); }));
       c.broadcast(t, root)->wait();
-      ck.expect(t, [&](int64_t i) { return value_of(dt, root, i); }, str("broadcast ", dtype_name(dt), " root ", root));
+      ck.expect(
+          t, [&](int64_t i) { return value_of(dt, root, i); }, str("broadcast ", dtype_name(dt), " root ", root));
     }
     // all_to_all_v: rank s sends 100 * ((s + 2d) % 3) elements to rank d (zero counts included);
     // element k of that block is f(s, k).
@@ -153,7 +161,8 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
     Tensor in = on(dev, host_filled(dt, total_in, [&](int64_t i) { return in_vals[size_t(i)]; }));
     Tensor out = Tensor::zeros({int64_t(want.size())}, dt, dev);
     c.all_to_all_v(in, send, out, recv)->wait();
-    ck.expect(out, [&](int64_t i) { return want[size_t(i)]; }, str("all_to_all_v ", dtype_name(dt)));
+    ck.expect(
+        out, [&](int64_t i) { return want[size_t(i)]; }, str("all_to_all_v ", dtype_name(dt)));
   }
   if (n > 1) {
     // Sends complete only when the peer receives, so even ranks send first, odd ranks receive first.
@@ -167,7 +176,8 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
       c.recv(got, prev);
       c.send(mine, next);
     }
-    ck.expect(got, [&](int64_t i) { return value_of(DType::F32, prev, i); }, "send/recv ring");
+    ck.expect(
+        got, [&](int64_t i) { return value_of(DType::F32, prev, i); }, "send/recv ring");
   }
   c.barrier();
   // Two groups by parity, ordered by descending world rank.
@@ -178,7 +188,8 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
   Tensor in = on(dev, host_filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
   Tensor out = Tensor::zeros({g->size() * 3}, DType::F32, dev);
   g->all_gather(in, out)->wait();
-  ck.expect(out, [&](int64_t j) { return value_of(DType::F32, members[size_t(j / 3)], j % 3); }, "split all_gather");
+  ck.expect(
+      out, [&](int64_t j) { return value_of(DType::F32, members[size_t(j / 3)], j % 3); }, "split all_gather");
   ++ck.checks;
   if (int(members.size()) != g->size() || members[size_t(g->rank())] != r) {
     std::fprintf(stderr, "rank %d: split gave rank %d of %d, expected %zu members\n", r, g->rank(), g->size(),
@@ -218,8 +229,7 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
           "{\"bench\": \"comm_check\", \"op\": \"%s\", \"backend\": \"%s\", \"device\": \"%s\", \"world\": %d, "
           "\"dtype\": \"%s\", \"bytes\": %lld, \"iters\": %d, \"ms\": %.3f, \"algbw_GBps\": %.2f, \"busbw_GBps\": "
           "%.2f}\n",
-          op, c.backend(), device_name(dev), n, dtype_name(dt), (long long)bytes, iters, ms, algbw,
-          algbw * bus_factor);
+          op, c.backend(), device_name(dev), n, dtype_name(dt), (long long)bytes, iters, ms, algbw, algbw * bus_factor);
     std::fflush(stdout);
   };
   const int64_t bytes = (mib << 20) / (8 * n) * (8 * n);  // divisible into n blocks of 8-byte elements
@@ -231,7 +241,8 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     Tensor out = Tensor::zeros({total}, dt, dev);
     c.all_gather(in, out)->wait();
     auto s = sample(total);
-    ck.expect(out, [&](int64_t j) { return value_of(dt, int(j / block), j % block); }, "bench all_gather", &s);
+    ck.expect(
+        out, [&](int64_t j) { return value_of(dt, int(j / block), j % block); }, "bench all_gather", &s);
     double ms = time_ms(dev, iters, [&] { c.all_gather(in, out)->wait(); });
     report("all_gather", dt, bytes, ms, double(n - 1) / n);
   }
@@ -245,8 +256,9 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     std::vector<int64_t> s;
     for (int64_t i : sample(total))
       if (i < block) s.push_back(i);
-    ck.expect(out, [&](int64_t j) { return double(n * (n - 1) / 2 + n * ((r * block + j) % 7)); },
-              "bench reduce_scatter", &s);
+    ck.expect(
+        out, [&](int64_t j) { return double(n * (n - 1) / 2 + n * ((r * block + j) % 7)); }, "bench reduce_scatter",
+        &s);
     double ms = time_ms(dev, iters, [&] { c.reduce_scatter(in, out)->wait(); });
     report("reduce_scatter", dt, bytes, ms, double(n - 1) / n);
   }
@@ -262,31 +274,42 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
 
 int comm_selftest_main(const std::vector<std::string>& args) {
   Device dev = Device::CPU;
-  int timeout_ms = 60000, bench_mib = -1, iters = 10, kill_rank = -1;
+  int timeout_ms = 60000, bench_mib = -1, iters = 10, kill_rank = -1, skip_without = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--device") {
       if (i + 1 >= args.size()) MT_THROW("_selftest comm: --device needs a value (cpu or cuda)");
       std::string d = args[++i];
-      if (d == "cpu") dev = Device::CPU;
-      else if (d == "cuda") dev = Device::CUDA;
-      else MT_THROW("_selftest comm: --device '", d, "' is not cpu or cuda");
+      if (d == "cpu")
+        dev = Device::CPU;
+      else if (d == "cuda")
+        dev = Device::CUDA;
+      else
+        MT_THROW("_selftest comm: --device '", d, "' is not cpu or cuda");
     } else if (a == "--timeout-ms") {
       timeout_ms = int_arg(args, i);
     } else if (a == "--bench-mib") {
       bench_mib = int_arg(args, i);
     } else if (a == "--iters") {
       iters = std::max(1, int_arg(args, i));
+    } else if (a == "--skip-without-gpus") {
+      skip_without = int_arg(args, i);
     } else if (a == "--kill-rank") {
       kill_rank = int_arg(args, i);
     } else {
-      MT_THROW("_selftest comm: unknown option '", a, "' (options: --device, --timeout-ms, --bench-mib, --iters, "
-               "--kill-rank)");
+      MT_THROW("_selftest comm: unknown option '", a,
+               "' (options: --device, --timeout-ms, --bench-mib, --iters, "
+               "--kill-rank, --skip-without-gpus)");
     }
   }
   if (bench_mib < 0) bench_mib = dev == Device::CUDA ? 256 : 16;
   DistEnv env = detect_dist_env();
   set_log_rank(env.rank);
+  if (dev == Device::CUDA && device_mem::cuda_device_count() < skip_without) {
+    std::printf("rank %d: skipped: no GPU (%d visible, %d needed)\n", env.rank, device_mem::cuda_device_count(),
+                skip_without);
+    return 0;
+  }
   const int r = env.rank, w = env.world_size;
   if (kill_rank >= 0 && r != kill_rank) std::signal(SIGTERM, SIG_IGN);
   if (dev == Device::CUDA) device_mem::set_cuda_device(env.local_rank);
@@ -299,8 +322,8 @@ int comm_selftest_main(const std::vector<std::string>& args) {
   watchdog.watch(world.get());
   Checker ck{r};
   check_collectives(*world, dev, ck);
-  std::printf("rank %d of %d: %s collectives: %lld checks, %lld failed\n", r, w, world->backend(),
-              (long long)ck.checks, (long long)ck.failures);
+  std::printf("rank %d of %d: %s collectives: %lld checks, %lld failed\n", r, w, world->backend(), (long long)ck.checks,
+              (long long)ck.failures);
   std::fflush(stdout);
   if (kill_rank >= 0) {
     Tensor t = Tensor::zeros({1 << 20}, DType::F32, dev);

@@ -81,7 +81,8 @@ void reduce_elems(ReduceOp op, void* c_, const void* a_, const void* b_, size_t 
       c[i] = from_double<T>(r);
     }
   } else {
-    for (size_t i = 0; i < n; ++i) c[i] = op == ReduceOp::Sum ? T(a[i] + b[i]) : op == ReduceOp::Max ? std::max(a[i], b[i]) : std::min(a[i], b[i]);
+    for (size_t i = 0; i < n; ++i)
+      c[i] = op == ReduceOp::Sum ? T(a[i] + b[i]) : op == ReduceOp::Max ? std::max(a[i], b[i]) : std::min(a[i], b[i]);
   }
 }
 
@@ -311,5 +312,7 @@ std::unique_ptr<Communicator> make_gloo_comm(int rank, int size, const std::stri
 }  // namespace mt::comm::detail
 
 namespace mt::comm {
-bool have_gloo() { return true; }
+bool have_gloo() {
+  return true;
+}
 }  // namespace mt::comm
