@@ -35,14 +35,16 @@ TEST(Watchdog, QuietWhileOpsComplete) {
 TEST(Watchdog, ReportsTheOldestOpInFlightAndAbortsEveryWatchedCommunicator) {
   auto store = make_memory_store();
   FakeComm stuck(0, 1, *store, {}, "a", "world"), other(0, 1, *store, {}, "b", "dp");
-  Watchdog w(*store, 0, 100ms, 60s, 10ms);
-  w.watch(&stuck);
-  w.watch(&other);
   Tensor t = Tensor::zeros({4096});
   stuck.all_reduce(t);  // completes
   stuck.hang = true;    // from now on ops stay in flight, as queued CUDA collectives would
   stuck.all_reduce(t);
   stuck.broadcast(t, 0);
+  // Watched only now, so that a slow machine cannot fire the watchdog between the two calls above
+  // (in flight is measured from when an op was issued).
+  Watchdog w(*store, 0, 100ms, 60s, 10ms);
+  w.watch(&stuck);
+  w.watch(&other);
   std::string report = store->get_str("watchdog/0", 20s);
   EXPECT_TRUE(std::regex_match(report, std::regex("watchdog: rank 0: communicator 'world' op #2 all_reduce f32 x 4096 "
                                                   "in flight for [0-9.]+ s; last completed #1 \\(last issued #3 "
