@@ -76,49 +76,11 @@ class NcclComm : public Communicator {
   NcclComm(int rank, int size, const std::string& name, Store& root, const std::string& prefix, CommOptions opt,
            int cuda_device, ncclComm_t parent = nullptr, int color = 0, int key = 0)
       : Communicator(rank, size, name, root, prefix, opt), device_(cuda_device) {
-    set_device();
-    MT_CUDA_CHECK("NCCL communicator", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    cfg.commName = name_c_str();
-    ncclComm_t c = nullptr;
-    ncclResult_t r;
-    if (parent) {
-      r = ncclCommSplit(parent, color, key, &c, &cfg);
-    } else {
-      ncclUniqueId uid;
-      if (rank == 0) {
-        nccl_check(ncclGetUniqueId(&uid), "ncclGetUniqueId");
-        store_.set("nccl/uid", Bytes(reinterpret_cast<uint8_t*>(&uid), reinterpret_cast<uint8_t*>(&uid) + sizeof(uid)));
-      } else {
-        Bytes b = store_.get("nccl/uid", opt_.timeout);
-        MT_CHECK(b.size() == sizeof(uid), "NCCL unique id of ", b.size(), " bytes, expected ", sizeof(uid));
-        std::memcpy(&uid, b.data(), sizeof(uid));
-      }
-      r = ncclCommInitRankConfig(&c, size, uid, rank, &cfg);
-    }
-    {
-      std::lock_guard<std::mutex> lock(nccl_mu_);
-      comm_ = c;
-    }
-    if (r != ncclSuccess && r != ncclInProgress) {
-      destroy(true);
-      MT_THROW(where_nccl(), ": ", parent ? "ncclCommSplit" : "ncclCommInitRankConfig",
-               " failed: ", ncclGetErrorString(r));
-    }
     try {
-      settle(parent ? "ncclCommSplit" : "ncclCommInitRankConfig");
-    } catch (...) {
+      init(parent, color, key);
+    } catch (const std::exception& e) {
       destroy(true);
-      throw;
-    }
-    int nranks = 0, me = 0;
-    ncclCommCount(comm_, &nranks);
-    ncclCommUserRank(comm_, &me);
-    if (nranks != size || me != rank) {
-      destroy(true);
-      MT_CHECK(false, "NCCL communicator '", name, "' has rank ", me, " of ", nranks, ", the store's agreement says ",
-               rank, " of ", size);
+      MT_THROW(where_nccl(), ": ", e.what());
     }
   }
 
@@ -130,6 +92,49 @@ class NcclComm : public Communicator {
     }
   }
 
+ private:
+  void init(ncclComm_t parent, int color, int key) {
+    set_device();
+    MT_CUDA_CHECK("NCCL communicator", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = name().c_str();
+    ncclComm_t c = nullptr;
+    ncclResult_t r;
+    const char* call = parent ? "ncclCommSplit" : "ncclCommInitRankConfig";
+    if (parent) {
+      r = ncclCommSplit(parent, color, key, &c, &cfg);
+    } else {
+      ncclUniqueId uid;
+      if (rank() == 0) {
+        nccl_check(ncclGetUniqueId(&uid), "ncclGetUniqueId");
+        store_.set("nccl/uid", Bytes(reinterpret_cast<uint8_t*>(&uid), reinterpret_cast<uint8_t*>(&uid) + sizeof(uid)));
+      } else {
+        Bytes b;
+        try {
+          b = store_.get("nccl/uid", opt_.timeout);
+        } catch (const std::exception& e) {
+          MT_THROW("no NCCL unique id from rank 0 (", e.what(), ")");
+        }
+        MT_CHECK(b.size() == sizeof(uid), "NCCL unique id of ", b.size(), " bytes, expected ", sizeof(uid));
+        std::memcpy(&uid, b.data(), sizeof(uid));
+      }
+      r = ncclCommInitRankConfig(&c, size(), uid, rank(), &cfg);
+    }
+    {
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      comm_ = c;
+    }
+    if (r != ncclSuccess && r != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(r));
+    settle(call);
+    int nranks = 0, me = 0;
+    ncclCommCount(comm_, &nranks);
+    ncclCommUserRank(comm_, &me);
+    MT_CHECK(nranks == size() && me == rank(), "NCCL made rank ", me, " of ", nranks, ", the store's agreement says ",
+             rank(), " of ", size());
+  }
+
+ public:
   Device device() const override { return Device::CUDA; }
   const char* backend() const override { return "nccl"; }
 
@@ -291,7 +296,6 @@ class NcclComm : public Communicator {
   }
 
  private:
-  const char* name_c_str() const { return name().c_str(); }
   std::string where_nccl() const {
     return str("NCCL communicator '", name(), "' (rank ", rank(), " of ", size(), ", GPU ", device_, ")");
   }
