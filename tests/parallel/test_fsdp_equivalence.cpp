@@ -139,7 +139,7 @@ std::vector<nlohmann::json> read_metrics(const std::string& path) {
 }
 
 std::string train_cmd(const std::string& out_dir, int steps) {
-  return " train --model tiny --steps " + std::to_string(steps) +
+  return " train --device cpu --model tiny --steps " + std::to_string(steps) +
          " --micro-batch-size 4 --grad-accum 2 --seq-len 32 --lr 3e-3 --warmup-steps 2 --eval-problems 0"
          " --log-every 5 --out-dir " + out_dir;
 }
