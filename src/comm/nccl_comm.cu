@@ -25,20 +25,28 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_dtype(DType dt) {
   switch (dt) {
-    case DType::F32: return ncclFloat32;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F16: return ncclFloat16;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -95,8 +103,8 @@ class NcclComm : public Communicator {
     }
     if (r != ncclSuccess && r != ncclInProgress) {
       destroy(true);
-      MT_THROW(where_nccl(), ": ", parent ? "ncclCommSplit" : "ncclCommInitRankConfig", " failed: ",
-               ncclGetErrorString(r));
+      MT_THROW(where_nccl(), ": ", parent ? "ncclCommSplit" : "ncclCommInitRankConfig",
+               " failed: ", ncclGetErrorString(r));
     }
     try {
       settle(parent ? "ncclCommSplit" : "ncclCommInitRankConfig");
@@ -105,10 +113,13 @@ class NcclComm : public Communicator {
       throw;
     }
     int nranks = 0, me = 0;
-    nccl_check(ncclCommCount(comm_, &nranks), "ncclCommCount");
-    nccl_check(ncclCommUserRank(comm_, &me), "ncclCommUserRank");
-    MT_CHECK(nranks == size && me == rank, "NCCL communicator '", name, "' has rank ", me, " of ", nranks,
-             ", the store's agreement says ", rank, " of ", size);
+    ncclCommCount(comm_, &nranks);
+    ncclCommUserRank(comm_, &me);
+    if (nranks != size || me != rank) {
+      destroy(true);
+      MT_CHECK(false, "NCCL communicator '", name, "' has rank ", me, " of ", nranks, ", the store's agreement says ",
+               rank, " of ", size);
+    }
   }
 
   ~NcclComm() override {
@@ -140,34 +151,38 @@ class NcclComm : public Communicator {
   // --- collectives -------------------------------------------------------------------------------
   std::shared_ptr<Work> do_all_gather(const Tensor& in, Tensor& out, const OpRecord& rec) override {
     begin();
-    enqueue("ncclAllGather", [&](ncclComm_t c) {
-      return ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_dtype(in.dtype()), c, stream_);
-    });
+    if (in.numel() > 0)  // every rank agrees on the count (it is part of the schedule)
+      enqueue("ncclAllGather", [&](ncclComm_t c) {
+        return ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_dtype(in.dtype()), c, stream_);
+      });
     return finish(rec, {in, out});
   }
 
   std::shared_ptr<Work> do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const OpRecord& rec) override {
     begin();
-    enqueue("ncclReduceScatter", [&](ncclComm_t c) {
-      return ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_dtype(in.dtype()), nccl_op(op), c,
-                               stream_);
-    });
+    if (out.numel() > 0)
+      enqueue("ncclReduceScatter", [&](ncclComm_t c) {
+        return ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_dtype(in.dtype()), nccl_op(op), c,
+                                 stream_);
+      });
     return finish(rec, {in, out});
   }
 
   std::shared_ptr<Work> do_all_reduce(Tensor& t, ReduceOp op, const OpRecord& rec) override {
     begin();
-    enqueue("ncclAllReduce", [&](ncclComm_t c) {
-      return ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), nccl_op(op), c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclAllReduce", [&](ncclComm_t c) {
+        return ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), nccl_op(op), c, stream_);
+      });
     return finish(rec, {t});
   }
 
   std::shared_ptr<Work> do_broadcast(Tensor& t, int root, const OpRecord& rec) override {
     begin();
-    enqueue("ncclBroadcast", [&](ncclComm_t c) {
-      return ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), root, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclBroadcast", [&](ncclComm_t c) {
+        return ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), root, c, stream_);
+      });
     return finish(rec, {t});
   }
 
@@ -183,19 +198,20 @@ class NcclComm : public Communicator {
       roff[size_t(r) + 1] = roff[size_t(r)] + size_t(recv_counts[size_t(r)]);
     }
     if (send_counts[size_t(rank())] > 0)
-      MT_CUDA_CHECK("all_to_all_v", cudaMemcpyAsync(byte_ptr(out) + roff[size_t(rank())] * es,
-                                                    byte_ptr(in) + soff[size_t(rank())] * es,
-                                                    size_t(send_counts[size_t(rank())]) * es, cudaMemcpyDeviceToDevice,
-                                                    stream_));
+      MT_CUDA_CHECK("all_to_all_v",
+                    cudaMemcpyAsync(byte_ptr(out) + roff[size_t(rank())] * es, byte_ptr(in) + soff[size_t(rank())] * es,
+                                    size_t(send_counts[size_t(rank())]) * es, cudaMemcpyDeviceToDevice, stream_));
     enqueue_group("all_to_all_v", [&](ncclComm_t c) -> ncclResult_t {
       for (int r = 0; r < size(); ++r) {
         if (r == rank()) continue;
         if (send_counts[size_t(r)] > 0) {
-          ncclResult_t e = ncclSend(byte_ptr(in) + soff[size_t(r)] * es, size_t(send_counts[size_t(r)]), dt, r, c, stream_);
+          ncclResult_t e =
+              ncclSend(byte_ptr(in) + soff[size_t(r)] * es, size_t(send_counts[size_t(r)]), dt, r, c, stream_);
           if (e != ncclSuccess && e != ncclInProgress) return e;
         }
         if (recv_counts[size_t(r)] > 0) {
-          ncclResult_t e = ncclRecv(byte_ptr(out) + roff[size_t(r)] * es, size_t(recv_counts[size_t(r)]), dt, r, c, stream_);
+          ncclResult_t e =
+              ncclRecv(byte_ptr(out) + roff[size_t(r)] * es, size_t(recv_counts[size_t(r)]), dt, r, c, stream_);
           if (e != ncclSuccess && e != ncclInProgress) return e;
         }
       }
@@ -206,17 +222,19 @@ class NcclComm : public Communicator {
 
   void do_send(const Tensor& t, int peer, const OpRecord& rec) override {
     begin();
-    enqueue("ncclSend", [&](ncclComm_t c) {
-      return ncclSend(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclSend", [&](ncclComm_t c) {
+        return ncclSend(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
+      });
     finish(rec, {t})->wait();
   }
 
   void do_recv(Tensor& t, int peer, const OpRecord& rec) override {
     begin();
-    enqueue("ncclRecv", [&](ncclComm_t c) {
-      return ncclRecv(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclRecv", [&](ncclComm_t c) {
+        return ncclRecv(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
+      });
     finish(rec, {t})->wait();
   }
 
@@ -244,6 +262,7 @@ class NcclComm : public Communicator {
 
   std::unique_ptr<Communicator> do_split(SplitPlan plan) override {
     set_device();
+    std::unique_ptr<Communicator> child;
     if (plan.new_size == 0) {
       // This rank joins no group but still takes part in the parent's ncclCommSplit.
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -251,13 +270,16 @@ class NcclComm : public Communicator {
       ncclComm_t none = nullptr;
       nccl_check(with_comm([&](ncclComm_t c) { return ncclCommSplit(c, NCCL_SPLIT_NOCOLOR, plan.key, &none, &cfg); }),
                  "ncclCommSplit");
-      settle("ncclCommSplit");
-      return nullptr;
+    } else {
+      // The parent's handle stays locked while the child is made from it, so that an abort from the
+      // watchdog cannot free it meanwhile (the child's own wait is bounded by the timeout).
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      if (!comm_) MT_THROW(where_nccl(), ": split after abort");
+      child = std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_,
+                                         device_, comm_, plan.color, plan.key);
     }
-    std::lock_guard<std::mutex> lock(nccl_mu_);
-    if (!comm_) MT_THROW(where_nccl(), ": split after abort");
-    return std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_, device_,
-                                      comm_, plan.color, plan.key);
+    settle("ncclCommSplit (parent)");  // a non-blocking parent may be in progress after a split
+    return child;
   }
 
   void do_abort(const std::string&) override {
@@ -411,8 +433,10 @@ class NcclComm : public Communicator {
       }
       std::lock_guard<std::mutex> lock(nccl_mu_);
       if (comm_) {
-        if (clean) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (clean)
+          ncclCommDestroy(comm_);
+        else
+          ncclCommAbort(comm_);
         comm_ = nullptr;
       }
     } else {
