@@ -103,7 +103,23 @@ class NcclComm : public Communicator {
     ncclResult_t r;
     const char* call = parent ? "ncclCommSplit" : "ncclCommInitRankConfig";
     if (parent) {
-      r = ncclCommSplit(parent, color, key, &c, &cfg);
+      split_out_ = nullptr;
+      r = ncclCommSplit(parent, color, key, &split_out_, &cfg);
+      if (r != ncclSuccess && r != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(r));
+      // The parent is non-blocking: the child's handle appears once the parent leaves ncclInProgress.
+      const auto deadline = Clock::now() + opt_.timeout;
+      for (;;) {
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(parent, &st);
+        if (q != ncclSuccess) st = q;
+        if (st == ncclSuccess) break;
+        if (st != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(st));
+        if (Clock::now() > deadline)
+          MT_THROW(call, " did not finish within ", opt_.timeout.count(), " ms (a rank is missing or stuck)");
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      c = split_out_;
+      if (!c) MT_THROW(call, " completed without a communicator for color ", color);
     } else {
       ncclUniqueId uid;
       if (rank() == 0) {
@@ -465,6 +481,9 @@ class NcclComm : public Communicator {
   cudaEvent_t ready_ = nullptr;
   std::mutex nccl_mu_;  // guards comm_ against abort() from the watchdog's thread
   ncclComm_t comm_ = nullptr;
+  // Where a non-blocking ncclCommSplit writes the child's handle: NCCL stores it only when the split
+  // completes (after the call has returned), so it must outlive the call.
+  ncclComm_t split_out_ = nullptr;
   std::mutex pending_mu_;
   std::deque<std::shared_ptr<Pending>> pending_;
   Tensor barrier_buf_;
