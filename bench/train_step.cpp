@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1;
+  std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
     else if (a == "--zero-grads") zero_grads = true;
     else if (a == "--dp-shard") dp_shard = std::stoi(next());
     else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
+    else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -113,8 +115,13 @@ int main(int argc, char** argv) {
     auto t_init = Clock::now();
     ParamTable table(mc);
     std::unique_ptr<FsdpParams> fsdp;
-    if (dist->distributed())
-      fsdp = std::make_unique<FsdpParams>(mc, table, dev, *dist->dp_shard(), dist->dp_replicate());
+    if (dist->distributed()) {
+      FsdpOptions fo;
+      if (reduce_dtype != "f32" && reduce_dtype != "bf16")
+        MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
+      fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+      fsdp = std::make_unique<FsdpParams>(mc, table, dev, *dist->dp_shard(), dist->dp_replicate(), fo);
+    }
     Qwen3MoeModel m(mc, dev, fsdp.get());
     m.recompute = parse_recompute(rc);
     Tensor& master = fsdp ? fsdp->params() : m.params();
@@ -214,6 +221,7 @@ int main(int argc, char** argv) {
                      {"active_matmul_params", mc.active_matmul_parameters()},
                      {"batch_per_gpu", batch},
                      {"world_size", dist->world_size()},
+                     {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
                      {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},
