@@ -60,6 +60,7 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
     chunk_.push_back(c_u);
     local_numel_ += c_u;
   }
+  written_.assign(units_.size(), 0);
   params_ = Tensor::zeros({local_numel_}, DType::F32, device);
   grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
   compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
@@ -134,7 +135,12 @@ void FsdpParams::grads_done(int u) {
   p.unit = u;
   p.full = std::move(it->second);
   unit_grads_.erase(it);
-  p.part = take(chunk_[size_t(u)], DType::F32);
+  // The first reduction of a unit in a step writes the local shard directly (no zeroing pass, no
+  // add); later ones (micro-batches after the first) go through a chunk buffer and are added.
+  p.direct = !written_[size_t(u)] && opt_.reduce_dtype == DType::F32;
+  p.fresh = !written_[size_t(u)];
+  written_[size_t(u)] = 1;
+  p.part = p.direct ? grads_.rows(offset_[size_t(u)], chunk_[size_t(u)]) : take(chunk_[size_t(u)], DType::F32);
   {
     CommTimer t{comm_s_};
     if (opt_.reduce_dtype == DType::BF16) {
@@ -178,16 +184,22 @@ void FsdpParams::finish_pending(bool all) {
       CommTimer t{comm_s_};
       replicate_->all_reduce(p.part, comm::ReduceOp::Sum)->wait();
     }
-    Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
-    ops::add_(dst, p.part);
+    if (!p.direct) {
+      Tensor dst = grads_.rows(offset_[size_t(p.unit)], chunk_[size_t(p.unit)]);
+      if (p.fresh)
+        dst.copy_from(p.part);
+      else
+        ops::add_(dst, p.part);
+      give(std::move(p.part));
+    }
     give(std::move(p.full));
-    give(std::move(p.part));
   }
 }
 
 void FsdpParams::zero_grads() {
   MT_CHECK(pending_.empty(), "zero_grads with ", pending_.size(), " gradient reductions still pending");
-  grads_.zero_();
+  // No pass over the shard: the step's first reduction of each unit overwrites its chunk.
+  std::fill(written_.begin(), written_.end(), char(0));
   for (auto& [u, t] : unit_grads_) give(std::move(t));
   unit_grads_.clear();
 }
@@ -249,7 +261,13 @@ Tensor FsdpParams::gather_unit_host(int u, bool grads) {
   return full.rows(0, units_[size_t(u)].numel()).to(Device::CPU);
 }
 
+void FsdpParams::check_grads_complete() const {
+  for (int u = 0; u < num_units(); ++u)
+    MT_CHECK(written_[size_t(u)], "unit ", u, " received no gradient since zero_grads(): its shard is stale");
+}
+
 double FsdpParams::global_grad_sq() {
+  check_grads_complete();
   const double local = ops::sum_squares(grads_);
   // Each rank's sum travels as two floats (value and rounding remainder), and every rank adds all of
   // them in double in rank order: the same value on every rank, to about double precision. A NaN or

@@ -58,7 +58,10 @@ class FsdpParams final : public ParamSource {
   Tensor& grads() { return grads_; }
   Tensor* compute_params() { return compute_.raw() == params_.raw() ? nullptr : &compute_; }
   void refresh_compute_weights();
+  // Starts a step's gradients: the first reduction of each unit overwrites its shard (no pass over
+  // the shard). Every unit must then receive a gradient before the shard is read.
   void zero_grads();
+  void check_grads_complete() const;
   // The trainer says whether the coming micro-batch is the last of the step (GradSync::LastMicroBatch).
   void set_last_micro_batch(bool last) { last_micro_ = last; }
 
@@ -112,11 +115,14 @@ class FsdpParams final : public ParamSource {
   struct Pending {
     int unit;
     Tensor full, part, send, wire;  // send / wire: the bf16 pieces sent / received (reduce_dtype BF16)
+    bool direct = false;            // part is the local shard itself (first reduction, f32)
+    bool fresh = false;             // the first reduction of this unit in the step
     std::shared_ptr<comm::Work> work;
   };
   std::vector<Pending> pending_;
   std::multimap<std::pair<int64_t, int>, Tensor> pool_;  // free buffers by (numel, dtype)
   bool last_micro_ = true;
+  std::vector<char> written_;  // per unit: its shard holds a gradient of this step
   double comm_s_ = 0;
 };
 
