@@ -14,6 +14,7 @@
 #include "comm/comm_test_util.h"
 #include "core/rng.h"
 #include "moe/dispatcher.h"
+#include "parallel/mesh.h"
 #include "ops/fd_check.h"
 #include "ops/ops.h"
 #include "test_util.h"
@@ -87,6 +88,7 @@ struct Layout {
   int ep;
   int64_t E;
 };
+void PrintTo(const Layout& l, std::ostream* os) { *os << "ep " << l.ep << ", E " << l.E; }
 
 class DispatcherRouting : public ::testing::TestWithParam<Layout> {};
 
@@ -319,6 +321,48 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DispatcherGrads, ::testing::Values(Layout{2, 4
                          [](const auto& info) {
                            return "ep" + std::to_string(info.param.ep) + "_E" + std::to_string(info.param.E);
                          });
+
+// ---- an ep group split from a larger world by the device mesh ----
+
+TEST(Dispatcher, WorksOnTheEpGroupsOfADeviceMesh) {
+  const int world = 4;
+  const int64_t E = 4, K = 2, D = 3, T = 5;
+  skip_without_gloo(world);
+  const DeviceMesh mesh(MeshSpec{.ep = 2}, world);  // expert_dp 2 × ep 2: ep groups {0, 1} and {2, 3}
+  mesh.check_experts(int(E));
+  auto errors = run_ranks(
+      world,
+      [&](int rank, Communicator& comm) {
+        auto ep_comm = comm.split(mesh.group_color(Axis::Ep, rank), mesh.coord(Axis::Ep, rank), "ep");
+        ASSERT_TRUE(ep_comm);
+        EXPECT_EQ(ep_comm->size(), 2);
+        const std::vector<int> group = mesh.group(Axis::Ep, rank);
+        // The single-device reference over this group's tokens (sources seeded by world rank).
+        std::vector<Tensor> idxs, xs, ws;
+        for (int s : group) {
+          Source src = source_data(s, T, K, E, D);
+          idxs.push_back(src.idx), xs.push_back(src.x), ws.push_back(src.w);
+        }
+        Tensor idx = concat_rows(idxs), x = concat_rows(xs), w = concat_rows(ws);
+        const int64_t TG = idx.size(0);
+        Tensor off = Tensor::empty({E + 1}, DType::I64), aor = Tensor::empty({TG * K}, DType::I32);
+        Tensor roa = Tensor::empty({TG, K}, DType::I32), xp = Tensor::empty({TG * K, D}), y = Tensor::empty({TG, D});
+        ops::make_dispatch_plan(idx, E, off, aor, roa);
+        ops::permute_fwd(x, aor, K, xp);
+        const int64_t* o = off.data<int64_t>();
+        ops::unpermute_fwd(apply_experts(xp, std::vector<int64_t>(o, o + E + 1), 0, false), roa, w, y);
+
+        Source mine = source_data(rank, T, K, E, D);
+        ExpertDispatcher d(*ep_comm, E);
+        DispatchPlan plan = d.prepare(mine.idx);
+        Tensor xr = d.dispatch(plan, mine.x);
+        Combined c = d.combine(plan, apply_experts(xr, plan.local_offsets_host, d.first_local_expert(), false), mine.w);
+        expect_same(c.y_TD, y.rows(ep_comm->rank() * T, T).clone(), "y");
+        EXPECT_TRUE(comm.history().size() == 1u) << "only the split ran on the world communicator";
+      },
+      opt());
+  EXPECT_EQ(errors, no_errors(world));
+}
 
 // ---- finite differences through the whole dispatch -> expert -> combine, with and without drops ----
 
