@@ -44,7 +44,7 @@ std::vector<int64_t> scaled(const std::vector<int64_t>& counts, int64_t by) {
 
 // The source side of a plan after the capacity drop (host arrays).
 struct KeptAssignments {
-  std::vector<int64_t> offsets;  // [E+1] over kept rows
+  std::vector<int64_t> offsets;        // [E+1] over kept rows
   std::vector<int32_t> assign_of_row;  // [S]
   std::vector<int32_t> row_of_assign;  // [T*K]; S for a dropped assignment
   int64_t dropped = 0;
@@ -167,14 +167,13 @@ DispatchPlan ExpertDispatcher::prepare(const Tensor& topk_idx_TK, const Tensor& 
   if (capped) {
     plan.capacity = expert_capacity(T, K, E_, opt_.capacity_factor);
     Tensor w_h = topk_w_TK.to(Device::CPU);
-    KeptAssignments kept = host_apply_capacity(off, host_i32(plan.send_assign_of_row_S), w_h.data<float>(), T, K,
-                                               E_, plan.capacity);
+    KeptAssignments kept =
+        host_apply_capacity(off, host_i32(plan.send_assign_of_row_S), w_h.data<float>(), T, K, E_, plan.capacity);
     plan.n_dropped = kept.dropped;
     if (kept.dropped > 0) {
       off = kept.offsets;
       plan.send_offsets_E1 = device_tensor(off, {E_ + 1}, dev);
-      plan.send_assign_of_row_S =
-          device_tensor(kept.assign_of_row, {int64_t(kept.assign_of_row.size())}, dev);
+      plan.send_assign_of_row_S = device_tensor(kept.assign_of_row, {int64_t(kept.assign_of_row.size())}, dev);
       plan.row_of_assign_TK = device_tensor(kept.row_of_assign, {T, K}, dev);
     }
   }
@@ -266,8 +265,8 @@ Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tens
 Tensor ExpertDispatcher::experts_to_sources(const DispatchPlan& plan, const Tensor& r_RD, int64_t extra_rows,
                                             const char* what) {
   if (r_RD.dim() != 2 || r_RD.size(0) != plan.rows_received)
-    MT_THROW("ExpertDispatcher::", what, ": rows in recv order are ", r_RD.desc(), "; expected [",
-             plan.rows_received, ", D]");
+    MT_THROW("ExpertDispatcher::", what, ": rows in recv order are ", r_RD.desc(), "; expected [", plan.rows_received,
+             ", D]");
   const int64_t D = r_RD.size(1), S = plan.rows_sent;
   if (plan.ep == 1 && extra_rows == 0) return r_RD;
   Tensor out = Tensor::empty({S + extra_rows, D}, r_RD.dtype(), r_RD.device());

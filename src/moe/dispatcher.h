@@ -45,28 +45,28 @@ struct DispatcherOptions {
 struct DispatchPlan {
   int64_t T = 0, K = 0, E = 0;
   int64_t ep = 1, ep_rank = 0, local_experts = 0;  // local_experts = E / ep
-  int64_t capacity = -1;  // per expert per source rank; -1 when dropless
-  int64_t n_dropped = 0;  // assignments of this rank dropped by the capacity
-  int64_t rows_sent = 0;  // S: kept assignments of this rank
-  int64_t rows_received = 0;  // Rr: rows the local experts receive, from all sources
+  int64_t capacity = -1;                           // per expert per source rank; -1 when dropless
+  int64_t n_dropped = 0;                           // assignments of this rank dropped by the capacity
+  int64_t rows_sent = 0;                           // S: kept assignments of this rank
+  int64_t rows_received = 0;                       // Rr: rows the local experts receive, from all sources
 
   // Source side. Sent rows are this rank's kept assignments sorted by global expert, stably (so
   // within an expert by assignment a = t*K + k); since experts are owned in contiguous blocks this
   // is also destination-rank order.
-  Tensor send_offsets_E1;  // i64 [E+1]: sent rows of global expert e are [off[e], off[e+1])
-  Tensor send_assign_of_row_S;  // i32 [S]: the assignment a in sent row i
-  Tensor row_of_assign_TK;  // i32 [T, K]: the sent row of assignment (t, k); S when it was dropped
+  Tensor send_offsets_E1;            // i64 [E+1]: sent rows of global expert e are [off[e], off[e+1])
+  Tensor send_assign_of_row_S;       // i32 [S]: the assignment a in sent row i
+  Tensor row_of_assign_TK;           // i32 [T, K]: the sent row of assignment (t, k); S when it was dropped
   std::vector<int64_t> send_counts;  // [ep]: rows sent to each rank
   std::vector<int64_t> recv_counts;  // [ep]: rows received from each rank
 
   // Expert side. "recv order" is the order all_to_all_v delivers: source-major, and within a source
   // by local expert. The local finish regroups it expert-major.
-  std::vector<int64_t> recv_counts_SL;  // [ep * L]: rows from source s for local expert l at s*L + l
-  Tensor local_offsets;  // i64 [L+1]: received rows of local expert l are [off[l], off[l+1]) of xr
+  std::vector<int64_t> recv_counts_SL;      // [ep * L]: rows from source s for local expert l at s*L + l
+  Tensor local_offsets;                     // i64 [L+1]: received rows of local expert l are [off[l], off[l+1]) of xr
   std::vector<int64_t> local_offsets_host;  // the same on the host
-  bool regroup_identity = true;  // recv order is already expert-major (ep = 1, L = 1, ...)
-  Tensor xr_from_recv_R;  // i32 [Rr]: xr row i is recv row xr_from_recv[i]; undefined when identity
-  Tensor recv_from_xr_R;  // i32 [Rr]: the inverse permutation; undefined when identity
+  bool regroup_identity = true;             // recv order is already expert-major (ep = 1, L = 1, ...)
+  Tensor xr_from_recv_R;                    // i32 [Rr]: xr row i is recv row xr_from_recv[i]; undefined when identity
+  Tensor recv_from_xr_R;                    // i32 [Rr]: the inverse permutation; undefined when identity
 
   // Whether any assignment of this rank was dropped (then the source side keeps a zero row at
   // index S that dropped assignments point at, so the combine's ops need no special case).
@@ -77,13 +77,13 @@ struct DispatchPlan {
 // order (S rows, plus the zero row when the plan has drops). For ep = 1 without drops this is yr
 // itself (no copy).
 struct Combined {
-  Tensor y_TD;  // sum_k w[t,k] * expert output of (t, k)
+  Tensor y_TD;   // sum_k w[t,k] * expert output of (t, k)
   Tensor ys_SD;  // saved for combine_bwd
 };
 
 struct CombineGrads {
   Tensor dyr_RD;  // gradient w.r.t. the expert outputs, expert side (=)
-  Tensor dw_TK;  // gradient w.r.t. the routing weights, f32 (=); exactly 0 for dropped assignments
+  Tensor dw_TK;   // gradient w.r.t. the routing weights, f32 (=); exactly 0 for dropped assignments
 };
 
 class ExpertDispatcher {

@@ -14,9 +14,9 @@
 #include "comm/comm_test_util.h"
 #include "core/rng.h"
 #include "moe/dispatcher.h"
-#include "parallel/mesh.h"
 #include "ops/fd_check.h"
 #include "ops/ops.h"
+#include "parallel/mesh.h"
 #include "test_util.h"
 
 namespace mt::moe {
@@ -80,7 +80,9 @@ Tensor dyadic_weights(int src, int64_t T, int64_t K) {
   return w;
 }
 
-int64_t tokens_of(int src, int ep) { return (ep == 4 && src == 1) ? 0 : 5 + 3 * src; }
+int64_t tokens_of(int src, int ep) {
+  return (ep == 4 && src == 1) ? 0 : 5 + 3 * src;
+}
 
 // ---- routing, exactly ----
 
@@ -88,7 +90,9 @@ struct Layout {
   int ep;
   int64_t E;
 };
-void PrintTo(const Layout& l, std::ostream* os) { *os << "ep " << l.ep << ", E " << l.E; }
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << "ep " << l.ep << ", E " << l.E;
+}
 
 class DispatcherRouting : public ::testing::TestWithParam<Layout> {};
 
@@ -215,7 +219,9 @@ TEST(Dispatcher, Ep1IsExactlyTheSingleDevicePath) {
 // ---- gradients: ep ranks against the single-device ops on the concatenated tokens ----
 
 // A row-wise "expert" that depends on the expert: f_e(v) = c_e * v^2, f'_e(v) = 2 c_e v.
-float expert_coef(int64_t e) { return 0.5f + 0.25f * float(e); }
+float expert_coef(int64_t e) {
+  return 0.5f + 0.25f * float(e);
+}
 Tensor apply_experts(const Tensor& xr, const std::vector<int64_t>& offsets, int64_t first_expert, bool derivative) {
   Tensor y = Tensor::empty(xr.shape());
   const int64_t D = xr.size(1);
