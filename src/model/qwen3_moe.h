@@ -146,7 +146,7 @@ class Qwen3MoeModel {
   std::vector<LayerActs> acts_;
   double forward_s_ = 0, backward_s_ = 0;
   std::vector<Tensor> replay_;
-  Tensor zsum_;                     // f32 [1]: this micro-batch's z-loss sum, on the device
+  Tensor zsum_;                      // f32 [1]: this micro-batch's z-loss sum, on the device
   Tensor router_bias_LE_, load_LE_;  // balancing bias and step load, [sparse layers, E]
 };
 

@@ -41,7 +41,9 @@ ExpertLoadStats expert_load_stats(const Tensor& counts_LE) {
 }
 
 namespace {
-std::string bias_name(int64_t layer) { return str("model.layers.", layer, ".mlp.gate.e_score_correction_bias"); }
+std::string bias_name(int64_t layer) {
+  return str("model.layers.", layer, ".mlp.gate.e_score_correction_bias");
+}
 }  // namespace
 
 void save_router_bias(const std::string& dir, const ModelConfig& mc, const Tensor& bias_LE) {

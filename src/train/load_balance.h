@@ -22,10 +22,10 @@ namespace mt {
 
 struct ExpertLoadStats {
   int64_t layers = 0, experts = 0;
-  double min = 0, max = 0;  // tokens of the least and most loaded (layer, expert) cell
-  double mean = 0;          // tokens per expert and layer: total assignments / (layers x E)
-  double imbalance = 0;     // max / mean (1 = perfectly balanced; 0 when no token was routed)
-  int64_t unused = 0;       // (layer, expert) cells that got no token
+  double min = 0, max = 0;                  // tokens of the least and most loaded (layer, expert) cell
+  double mean = 0;                          // tokens per expert and layer: total assignments / (layers x E)
+  double imbalance = 0;                     // max / mean (1 = perfectly balanced; 0 when no token was routed)
+  int64_t unused = 0;                       // (layer, expert) cells that got no token
   std::vector<double> imbalance_per_layer;  // max_l / mean_l for each sparse layer
 };
 

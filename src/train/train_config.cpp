@@ -120,8 +120,9 @@ const std::vector<Field>& fields() {
       {"router_z_loss_coef", &TrainConfig::router_z_loss_coef,
        "router z-loss (ST-MoE) coefficient: adds coef * mean over router rows of logsumexp(logits)^2; 0 = off",
        [](const TrainConfig& c) {
-         return c.router_z_loss_coef >= 0 && std::isfinite(c.router_z_loss_coef) ? ""
-                                                                                   : std::string("must be >= 0 (0 = off)");
+         return c.router_z_loss_coef >= 0 && std::isfinite(c.router_z_loss_coef)
+                    ? ""
+                    : std::string("must be >= 0 (0 = off)");
        }},
       {"router_bias_update_rate", &TrainConfig::router_bias_update_rate,
        "aux-loss-free balancing (DeepSeek-V3): per-expert routing bias step after each optimizer step; 0 = off",

@@ -146,9 +146,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
   }
   if (fsdp) fsdp->refresh_compute_weights();
   else model.refresh_compute_weights();
-  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty() && load_router_bias(cfg.init_from, mc, model.router_bias()))
-    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "router bias: read ", kRouterBiasFile,
-             " from ", cfg.init_from);
+  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty() &&
+      load_router_bias(cfg.init_from, mc, model.router_bias()))
+    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "router bias: read ",
+             kRouterBiasFile, " from ", cfg.init_from);
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed));
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;

@@ -42,10 +42,12 @@ TEST(CudaBalance, BiasedRouterForwardMatchesCpu) {
       Tensor logits = logits_for(c, rng);
       Tensor bias = Tensor::empty({c.E});
       for (int64_t e = 0; e < c.E; ++e) bias.data<float>()[e] = float(rng.randint(-8, 9)) / 16.0f;  // exact
-      Tensor probs = Tensor::empty({c.T, c.E}), idx = Tensor::empty({c.T, c.K}, DType::I32), w = Tensor::empty({c.T, c.K});
+      Tensor probs = Tensor::empty({c.T, c.E}), idx = Tensor::empty({c.T, c.K}, DType::I32),
+             w = Tensor::empty({c.T, c.K});
       cpu::router_fwd(logits, c.K, norm, probs, idx, w, &bias);
       Tensor probs_g = Tensor::empty({c.T, c.E}, DType::F32, Device::CUDA);
-      Tensor idx_g = Tensor::empty({c.T, c.K}, DType::I32, Device::CUDA), w_g = Tensor::empty({c.T, c.K}, DType::F32, Device::CUDA);
+      Tensor idx_g = Tensor::empty({c.T, c.K}, DType::I32, Device::CUDA),
+             w_g = Tensor::empty({c.T, c.K}, DType::F32, Device::CUDA);
       Tensor bias_g = bias.to(Device::CUDA);
       cuda::router_fwd(logits.to(Device::CUDA), c.K, norm, probs_g, idx_g, w_g, &bias_g);
       EXPECT_LT(rel_l2(probs_g, probs), 1e-6);
@@ -65,14 +67,16 @@ TEST(CudaBalance, ZLossForwardAndBackwardMatchCpu) {
     Tensor logits = logits_for(c, rng);
     Tensor lse = Tensor::empty({c.T}), zsum = Tensor::zeros({1});
     cpu::router_z_loss_fwd(logits, lse, zsum);
-    Tensor lse_g = Tensor::empty({c.T}, DType::F32, Device::CUDA), zsum_g = Tensor::zeros({1}, DType::F32, Device::CUDA);
+    Tensor lse_g = Tensor::empty({c.T}, DType::F32, Device::CUDA),
+           zsum_g = Tensor::zeros({1}, DType::F32, Device::CUDA);
     Tensor logits_g = logits.to(Device::CUDA);
     cuda::router_z_loss_fwd(logits_g, lse_g, zsum_g);
     EXPECT_LT(rel_l2(lse_g, lse), 1e-6);
     // Per-block f32 atomics on the GPU, one fp64 sum on the CPU.
     EXPECT_NEAR(zsum_g.to(Device::CPU).data<float>()[0], zsum.data<float>()[0], 1e-5 * zsum.data<float>()[0]);
 
-    Tensor probs = Tensor::empty({c.T, c.E}), idx = Tensor::empty({c.T, c.K}, DType::I32), w = Tensor::empty({c.T, c.K});
+    Tensor probs = Tensor::empty({c.T, c.E}), idx = Tensor::empty({c.T, c.K}, DType::I32),
+           w = Tensor::empty({c.T, c.K});
     cpu::router_fwd(logits, c.K, true, probs, idx, w);
     Tensor d = Tensor::empty({c.T, c.E});
     rng.fill_normal(d, 0.0f, 1e-3f);  // "+=": a random prior value

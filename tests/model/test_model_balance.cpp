@@ -34,7 +34,9 @@ MicroBatch batch(const ModelConfig& c, int64_t B, int64_t S, uint64_t seed) {
   return mb;
 }
 
-void init(Qwen3MoeModel& m, uint64_t seed) { init_weights(m.config(), m.table(), m.params(), seed); }
+void init(Qwen3MoeModel& m, uint64_t seed) {
+  init_weights(m.config(), m.table(), m.params(), seed);
+}
 
 bool same(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;

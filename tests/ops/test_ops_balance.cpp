@@ -17,10 +17,10 @@
 #include "train/load_balance.h"
 
 using namespace mt;
-using mt::testutil::error_of;
 using mt::testing::fd_grad;
 using mt::testing::random_tensor;
 using mt::testing::rel_l2;
+using mt::testutil::error_of;
 
 namespace {
 

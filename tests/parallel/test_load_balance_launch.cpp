@@ -57,7 +57,8 @@ std::vector<nlohmann::json> read_steps(const std::string& path) {
 std::string train_cmd(const std::string& out_dir) {
   return " train --model tiny --steps 5 --micro-batch-size 4 --grad-accum 2 --seq-len 32 --lr 3e-3"
          " --warmup-steps 1 --eval-problems 0 --log-every 1 --router-z-loss-coef 1e-3"
-         " --router-bias-update-rate 1e-2 --out-dir " + out_dir;
+         " --router-bias-update-rate 1e-2 --out-dir " +
+         out_dir;
 }
 
 }  // namespace
@@ -86,7 +87,8 @@ TEST(LoadBalanceLaunch, TwoRanksEqualOneProcess) {
       EXPECT_EQ(got[i]["experts"][k], ref[i]["experts"][k]) << k;
     EXPECT_EQ(got[i]["router_bias"], ref[i]["router_bias"]);
   }
-  SafetensorsFile a(dir + "/checkpoint-5/router_bias.safetensors"), b(ref_dir + "/checkpoint-5/router_bias.safetensors");
+  SafetensorsFile a(dir + "/checkpoint-5/router_bias.safetensors"),
+      b(ref_dir + "/checkpoint-5/router_bias.safetensors");
   ASSERT_EQ(a.names(), b.names());
   ASSERT_EQ(b.names().size(), 2u);  // tiny: 2 sparse layers
   double range = 0;

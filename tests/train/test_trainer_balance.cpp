@@ -75,7 +75,8 @@ TEST(TrainerBalance, MetricsCarryZLossExpertLoadAndBias) {
 
   // init_from reads the bias back: the first step starts from it, so its range already exceeds what
   // one step from zero could reach (2 x rate).
-  const double saved_range = rows.back()["router_bias"]["max"].get<double>() - rows.back()["router_bias"]["min"].get<double>();
+  const double saved_range =
+      rows.back()["router_bias"]["max"].get<double>() - rows.back()["router_bias"]["min"].get<double>();
   TrainConfig d = tiny_run("resume");
   d.init_from = c.out_dir + "/checkpoint-4";
   d.router_bias_update_rate = 1e-3;
