@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm_selftest.h"
 #include "comm/dist_selftest.h"
 #include "comm/launch.h"
 #include "core/error.h"
@@ -37,6 +38,8 @@ int main(int argc, char** argv) {
     }
     if (cmd == "grads") return mt::grads_main(rest);
     if (cmd == "launch") return mt::comm::launch_main(rest);
+    if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
+      return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});
     if (cmd == "_selftest") return mt::comm::selftest_main(rest);  // hidden: used by the tests
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);

@@ -186,14 +186,15 @@ int main(int argc, char** argv) {
     double step_s = secs(t) / double(steps);
     size_t peak = dev == Device::CUDA ? device_mem::cuda_peak_bytes() : m.activation_peak_bytes();
 
-    std::map<std::string, double> split;
+    std::map<std::string, double> split, per_op;
     if (profile) {
       ops::reset_op_seconds();
       ops::set_op_profiling(true);
       one_step();
       ops::set_op_profiling(false);
       double total = 0;
-      for (auto& [op, s] : ops::op_seconds()) {
+      per_op = ops::op_seconds();
+      for (auto& [op, s] : per_op) {
         split[category(op)] += s;
         total += s;
       }
@@ -228,6 +229,7 @@ int main(int argc, char** argv) {
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},
                      {"split_s", split},
+                     {"op_s", per_op},
                      {"optimizer_floor_s", copy_gbps > 0 ? adamw_bytes / (copy_gbps * 1e9) : 0.0},
                      {"copy_gbps_measured", copy_gbps},
                      {"init_s", init_s},

@@ -17,9 +17,12 @@ namespace mt::comm {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
@@ -30,7 +33,9 @@ struct DoneWork : Work {
   void wait() override {}
 };
 
-bool countless(const std::string& op) { return op == "barrier" || op == "split"; }
+bool countless(const std::string& op) {
+  return op == "barrier" || op == "split";
+}
 
 // FNV-1a over the signature, one op after another.
 uint64_t fnv1a(uint64_t h, const std::string& s) {
@@ -56,7 +61,7 @@ struct Snapshot {
     OpRecord rec;
     uint64_t hash_before = 0;
   };
-  std::vector<Entry> entries;  // collectives only, oldest first
+  std::vector<Entry> entries;                     // collectives only, oldest first
   std::vector<int64_t> send_counts, recv_counts;  // per-op check of all_to_all_v
 };
 
@@ -141,8 +146,7 @@ std::string find_divergence(const std::vector<Snapshot>& snaps) {
       std::string sig = e ? e->rec.signature() : "";
       groups[sig].push_back(int(r));
       shown[sig] = e ? str("issued ", e->rec.what())
-                     : str(snaps[r].coll + 1 == c ? "had issued only " : "had issued ", snaps[r].coll,
-                           " collectives");
+                     : str(snaps[r].coll + 1 == c ? "had issued only " : "had issued ", snaps[r].coll, " collectives");
     }
     if (groups.size() == 1) continue;
     // Order the groups by their smallest rank so that the message reads rank 0 first.
@@ -166,7 +170,9 @@ std::string OpRecord::what() const {
   return s;
 }
 
-std::string OpRecord::str() const { return mt::str('#', seq, ' ', what()); }
+std::string OpRecord::str() const {
+  return mt::str('#', seq, ' ', what());
+}
 
 std::string OpRecord::signature() const {
   return mt::str(op, '/', int(dtype), '/', op == "all_to_all_v" ? -1 : count, '/', peer);
@@ -329,7 +335,8 @@ void Communicator::check_op(const OpRecord& rec, const std::vector<int64_t>* sen
   if (send_counts) {
     for (int r = 0; r < size_; ++r)
       for (int j = 0; j < size_; ++j) {
-        int64_t sent = snaps[size_t(r)].send_counts.at(size_t(j)), expected = snaps[size_t(j)].recv_counts.at(size_t(r));
+        int64_t sent = snaps[size_t(r)].send_counts.at(size_t(j)),
+                expected = snaps[size_t(j)].recv_counts.at(size_t(r));
         if (sent != expected)
           MT_THROW("all_to_all_v counts disagree on communicator '", name_, "' at op #", rec.coll, ": rank ", r,
                    " sends ", sent, " elements to rank ", j, ", rank ", j, " expects ", expected, " from rank ", r,
@@ -340,7 +347,9 @@ void Communicator::check_op(const OpRecord& rec, const std::vector<int64_t>* sen
 
 void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - rec.issued).count();
-  std::string msg = str(where(), ": op ", rec.str(), " failed after ", secs, " s (timeout ", opt_.timeout.count(),
+  char secs_text[32];
+  std::snprintf(secs_text, sizeof(secs_text), "%.3f", secs);
+  std::string msg = str(where(), ": op ", rec.str(), " failed after ", secs_text, " s (timeout ", opt_.timeout.count(),
                         " ms): ", e.what());
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -367,7 +376,9 @@ void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
         if (r.coll) mine.entries.push_back({r, h});
       std::string enc = encode(mine);
       store_.set(str("fail/", rank_), Bytes(enc.begin(), enc.end()));
-      Millis wait = std::min(opt_.timeout, Millis(10000));
+      // Ranks failing for the same cause (a lost peer, a divergence that timed out) do so within a
+      // short window; a rank that never reports by then is gone or stuck elsewhere.
+      Millis wait = std::min(opt_.timeout, Millis(3000));
       auto deadline = std::chrono::steady_clock::now() + wait;
       std::vector<int> missing;
       std::vector<Snapshot> snaps(static_cast<size_t>(size_));
@@ -382,8 +393,10 @@ void Communicator::fail_op(const OpRecord& rec, const std::exception& e) {
           } catch (const Error&) {
           }
         }
-        if (ok) snaps[size_t(r)] = decode(store_.get(key, opt_.timeout), r);
-        else missing.push_back(r);
+        if (ok)
+          snaps[size_t(r)] = decode(store_.get(key, opt_.timeout), r);
+        else
+          missing.push_back(r);
       }
       std::vector<Snapshot> present;
       for (int r = 0; r < size_; ++r)
@@ -417,11 +430,11 @@ void check_same_dtype(const Communicator& c, const Tensor& a, const Tensor& b, c
 }
 }  // namespace
 
-#define MT_COMM_DISPATCH(rec, call)        \
-  try {                                    \
-    return call;                           \
-  } catch (const std::exception& e_) {     \
-    fail_op(rec, e_);                      \
+#define MT_COMM_DISPATCH(rec, call)    \
+  try {                                \
+    return call;                       \
+  } catch (const std::exception& e_) { \
+    fail_op(rec, e_);                  \
   }
 
 std::shared_ptr<Work> Communicator::all_gather(const Tensor& in, Tensor& out) {
@@ -471,8 +484,8 @@ std::shared_ptr<Work> Communicator::broadcast(Tensor& t, int root) {
   MT_COMM_DISPATCH(rec, do_broadcast(t, root, rec));
 }
 
-std::shared_ptr<Work> Communicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
-                                                 Tensor& out, const std::vector<int64_t>& recv_counts) {
+std::shared_ptr<Work> Communicator::all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                                 const std::vector<int64_t>& recv_counts) {
   check_dev(*this, in, "all_to_all_v", "in");
   check_dev(*this, out, "all_to_all_v", "out");
   check_same_dtype(*this, in, out, "all_to_all_v");
@@ -494,8 +507,8 @@ std::shared_ptr<Work> Communicator::all_to_all_v(const Tensor& in, const std::ve
   check_counts(send_counts, in, "send_counts", "in");
   check_counts(recv_counts, out, "recv_counts", "out");
   if (send_counts[size_t(rank_)] != recv_counts[size_t(rank_)])
-    MT_THROW("all_to_all_v on communicator '", name_, "' (rank ", rank_, "): send_counts[", rank_, "] = ",
-             send_counts[size_t(rank_)], " but recv_counts[", rank_, "] = ", recv_counts[size_t(rank_)],
+    MT_THROW("all_to_all_v on communicator '", name_, "' (rank ", rank_, "): send_counts[", rank_,
+             "] = ", send_counts[size_t(rank_)], " but recv_counts[", rank_, "] = ", recv_counts[size_t(rank_)],
              "; the block a rank sends itself must match what it receives from itself");
   throw_if_aborted("all_to_all_v");
   OpRecord rec = record("all_to_all_v", in.numel(), in.dtype(), -1, true);
@@ -594,7 +607,8 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, const std:
 namespace detail {
 void check_world(int rank, int size, const char* what) {
   if (size < 1) MT_THROW(what, ": world size must be >= 1, got ", size);
-  if (rank < 0 || rank >= size) MT_THROW(what, ": rank ", rank, " is outside 0..", size - 1, " (world size ", size, ")");
+  if (rank < 0 || rank >= size)
+    MT_THROW(what, ": rank ", rank, " is outside 0..", size - 1, " (world size ", size, ")");
 }
 }  // namespace detail
 

@@ -40,15 +40,15 @@ const char* reduce_op_name(ReduceOp op);  // "sum", "max", "min"
 
 // One collective as recorded for the schedule check and the watchdog.
 struct OpRecord {
-  uint64_t seq = 0;  // 1, 2, ... per communicator, every call (send/recv too)
+  uint64_t seq = 0;   // 1, 2, ... per communicator, every call (send/recv too)
   uint64_t coll = 0;  // 1, 2, ... per communicator, collectives only; 0 for send/recv
-  std::string op;    // "all_gather", "reduce_scatter", "all_reduce(max)", ...
+  std::string op;     // "all_gather", "reduce_scatter", "all_reduce(max)", ...
   int64_t count = 0;  // elements per rank: all_gather in, reduce_scatter out, all_to_all_v sent
   DType dtype = DType::F32;
-  int64_t peer = -1;  // root (broadcast) or peer (send/recv); -1 otherwise
+  int64_t peer = -1;                               // root (broadcast) or peer (send/recv); -1 otherwise
   std::chrono::steady_clock::time_point issued{};  // when the call was made (not compared)
-  std::string str() const;  // "#12 all_reduce f32 x 4096"
-  std::string what() const;  // the same without the number: "all_reduce f32 x 4096"
+  std::string str() const;                         // "#12 all_reduce f32 x 4096"
+  std::string what() const;                        // the same without the number: "all_reduce f32 x 4096"
   // What all ranks must agree on: op, dtype, peer, and the count except for all_to_all_v (whose
   // per-rank counts legitimately differ).
   std::string signature() const;
@@ -134,13 +134,11 @@ class Communicator {
   // then dispatch here. An exception thrown here is reported with the communicator, rank, op and
   // seq by the caller.
   virtual std::shared_ptr<Work> do_all_gather(const Tensor& in, Tensor& out, const OpRecord& rec) = 0;
-  virtual std::shared_ptr<Work> do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op,
-                                                  const OpRecord& rec) = 0;
+  virtual std::shared_ptr<Work> do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const OpRecord& rec) = 0;
   virtual std::shared_ptr<Work> do_all_reduce(Tensor& t, ReduceOp op, const OpRecord& rec) = 0;
   virtual std::shared_ptr<Work> do_broadcast(Tensor& t, int root, const OpRecord& rec) = 0;
-  virtual std::shared_ptr<Work> do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts,
-                                                Tensor& out, const std::vector<int64_t>& recv_counts,
-                                                const OpRecord& rec) = 0;
+  virtual std::shared_ptr<Work> do_all_to_all_v(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                                const std::vector<int64_t>& recv_counts, const OpRecord& rec) = 0;
   virtual void do_send(const Tensor& t, int peer, const OpRecord& rec) = 0;
   virtual void do_recv(Tensor& t, int peer, const OpRecord& rec) = 0;
   virtual void do_barrier(const OpRecord& rec) = 0;
@@ -171,7 +169,7 @@ class Communicator {
   mutable std::mutex mu_;
   uint64_t hash_ = 1469598103934665603ull;
   uint64_t seq_ = 0, coll_ = 0;
-  std::vector<OpRecord> ring_;  // circular, kHistory entries at most
+  std::vector<OpRecord> ring_;       // circular, kHistory entries at most
   std::vector<uint64_t> ring_hash_;  // the schedule hash before each entry of ring_
   std::vector<std::pair<OpRecord, uint64_t>> history_with_hashes() const;
   std::atomic<uint64_t> completed_{0};

@@ -8,20 +8,17 @@
 // The transport binds to an interface named by MT_GLOO_IFNAME or GLOO_SOCKET_IFNAME, else to the
 // address MT_GLOO_HOST names, else to loopback when every rank runs on this host and to this
 // host's name (as the resolver knows it) when they do not.
-#include <gloo/algorithm.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoallv.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 
@@ -84,7 +81,8 @@ void reduce_elems(ReduceOp op, void* c_, const void* a_, const void* b_, size_t 
       c[i] = from_double<T>(r);
     }
   } else {
-    for (size_t i = 0; i < n; ++i) c[i] = op == ReduceOp::Sum ? T(a[i] + b[i]) : op == ReduceOp::Max ? std::max(a[i], b[i]) : std::min(a[i], b[i]);
+    for (size_t i = 0; i < n; ++i)
+      c[i] = op == ReduceOp::Sum ? T(a[i] + b[i]) : op == ReduceOp::Max ? std::max(a[i], b[i]) : std::min(a[i], b[i]);
   }
 }
 
@@ -95,19 +93,11 @@ gloo::AllreduceOptions::Func reduce_func(DType dt, ReduceOp op) {
   });
 }
 
-template <class T>
-const gloo::ReductionFunction<T>* gloo_reduction(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return gloo::ReductionFunction<T>::sum;
-    case ReduceOp::Max: return gloo::ReductionFunction<T>::max;
-    case ReduceOp::Min: return gloo::ReductionFunction<T>::min;
-  }
-  return gloo::ReductionFunction<T>::sum;
-}
-
 // Slots of point-to-point messages: a prefix no Gloo collective uses, and the k-th message of the
 // (sender, receiver) pair, so that the k-th send matches the k-th recv.
 constexpr uint8_t kP2PSlotPrefix = 0x40;
+// Slots of our ring reduce-scatter: the collective's tag, plus the step.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
 
 class GlooComm : public Communicator {
  public:
@@ -174,32 +164,34 @@ class GlooComm : public Communicator {
     gloo::allreduce(o);
   }
 
-  // Gloo's reduce-scatter (recursive halving/doubling; it works in place, so on a copy of the input)
-  // for f32/i32/i64. Its counts are ints and it has no 16-bit float reductions, so bf16/f16 and
-  // inputs over INT_MAX elements take an all-reduce into a copy of the input and keep the own block
-  // (twice the traffic, same result).
+  // A ring reduce-scatter over Gloo's unbound buffers: n - 1 steps, each sending one block to the
+  // right neighbour and reducing the block received from the left, so every rank sends (n-1)/n of
+  // the input (an all-reduce would send twice that). Gloo's own ReduceScatterHalvingDoubling is not
+  // used: it registers bound buffers per call, a peer that sends before they exist makes the
+  // transport's thread busy-wait, and on Debian's Gloo later collectives on the same pairs were
+  // measured to stall for hundreds of milliseconds after it.
   std::shared_ptr<Work> do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const OpRecord& rec) override {
-    if (out.numel() == 0) return done(rec);
-    bool native = (in.dtype() == DType::F32 || in.dtype() == DType::I32 || in.dtype() == DType::I64) &&
-                  in.numel() <= INT_MAX;
-    if (native) {
-      dispatch_dtype(in.dtype(), [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
-          std::vector<T> work(static_cast<const T*>(in.raw()), static_cast<const T*>(in.raw()) + in.numel());
-          std::vector<int> recv_elems(size_t(size()), int(out.numel()));
-          gloo::ReduceScatterHalvingDoubling<T> algo(ctx_, std::vector<T*>{work.data()}, int(in.numel()), recv_elems,
-                                                     gloo_reduction<T>(op));
-          algo.run();
-          // The algorithm leaves this rank's block at the start of its buffer.
-          std::memcpy(out.raw(), work.data(), out.nbytes());
-        }
-      });
-    } else {
-      Tensor work = in.clone();
-      allreduce_raw(work.raw(), work.numel(), work.dtype(), op, rec);
-      std::memcpy(out.raw(), byte_ptr(work) + size_t(rank()) * out.nbytes(), out.nbytes());
+    const int n = size(), r = rank();
+    const size_t block = out.nbytes();
+    if (block == 0) return done(rec);
+    Tensor work = in.clone();
+    Tensor tmp = Tensor::empty({out.numel()}, out.dtype());
+    auto send_buf = ctx_->createUnboundBuffer(work.raw(), work.nbytes());
+    auto recv_buf = ctx_->createUnboundBuffer(tmp.raw(), tmp.nbytes());
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag_of(rec));
+    auto reduce = reduce_func(out.dtype(), op);
+    for (int s = 0; s < n - 1; ++s) {
+      // After the last step this rank holds the full reduction of its own block r.
+      const int send_idx = ((r - s - 1) % n + n) % n, recv_idx = ((r - s - 2) % n + n) % n;
+      send_buf->send(right, slot + uint64_t(s), size_t(send_idx) * block, block);
+      recv_buf->recv(left, slot + uint64_t(s), 0, block);
+      recv_buf->waitRecv(opt_.timeout);
+      char* dst = byte_ptr(work) + size_t(recv_idx) * block;
+      reduce(dst, dst, tmp.raw(), size_t(out.numel()));
     }
+    for (int s = 0; s < n - 1; ++s) send_buf->waitSend(opt_.timeout);
+    std::memcpy(out.raw(), byte_ptr(work) + size_t(r) * block, block);
     return done(rec);
   }
 
@@ -320,5 +312,7 @@ std::unique_ptr<Communicator> make_gloo_comm(int rank, int size, const std::stri
 }  // namespace mt::comm::detail
 
 namespace mt::comm {
-bool have_gloo() { return true; }
+bool have_gloo() {
+  return true;
+}
 }  // namespace mt::comm

@@ -3,7 +3,9 @@
 #include "comm/backends.h"
 
 namespace mt::comm {
-bool have_gloo() { return false; }
+bool have_gloo() {
+  return false;
+}
 }  // namespace mt::comm
 
 namespace mt::comm::detail {

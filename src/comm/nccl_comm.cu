@@ -25,20 +25,28 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_dtype(DType dt) {
   switch (dt) {
-    case DType::F32: return ncclFloat32;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F16: return ncclFloat16;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -68,47 +76,12 @@ class NcclComm : public Communicator {
   NcclComm(int rank, int size, const std::string& name, Store& root, const std::string& prefix, CommOptions opt,
            int cuda_device, ncclComm_t parent = nullptr, int color = 0, int key = 0)
       : Communicator(rank, size, name, root, prefix, opt), device_(cuda_device) {
-    set_device();
-    MT_CUDA_CHECK("NCCL communicator", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    cfg.commName = name_c_str();
-    ncclComm_t c = nullptr;
-    ncclResult_t r;
-    if (parent) {
-      r = ncclCommSplit(parent, color, key, &c, &cfg);
-    } else {
-      ncclUniqueId uid;
-      if (rank == 0) {
-        nccl_check(ncclGetUniqueId(&uid), "ncclGetUniqueId");
-        store_.set("nccl/uid", Bytes(reinterpret_cast<uint8_t*>(&uid), reinterpret_cast<uint8_t*>(&uid) + sizeof(uid)));
-      } else {
-        Bytes b = store_.get("nccl/uid", opt_.timeout);
-        MT_CHECK(b.size() == sizeof(uid), "NCCL unique id of ", b.size(), " bytes, expected ", sizeof(uid));
-        std::memcpy(&uid, b.data(), sizeof(uid));
-      }
-      r = ncclCommInitRankConfig(&c, size, uid, rank, &cfg);
-    }
-    {
-      std::lock_guard<std::mutex> lock(nccl_mu_);
-      comm_ = c;
-    }
-    if (r != ncclSuccess && r != ncclInProgress) {
-      destroy(true);
-      MT_THROW(where_nccl(), ": ", parent ? "ncclCommSplit" : "ncclCommInitRankConfig", " failed: ",
-               ncclGetErrorString(r));
-    }
     try {
-      settle(parent ? "ncclCommSplit" : "ncclCommInitRankConfig");
-    } catch (...) {
+      init(parent, color, key);
+    } catch (const std::exception& e) {
       destroy(true);
-      throw;
+      MT_THROW(where_nccl(), ": ", e.what());
     }
-    int nranks = 0, me = 0;
-    nccl_check(ncclCommCount(comm_, &nranks), "ncclCommCount");
-    nccl_check(ncclCommUserRank(comm_, &me), "ncclCommUserRank");
-    MT_CHECK(nranks == size && me == rank, "NCCL communicator '", name, "' has rank ", me, " of ", nranks,
-             ", the store's agreement says ", rank, " of ", size);
   }
 
   ~NcclComm() override {
@@ -119,6 +92,65 @@ class NcclComm : public Communicator {
     }
   }
 
+ private:
+  void init(ncclComm_t parent, int color, int key) {
+    set_device();
+    MT_CUDA_CHECK("NCCL communicator", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.commName = name().c_str();
+    ncclComm_t c = nullptr;
+    ncclResult_t r;
+    const char* call = parent ? "ncclCommSplit" : "ncclCommInitRankConfig";
+    if (parent) {
+      split_out_ = nullptr;
+      r = ncclCommSplit(parent, color, key, &split_out_, &cfg);
+      if (r != ncclSuccess && r != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(r));
+      // The parent is non-blocking: the child's handle appears once the parent leaves ncclInProgress.
+      const auto deadline = Clock::now() + opt_.timeout;
+      for (;;) {
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(parent, &st);
+        if (q != ncclSuccess) st = q;
+        if (st == ncclSuccess) break;
+        if (st != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(st));
+        if (Clock::now() > deadline)
+          MT_THROW(call, " did not finish within ", opt_.timeout.count(), " ms (a rank is missing or stuck)");
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      c = split_out_;
+      if (!c) MT_THROW(call, " completed without a communicator for color ", color);
+    } else {
+      ncclUniqueId uid;
+      if (rank() == 0) {
+        nccl_check(ncclGetUniqueId(&uid), "ncclGetUniqueId");
+        store_.set("nccl/uid", Bytes(reinterpret_cast<uint8_t*>(&uid), reinterpret_cast<uint8_t*>(&uid) + sizeof(uid)));
+      } else {
+        Bytes b;
+        try {
+          b = store_.get("nccl/uid", opt_.timeout);
+        } catch (const std::exception& e) {
+          MT_THROW("no NCCL unique id from rank 0 (", e.what(), ")");
+        }
+        MT_CHECK(b.size() == sizeof(uid), "NCCL unique id of ", b.size(), " bytes, expected ", sizeof(uid));
+        std::memcpy(&uid, b.data(), sizeof(uid));
+      }
+      r = ncclCommInitRankConfig(&c, size(), uid, rank(), &cfg);
+    }
+    {
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      comm_ = c;
+    }
+    if (r != ncclSuccess && r != ncclInProgress) MT_THROW(call, " failed: ", ncclGetErrorString(r));
+    settle(call);
+    int nranks = 0, me = 0;
+    ncclCommCount(comm_, &nranks);
+    ncclCommUserRank(comm_, &me);
+    MT_CHECK(nranks == size() && me == rank(), "NCCL made rank ", me, " of ", nranks, ", the store's agreement says ",
+             rank(), " of ", size());
+  }
+
+ public:
   Device device() const override { return Device::CUDA; }
   const char* backend() const override { return "nccl"; }
 
@@ -140,34 +172,38 @@ class NcclComm : public Communicator {
   // --- collectives -------------------------------------------------------------------------------
   std::shared_ptr<Work> do_all_gather(const Tensor& in, Tensor& out, const OpRecord& rec) override {
     begin();
-    enqueue("ncclAllGather", [&](ncclComm_t c) {
-      return ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_dtype(in.dtype()), c, stream_);
-    });
+    if (in.numel() > 0)  // every rank agrees on the count (it is part of the schedule)
+      enqueue("ncclAllGather", [&](ncclComm_t c) {
+        return ncclAllGather(in.raw(), out.raw(), size_t(in.numel()), nccl_dtype(in.dtype()), c, stream_);
+      });
     return finish(rec, {in, out});
   }
 
   std::shared_ptr<Work> do_reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const OpRecord& rec) override {
     begin();
-    enqueue("ncclReduceScatter", [&](ncclComm_t c) {
-      return ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_dtype(in.dtype()), nccl_op(op), c,
-                               stream_);
-    });
+    if (out.numel() > 0)
+      enqueue("ncclReduceScatter", [&](ncclComm_t c) {
+        return ncclReduceScatter(in.raw(), out.raw(), size_t(out.numel()), nccl_dtype(in.dtype()), nccl_op(op), c,
+                                 stream_);
+      });
     return finish(rec, {in, out});
   }
 
   std::shared_ptr<Work> do_all_reduce(Tensor& t, ReduceOp op, const OpRecord& rec) override {
     begin();
-    enqueue("ncclAllReduce", [&](ncclComm_t c) {
-      return ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), nccl_op(op), c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclAllReduce", [&](ncclComm_t c) {
+        return ncclAllReduce(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), nccl_op(op), c, stream_);
+      });
     return finish(rec, {t});
   }
 
   std::shared_ptr<Work> do_broadcast(Tensor& t, int root, const OpRecord& rec) override {
     begin();
-    enqueue("ncclBroadcast", [&](ncclComm_t c) {
-      return ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), root, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclBroadcast", [&](ncclComm_t c) {
+        return ncclBroadcast(t.raw(), t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), root, c, stream_);
+      });
     return finish(rec, {t});
   }
 
@@ -183,19 +219,20 @@ class NcclComm : public Communicator {
       roff[size_t(r) + 1] = roff[size_t(r)] + size_t(recv_counts[size_t(r)]);
     }
     if (send_counts[size_t(rank())] > 0)
-      MT_CUDA_CHECK("all_to_all_v", cudaMemcpyAsync(byte_ptr(out) + roff[size_t(rank())] * es,
-                                                    byte_ptr(in) + soff[size_t(rank())] * es,
-                                                    size_t(send_counts[size_t(rank())]) * es, cudaMemcpyDeviceToDevice,
-                                                    stream_));
+      MT_CUDA_CHECK("all_to_all_v",
+                    cudaMemcpyAsync(byte_ptr(out) + roff[size_t(rank())] * es, byte_ptr(in) + soff[size_t(rank())] * es,
+                                    size_t(send_counts[size_t(rank())]) * es, cudaMemcpyDeviceToDevice, stream_));
     enqueue_group("all_to_all_v", [&](ncclComm_t c) -> ncclResult_t {
       for (int r = 0; r < size(); ++r) {
         if (r == rank()) continue;
         if (send_counts[size_t(r)] > 0) {
-          ncclResult_t e = ncclSend(byte_ptr(in) + soff[size_t(r)] * es, size_t(send_counts[size_t(r)]), dt, r, c, stream_);
+          ncclResult_t e =
+              ncclSend(byte_ptr(in) + soff[size_t(r)] * es, size_t(send_counts[size_t(r)]), dt, r, c, stream_);
           if (e != ncclSuccess && e != ncclInProgress) return e;
         }
         if (recv_counts[size_t(r)] > 0) {
-          ncclResult_t e = ncclRecv(byte_ptr(out) + roff[size_t(r)] * es, size_t(recv_counts[size_t(r)]), dt, r, c, stream_);
+          ncclResult_t e =
+              ncclRecv(byte_ptr(out) + roff[size_t(r)] * es, size_t(recv_counts[size_t(r)]), dt, r, c, stream_);
           if (e != ncclSuccess && e != ncclInProgress) return e;
         }
       }
@@ -206,17 +243,19 @@ class NcclComm : public Communicator {
 
   void do_send(const Tensor& t, int peer, const OpRecord& rec) override {
     begin();
-    enqueue("ncclSend", [&](ncclComm_t c) {
-      return ncclSend(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclSend", [&](ncclComm_t c) {
+        return ncclSend(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
+      });
     finish(rec, {t})->wait();
   }
 
   void do_recv(Tensor& t, int peer, const OpRecord& rec) override {
     begin();
-    enqueue("ncclRecv", [&](ncclComm_t c) {
-      return ncclRecv(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
-    });
+    if (t.numel() > 0)
+      enqueue("ncclRecv", [&](ncclComm_t c) {
+        return ncclRecv(t.raw(), size_t(t.numel()), nccl_dtype(t.dtype()), peer, c, stream_);
+      });
     finish(rec, {t})->wait();
   }
 
@@ -244,6 +283,7 @@ class NcclComm : public Communicator {
 
   std::unique_ptr<Communicator> do_split(SplitPlan plan) override {
     set_device();
+    std::unique_ptr<Communicator> child;
     if (plan.new_size == 0) {
       // This rank joins no group but still takes part in the parent's ncclCommSplit.
       ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -251,13 +291,16 @@ class NcclComm : public Communicator {
       ncclComm_t none = nullptr;
       nccl_check(with_comm([&](ncclComm_t c) { return ncclCommSplit(c, NCCL_SPLIT_NOCOLOR, plan.key, &none, &cfg); }),
                  "ncclCommSplit");
-      settle("ncclCommSplit");
-      return nullptr;
+    } else {
+      // The parent's handle stays locked while the child is made from it, so that an abort from the
+      // watchdog cannot free it meanwhile (the child's own wait is bounded by the timeout).
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      if (!comm_) MT_THROW(where_nccl(), ": split after abort");
+      child = std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_,
+                                         device_, comm_, plan.color, plan.key);
     }
-    std::lock_guard<std::mutex> lock(nccl_mu_);
-    if (!comm_) MT_THROW(where_nccl(), ": split after abort");
-    return std::make_unique<NcclComm>(plan.new_rank, plan.new_size, plan.name, *plan.root, plan.prefix, opt_, device_,
-                                      comm_, plan.color, plan.key);
+    settle("ncclCommSplit (parent)");  // a non-blocking parent may be in progress after a split
+    return child;
   }
 
   void do_abort(const std::string&) override {
@@ -269,7 +312,6 @@ class NcclComm : public Communicator {
   }
 
  private:
-  const char* name_c_str() const { return name().c_str(); }
   std::string where_nccl() const {
     return str("NCCL communicator '", name(), "' (rank ", rank(), " of ", size(), ", GPU ", device_, ")");
   }
@@ -411,8 +453,10 @@ class NcclComm : public Communicator {
       }
       std::lock_guard<std::mutex> lock(nccl_mu_);
       if (comm_) {
-        if (clean) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (clean)
+          ncclCommDestroy(comm_);
+        else
+          ncclCommAbort(comm_);
         comm_ = nullptr;
       }
     } else {
@@ -437,6 +481,9 @@ class NcclComm : public Communicator {
   cudaEvent_t ready_ = nullptr;
   std::mutex nccl_mu_;  // guards comm_ against abort() from the watchdog's thread
   ncclComm_t comm_ = nullptr;
+  // Where a non-blocking ncclCommSplit writes the child's handle: NCCL stores it only when the split
+  // completes (after the call has returned), so it must outlive the call.
+  ncclComm_t split_out_ = nullptr;
   std::mutex pending_mu_;
   std::deque<std::shared_ptr<Pending>> pending_;
   Tensor barrier_buf_;

@@ -131,6 +131,8 @@ void Watchdog::unwatch(Communicator* c) {
   std::erase(impl_->comms, c);
 }
 
-bool Watchdog::fired() const { return impl_->fired.load(); }
+bool Watchdog::fired() const {
+  return impl_->fired.load();
+}
 
 }  // namespace mt::comm

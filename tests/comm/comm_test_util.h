@@ -36,7 +36,9 @@ inline std::vector<std::string> run_ranks(int n, const std::function<void(int, C
   return errors;
 }
 
-inline std::vector<std::string> no_errors(int n) { return std::vector<std::string>(static_cast<size_t>(n)); }
+inline std::vector<std::string> no_errors(int n) {
+  return std::vector<std::string>(static_cast<size_t>(n));
+}
 
 struct DoneWork : Work {
   void wait() override {}

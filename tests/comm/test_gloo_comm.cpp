@@ -67,25 +67,30 @@ class GlooCollectives : public ::testing::TestWithParam<int> {
 
 TEST_P(GlooCollectives, AllGather) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    EXPECT_EQ(c.rank(), r);
-    EXPECT_EQ(c.size(), n);
-    for (DType dt : kAllDTypes) {
-      for (int64_t count : {int64_t(0), int64_t(1), int64_t(5), int64_t(4099)}) {
-        Tensor in = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
-        Tensor out = Tensor::zeros({n * count}, dt);
-        c.all_gather(in, out)->wait();
-        expect_values(out, [&](int64_t j) { return value_of(dt, int(j / count), j % count); },
-                      str("all_gather ", dtype_name(dt), " x ", count, " on rank ", r));
-      }
-    }
-    // In place: the input is this rank's block of the output.
-    Tensor out = Tensor::zeros({n * 3}, DType::F32);
-    Tensor mine = out.rows(r * 3, 3);
-    mine.copy_from(filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
-    c.all_gather(mine, out);
-    expect_values(out, [&](int64_t j) { return value_of(DType::F32, int(j / 3), j % 3); }, "in-place all_gather");
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        EXPECT_EQ(c.rank(), r);
+        EXPECT_EQ(c.size(), n);
+        for (DType dt : kAllDTypes) {
+          for (int64_t count : {int64_t(0), int64_t(1), int64_t(5), int64_t(4099)}) {
+            Tensor in = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
+            Tensor out = Tensor::zeros({n * count}, dt);
+            c.all_gather(in, out)->wait();
+            expect_values(
+                out, [&](int64_t j) { return value_of(dt, int(j / count), j % count); },
+                str("all_gather ", dtype_name(dt), " x ", count, " on rank ", r));
+          }
+        }
+        // In place: the input is this rank's block of the output.
+        Tensor out = Tensor::zeros({n * 3}, DType::F32);
+        Tensor mine = out.rows(r * 3, 3);
+        mine.copy_from(filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
+        c.all_gather(mine, out);
+        expect_values(
+            out, [&](int64_t j) { return value_of(DType::F32, int(j / 3), j % 3); }, "in-place all_gather");
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
@@ -103,128 +108,152 @@ double reduced(DType dt, ReduceOp op, int n, int64_t i) {
 
 TEST_P(GlooCollectives, AllReduce) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    for (DType dt : kAllDTypes)
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
-        for (int64_t count : {int64_t(0), int64_t(1), int64_t(3), int64_t(1000)}) {
-          Tensor t = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
-          c.all_reduce(t, op)->wait();
-          expect_values(t, [&](int64_t i) { return reduced(dt, op, n, i); },
-                        str("all_reduce(", reduce_op_name(op), ") ", dtype_name(dt), " x ", count, " on rank ", r));
-        }
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        for (DType dt : kAllDTypes)
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
+            for (int64_t count : {int64_t(0), int64_t(1), int64_t(3), int64_t(1000)}) {
+              Tensor t = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
+              c.all_reduce(t, op)->wait();
+              expect_values(
+                  t, [&](int64_t i) { return reduced(dt, op, n, i); },
+                  str("all_reduce(", reduce_op_name(op), ") ", dtype_name(dt), " x ", count, " on rank ", r));
+            }
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
 TEST_P(GlooCollectives, ReduceScatter) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    for (DType dt : kAllDTypes)
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
-        // Block sizes that do and do not divide into Gloo's power-of-two chunks.
-        for (int64_t block : {int64_t(0), int64_t(1), int64_t(7), int64_t(1024), int64_t(3001)}) {
-          Tensor in = filled(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); });
-          Tensor out = Tensor::zeros({block}, dt);
-          c.reduce_scatter(in, out, op)->wait();
-          expect_values(out, [&](int64_t i) { return reduced(dt, op, n, r * block + i); },
-                        str("reduce_scatter(", reduce_op_name(op), ") ", dtype_name(dt), " block ", block, " on rank ",
-                            r));
-        }
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        for (DType dt : kAllDTypes)
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
+            // Block sizes that do and do not divide into Gloo's power-of-two chunks.
+            for (int64_t block : {int64_t(0), int64_t(1), int64_t(7), int64_t(1024), int64_t(3001)}) {
+              Tensor in = filled(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); });
+              Tensor out = Tensor::zeros({block}, dt);
+              c.reduce_scatter(in, out, op)->wait();
+              expect_values(
+                  out, [&](int64_t i) { return reduced(dt, op, n, r * block + i); },
+                  str("reduce_scatter(", reduce_op_name(op), ") ", dtype_name(dt), " block ", block, " on rank ", r));
+            }
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
 TEST_P(GlooCollectives, BroadcastFromEveryRoot) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    for (DType dt : kAllDTypes)
-      for (int root = 0; root < n; ++root) {
-        Tensor t = filled(dt, 777, [&](int64_t i) { return value_of(dt, r, i); });
-        c.broadcast(t, root)->wait();
-        expect_values(t, [&](int64_t i) { return value_of(dt, root, i); },
-                      str("broadcast ", dtype_name(dt), " from ", root, " on rank ", r));
-      }
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        for (DType dt : kAllDTypes)
+          for (int root = 0; root < n; ++root) {
+            Tensor t = filled(dt, 777, [&](int64_t i) { return value_of(dt, r, i); });
+            c.broadcast(t, root)->wait();
+            expect_values(
+                t, [&](int64_t i) { return value_of(dt, root, i); },
+                str("broadcast ", dtype_name(dt), " from ", root, " on rank ", r));
+          }
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
 // Rank s sends (s + 2d) % 3 elements to rank d (zero counts included); element k of that block is
 // s * 10000 + d * 100 + k.
-int64_t a2a_count(int s, int d) { return (s + 2 * d) % 3; }
+int64_t a2a_count(int s, int d) {
+  return (s + 2 * d) % 3;
+}
 
 TEST_P(GlooCollectives, AllToAllVWithZeroCounts) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    for (DType dt : kAllDTypes) {
-      std::vector<int64_t> send, recv;
-      std::vector<double> in_vals, want;
-      for (int d = 0; d < n; ++d) {
-        send.push_back(a2a_count(r, d));
-        for (int64_t k = 0; k < a2a_count(r, d); ++k) in_vals.push_back(r * 10000 + d * 100 + k);
-      }
-      for (int s = 0; s < n; ++s) {
-        recv.push_back(a2a_count(s, r));
-        for (int64_t k = 0; k < a2a_count(s, r); ++k) want.push_back(s * 10000 + r * 100 + k);
-      }
-      if (dt == DType::BF16) {  // keep the values exact in bf16: source, then index
-        for (auto* v : {&in_vals, &want})
-          for (double& x : *v) x = std::floor(x / 10000) * 8 + std::fmod(x, 100);
-      }
-      Tensor in = filled(dt, int64_t(in_vals.size()), [&](int64_t i) { return in_vals[size_t(i)]; });
-      Tensor out = Tensor::zeros({int64_t(want.size())}, dt);
-      c.all_to_all_v(in, send, out, recv)->wait();
-      expect_values(out, [&](int64_t i) { return want[size_t(i)]; }, str("all_to_all_v ", dtype_name(dt), " on rank ", r));
-    }
-    // Every count zero.
-    std::vector<int64_t> zeros(size_t(n), 0);
-    Tensor e_in = Tensor::empty({0}), e_out = Tensor::empty({0});
-    c.all_to_all_v(e_in, zeros, e_out, zeros);
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        for (DType dt : kAllDTypes) {
+          std::vector<int64_t> send, recv;
+          std::vector<double> in_vals, want;
+          for (int d = 0; d < n; ++d) {
+            send.push_back(a2a_count(r, d));
+            for (int64_t k = 0; k < a2a_count(r, d); ++k) in_vals.push_back(r * 10000 + d * 100 + k);
+          }
+          for (int s = 0; s < n; ++s) {
+            recv.push_back(a2a_count(s, r));
+            for (int64_t k = 0; k < a2a_count(s, r); ++k) want.push_back(s * 10000 + r * 100 + k);
+          }
+          if (dt == DType::BF16) {  // keep the values exact in bf16: source, then index
+            for (auto* v : {&in_vals, &want})
+              for (double& x : *v) x = std::floor(x / 10000) * 8 + std::fmod(x, 100);
+          }
+          Tensor in = filled(dt, int64_t(in_vals.size()), [&](int64_t i) { return in_vals[size_t(i)]; });
+          Tensor out = Tensor::zeros({int64_t(want.size())}, dt);
+          c.all_to_all_v(in, send, out, recv)->wait();
+          expect_values(
+              out, [&](int64_t i) { return want[size_t(i)]; }, str("all_to_all_v ", dtype_name(dt), " on rank ", r));
+        }
+        // Every count zero.
+        std::vector<int64_t> zeros(size_t(n), 0);
+        Tensor e_in = Tensor::empty({0}), e_out = Tensor::empty({0});
+        c.all_to_all_v(e_in, zeros, e_out, zeros);
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
 TEST_P(GlooCollectives, SendRecvRingAndBarrier) {
   int n = GetParam();
   if (n == 1) GTEST_SKIP() << "send/recv need a peer";
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    // Sends block until the peer receives, so even ranks send first and odd ranks receive first.
-    int next = (r + 1) % n, prev = (r + n - 1) % n;
-    Tensor out = filled(DType::F32, 100, [&](int64_t i) { return value_of(DType::F32, r, i); });
-    Tensor in = Tensor::zeros({100});
-    for (int round = 0; round < 3; ++round) {
-      if (r % 2 == 0) {
-        c.send(out, next);
-        c.recv(in, prev);
-      } else {
-        c.recv(in, prev);
-        c.send(out, next);
-      }
-      expect_values(in, [&](int64_t i) { return value_of(DType::F32, prev, i); }, str("recv on rank ", r));
-      c.barrier();
-    }
-    // Point-to-point calls are numbered but are not collectives.
-    auto h = c.history();
-    EXPECT_EQ(h.back().op, "barrier");
-    EXPECT_EQ(h.back().seq, 9u);
-    EXPECT_EQ(h.back().coll, 3u);
-    c.check_schedule();
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        // Sends block until the peer receives, so even ranks send first and odd ranks receive first.
+        int next = (r + 1) % n, prev = (r + n - 1) % n;
+        Tensor out = filled(DType::F32, 100, [&](int64_t i) { return value_of(DType::F32, r, i); });
+        Tensor in = Tensor::zeros({100});
+        for (int round = 0; round < 3; ++round) {
+          if (r % 2 == 0) {
+            c.send(out, next);
+            c.recv(in, prev);
+          } else {
+            c.recv(in, prev);
+            c.send(out, next);
+          }
+          expect_values(
+              in, [&](int64_t i) { return value_of(DType::F32, prev, i); }, str("recv on rank ", r));
+          c.barrier();
+        }
+        // Point-to-point calls are numbered but are not collectives.
+        auto h = c.history();
+        EXPECT_EQ(h.back().op, "barrier");
+        EXPECT_EQ(h.back().seq, 9u);
+        EXPECT_EQ(h.back().coll, 3u);
+        c.check_schedule();
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
 TEST_P(GlooCollectives, ManyOpsCompleteAndAreRecorded) {
   int n = GetParam();
-  auto errors = run_ranks(n, [&](int r, Communicator& c) {
-    Tensor t = Tensor::zeros({16});
-    for (int i = 0; i < 100; ++i) c.all_reduce(t);
-    EXPECT_EQ(c.completed_seq(), 100u);
-    EXPECT_EQ(c.last_issued().str(), "#100 all_reduce f32 x 16");
-    EXPECT_EQ(c.history().size(), Communicator::kHistory);
-    EXPECT_EQ(c.history().front().seq, 100u - Communicator::kHistory + 1);
-    c.check_schedule();
-    c.check_schedule();
-    (void)r;
-  }, opt());
+  auto errors = run_ranks(
+      n,
+      [&](int r, Communicator& c) {
+        Tensor t = Tensor::zeros({16});
+        for (int i = 0; i < 100; ++i) c.all_reduce(t);
+        EXPECT_EQ(c.completed_seq(), 100u);
+        EXPECT_EQ(c.last_issued().str(), "#100 all_reduce f32 x 16");
+        EXPECT_EQ(c.history().size(), Communicator::kHistory);
+        EXPECT_EQ(c.history().front().seq, 100u - Communicator::kHistory + 1);
+        c.check_schedule();
+        c.check_schedule();
+        (void)r;
+      },
+      opt());
   EXPECT_EQ(errors, no_errors(n));
 }
 
@@ -245,8 +274,9 @@ TEST(GlooSplit, FourRanksIntoTwoGroupsByColorOrderedByKey) {
     Tensor out = Tensor::zeros({6});
     g->all_gather(in, out);
     int first = r % 2 + 2, second = r % 2;  // world ranks of group ranks 0 and 1
-    expect_values(out, [&](int64_t j) { return value_of(DType::F32, j < 3 ? first : second, j % 3); },
-                  str("group all_gather on world rank ", r));
+    expect_values(
+        out, [&](int64_t j) { return value_of(DType::F32, j < 3 ? first : second, j % 3); },
+        str("group all_gather on world rank ", r));
     Tensor s = Tensor::zeros({1});
     s.data<float>()[0] = float(r);
     g->all_reduce(s);
@@ -290,7 +320,9 @@ TEST(GlooArguments, ErrorsNameTheCommunicatorTheOpAndTheSizes) {
             "broadcast on communicator 'world' (rank 0): root 1 is not a rank of 0..0");
   EXPECT_EQ(error_of([&] { c->all_to_all_v(in, {3}, out, {5}); }),
             "all_to_all_v on communicator 'world' (rank 0): send_counts sum to 3 but in has 4 elements");
-  EXPECT_EQ(error_of([&] { c->all_to_all_v(in, {4, 0}, out, {5}); }),
+  EXPECT_EQ(error_of([&] {
+              c->all_to_all_v(in, {4, 0}, out, {5});
+            }),
             "all_to_all_v on communicator 'world' (rank 0): send_counts has 2 entries, expected one per rank (1)");
   EXPECT_EQ(error_of([&] { c->send(in, 0); }),
             "send on communicator 'world' (rank 0): peer 0 must be another rank of 0..0");

@@ -24,8 +24,10 @@ TEST(ScheduleCheck, NamesTheRanksAndTheFirstDifferingOp) {
   auto errors = run_fake_ranks(2, [](int r, FakeComm& c) {
     Tensor small = Tensor::zeros({16}), big = Tensor::zeros({4096}), half = Tensor::zeros({2048});
     c.all_reduce(small);
-    if (r == 0) c.all_reduce(big);
-    else c.all_gather(half, big);
+    if (r == 0)
+      c.all_reduce(big);
+    else
+      c.all_gather(half, big);
     c.barrier();
     c.check_schedule();
   });
@@ -94,22 +96,28 @@ TEST(ScheduleCheck, AgreeingRanksPassRepeatedlyAndPointToPointIsNotScheduled) {
 TEST(ScheduleCheck, OffIsANoOp) {
   CommOptions opt;
   opt.schedule_check = ScheduleCheck::Off;
-  auto errors = run_fake_ranks(2, [](int r, FakeComm& c) {
-    Tensor t = Tensor::zeros({8});
-    c.all_reduce(t, r == 0 ? ReduceOp::Sum : ReduceOp::Max);
-    c.check_schedule();
-  }, opt);
+  auto errors = run_fake_ranks(
+      2,
+      [](int r, FakeComm& c) {
+        Tensor t = Tensor::zeros({8});
+        c.all_reduce(t, r == 0 ? ReduceOp::Sum : ReduceOp::Max);
+        c.check_schedule();
+      },
+      opt);
   EXPECT_EQ(errors, no_errors(2));
 }
 
 TEST(ScheduleCheck, TimeoutNamesTheRanksThatNeverReported) {
   CommOptions opt;
   opt.timeout = 300ms;
-  auto errors = run_fake_ranks(3, [](int r, FakeComm& c) {
-    Tensor t = Tensor::zeros({16});
-    c.all_reduce(t);
-    if (r == 0) c.check_schedule();  // ranks 1 and 2 never come
-  }, opt);
+  auto errors = run_fake_ranks(
+      3,
+      [](int r, FakeComm& c) {
+        Tensor t = Tensor::zeros({16});
+        c.all_reduce(t);
+        if (r == 0) c.check_schedule();  // ranks 1 and 2 never come
+      },
+      opt);
   EXPECT_EQ(errors[0],
             "schedule check #1 on communicator 'fake' (rank 0 of 3, fake) timed out after 300 ms: ranks 1, 2 never "
             "reported (this rank is at op #1 all_reduce f32 x 16)");
@@ -121,19 +129,24 @@ TEST(PerOpCheck, CatchesTheMismatchBeforeItRunsOnGloo) {
   opt.schedule_check = ScheduleCheck::PerOp;
   opt.timeout = 10s;
   std::vector<double> seconds(2);
-  auto errors = run_ranks(2, [&](int r, Communicator& c) {
-    Tensor small = Tensor::zeros({16}), big = Tensor::zeros({4096}), half = Tensor::zeros({2048});
-    c.all_reduce(small);  // checked and run
-    auto t0 = Clock::now();
-    try {
-      if (r == 0) c.all_reduce(big);
-      else c.all_gather(half, big);
-    } catch (...) {
-      seconds[size_t(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
-      EXPECT_EQ(c.completed_seq(), 1u);  // the mismatching op never ran
-      throw;
-    }
-  }, opt);
+  auto errors = run_ranks(
+      2,
+      [&](int r, Communicator& c) {
+        Tensor small = Tensor::zeros({16}), big = Tensor::zeros({4096}), half = Tensor::zeros({2048});
+        c.all_reduce(small);  // checked and run
+        auto t0 = Clock::now();
+        try {
+          if (r == 0)
+            c.all_reduce(big);
+          else
+            c.all_gather(half, big);
+        } catch (...) {
+          seconds[size_t(r)] = std::chrono::duration<double>(Clock::now() - t0).count();
+          EXPECT_EQ(c.completed_seq(), 1u);  // the mismatching op never ran
+          throw;
+        }
+      },
+      opt);
   std::string want =
       "collective schedule diverged on communicator 'world' at op #2: rank 0 issued all_reduce f32 x 4096, rank 1 "
       "issued all_gather f32 x 2048 (caught before it ran)";
@@ -146,13 +159,16 @@ TEST(PerOpCheck, CatchesTheMismatchBeforeItRunsOnGloo) {
 TEST(PerOpCheck, AllToAllVCountsMustPair) {
   CommOptions opt;
   opt.schedule_check = ScheduleCheck::PerOp;
-  auto errors = run_fake_ranks(2, [](int r, FakeComm& c) {
-    // Rank 0 sends 3 elements to rank 1, but rank 1 expects 2 from rank 0.
-    std::vector<int64_t> send = r == 0 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{2, 1};
-    std::vector<int64_t> recv = r == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{2, 1};
-    Tensor in = Tensor::zeros({send[0] + send[1]}), out = Tensor::zeros({recv[0] + recv[1]});
-    c.all_to_all_v(in, send, out, recv);
-  }, opt);
+  auto errors = run_fake_ranks(
+      2,
+      [](int r, FakeComm& c) {
+        // Rank 0 sends 3 elements to rank 1, but rank 1 expects 2 from rank 0.
+        std::vector<int64_t> send = r == 0 ? std::vector<int64_t>{1, 3} : std::vector<int64_t>{2, 1};
+        std::vector<int64_t> recv = r == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{2, 1};
+        Tensor in = Tensor::zeros({send[0] + send[1]}), out = Tensor::zeros({recv[0] + recv[1]});
+        c.all_to_all_v(in, send, out, recv);
+      },
+      opt);
   std::string want =
       "all_to_all_v counts disagree on communicator 'fake' at op #1: rank 0 sends 3 elements to rank 1, rank 1 "
       "expects 2 from rank 0 (caught before it ran)";
@@ -162,11 +178,16 @@ TEST(PerOpCheck, AllToAllVCountsMustPair) {
 TEST(PerOpCheck, SplitIsPartOfTheSchedule) {
   CommOptions opt;
   opt.schedule_check = ScheduleCheck::PerOp;
-  auto errors = run_fake_ranks(2, [](int r, FakeComm& c) {
-    Tensor t = Tensor::zeros({4});
-    if (r == 0) c.split(0, 0, "g");
-    else c.all_reduce(t);
-  }, opt);
+  auto errors = run_fake_ranks(
+      2,
+      [](int r, FakeComm& c) {
+        Tensor t = Tensor::zeros({4});
+        if (r == 0)
+          c.split(0, 0, "g");
+        else
+          c.all_reduce(t);
+      },
+      opt);
   std::string want =
       "collective schedule diverged on communicator 'fake' at op #1: rank 0 issued split, rank 1 issued all_reduce "
       "f32 x 4 (caught before it ran)";
@@ -182,23 +203,26 @@ TEST(GlooTimeout, ARankThatNeverJoinsFailsTheOthersWithinTheTimeout) {
   std::promise<void> rank0_failed;
   auto failed = rank0_failed.get_future().share();
   double seconds = 0;
-  auto errors = run_ranks(2, [&](int r, Communicator& c) {
-    Tensor t = Tensor::zeros({16});
-    c.barrier();  // both connected and in step
-    if (r == 0) {
-      auto t0 = Clock::now();
-      try {
-        c.all_reduce(t);
-      } catch (...) {
-        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        rank0_failed.set_value();
-        throw;
-      }
-    } else {
-      failed.wait();
-      c.all_reduce(t);  // too late: rank 0 gave up and closed its connections
-    }
-  }, opt);
+  auto errors = run_ranks(
+      2,
+      [&](int r, Communicator& c) {
+        Tensor t = Tensor::zeros({16});
+        c.barrier();  // both connected and in step
+        if (r == 0) {
+          auto t0 = Clock::now();
+          try {
+            c.all_reduce(t);
+          } catch (...) {
+            seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+            rank0_failed.set_value();
+            throw;
+          }
+        } else {
+          failed.wait();
+          c.all_reduce(t);  // too late: rank 0 gave up and closed its connections
+        }
+      },
+      opt);
   EXPECT_NE(errors[0].find("communicator 'world' (rank 0 of 2, gloo): op #2 all_reduce f32 x 16 failed after "),
             std::string::npos)
       << errors[0];

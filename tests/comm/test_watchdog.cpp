@@ -35,14 +35,16 @@ TEST(Watchdog, QuietWhileOpsComplete) {
 TEST(Watchdog, ReportsTheOldestOpInFlightAndAbortsEveryWatchedCommunicator) {
   auto store = make_memory_store();
   FakeComm stuck(0, 1, *store, {}, "a", "world"), other(0, 1, *store, {}, "b", "dp");
-  Watchdog w(*store, 0, 100ms, 60s, 10ms);
-  w.watch(&stuck);
-  w.watch(&other);
   Tensor t = Tensor::zeros({4096});
   stuck.all_reduce(t);  // completes
   stuck.hang = true;    // from now on ops stay in flight, as queued CUDA collectives would
   stuck.all_reduce(t);
   stuck.broadcast(t, 0);
+  // Watched only now, so that a slow machine cannot fire the watchdog between the two calls above
+  // (in flight is measured from when an op was issued).
+  Watchdog w(*store, 0, 100ms, 60s, 10ms);
+  w.watch(&stuck);
+  w.watch(&other);
   std::string report = store->get_str("watchdog/0", 20s);
   EXPECT_TRUE(std::regex_match(report, std::regex("watchdog: rank 0: communicator 'world' op #2 all_reduce f32 x 4096 "
                                                   "in flight for [0-9.]+ s; last completed #1 \\(last issued #3 "
@@ -67,24 +69,27 @@ TEST(Watchdog, ReportsAGlooOpBlockedOnAMissingRank) {
   CommOptions opt;
   opt.timeout = 3s;
   std::atomic<Communicator*> comm0{nullptr};
-  auto errors = run_ranks(2, [&](int r, Communicator& c) {
-    Watchdog w(*store, r, 200ms, 60s, 20ms);
-    w.watch(&c);
-    Tensor t = Tensor::zeros({16});
-    try {
-      if (r == 0) {
-        comm0 = &c;
-        c.all_reduce(t);
-      } else {
-        store->get("watchdog/0", 20s);  // rank 0's watchdog has reported ...
-        while (!comm0.load() || !comm0.load()->aborted()) std::this_thread::sleep_for(1ms);  // ... and aborted
-        c.all_reduce(t);
-      }
-    } catch (...) {
-      w.unwatch(&c);
-      throw;
-    }
-  }, opt, Device::CPU, store.get());
+  auto errors = run_ranks(
+      2,
+      [&](int r, Communicator& c) {
+        Watchdog w(*store, r, 200ms, 60s, 20ms);
+        w.watch(&c);
+        Tensor t = Tensor::zeros({16});
+        try {
+          if (r == 0) {
+            comm0 = &c;
+            c.all_reduce(t);
+          } else {
+            store->get("watchdog/0", 20s);  // rank 0's watchdog has reported ...
+            while (!comm0.load() || !comm0.load()->aborted()) std::this_thread::sleep_for(1ms);  // ... and aborted
+            c.all_reduce(t);
+          }
+        } catch (...) {
+          w.unwatch(&c);
+          throw;
+        }
+      },
+      opt, Device::CPU, store.get());
   std::string report = store->get_str("watchdog/0", 1s);
   EXPECT_TRUE(std::regex_match(
       report, std::regex("watchdog: rank 0: communicator 'world' op #1 all_reduce f32 x 16 in flight for [0-9.]+ s; "
