@@ -23,6 +23,7 @@ const char* recompute_name(Recompute r) {
 struct Qwen3MoeModel::LayerActs {
   Tensor x;                                       // (T, D) block input
   Tensor probs, idx, wts;                         // (T, E) f32, (T, K) i32, (T, K) f32: routing decision
+  Tensor zlse;                                    // (T) f32: log-sum-exp of the router logits (z-loss)
   Tensor offsets, assign_of_row, row_of_assign;   // (E+1) i64, (R) i32, (T, K) i32: dispatch plan
   Tensor xn1, rstd1, q, k, v, qr, kr, rstd_q, rstd_k, att, lse, h1, xn2, rstd2;
   Tensor xp, gu, hh, yp;                          // experts (R rows) or dense MLP (T rows; no xp/yp)
@@ -74,13 +75,30 @@ bool Qwen3MoeModel::aux_enabled() const {
   return false;
 }
 
+int64_t Qwen3MoeModel::sparse_index(int64_t l) const {
+  int64_t i = 0;
+  for (int64_t j = 0; j < l; ++j) i += cfg_.is_sparse_layer(j) ? 1 : 0;
+  return i;
+}
+
+void Qwen3MoeModel::enable_router_bias() {
+  int64_t n_sparse = sparse_index(cfg_.num_hidden_layers);
+  if (n_sparse == 0)
+    MT_THROW("router bias (aux-loss-free balancing) needs MoE layers; this model (num_experts ", cfg_.num_experts,
+             ") has none");
+  if (!router_bias_LE_.defined()) router_bias_LE_ = Tensor::zeros({n_sparse, cfg_.num_experts}, DType::F32, device_);
+}
+
+void Qwen3MoeModel::reset_expert_load() {
+  if (load_LE_.defined()) load_LE_.zero_();
+}
+
 void Qwen3MoeModel::replay_routing(int64_t l, LayerActs& a) {
-  int64_t sparse_index = 0;
-  for (int64_t i = 0; i < l; ++i) sparse_index += cfg_.is_sparse_layer(i) ? 1 : 0;
-  if (sparse_index >= int64_t(replay_.size()))
+  const int64_t si = sparse_index(l);
+  if (si >= int64_t(replay_.size()))
     MT_THROW("routing replay has ", replay_.size(), " layers of expert ids; sparse layer ", l, " needs more");
   const int64_t T = T_, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
-  Tensor idx = replay_[size_t(sparse_index)].to(Device::CPU);
+  Tensor idx = replay_[size_t(si)].to(Device::CPU);
   if (idx.shape() != Shape{T, K} || idx.dtype() != DType::I32)
     MT_THROW("routing replay for sparse layer ", l, " is ", idx.desc(), "; expected i32[", T, ", ", K, "]");
   Tensor probs = a.probs.to(Device::CPU), wts = Tensor::empty({T, K});
@@ -162,7 +180,11 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.probs = keep_.alloc({T, E});
       a.idx = keep_.alloc({T, K}, DType::I32);
       a.wts = keep_.alloc({T, K});
-      ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts);
+      Tensor bias_E;
+      if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
+      ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts, bias_E.defined() ? &bias_E : nullptr);
+      a.zlse = keep_.alloc({T});
+      ops::router_z_loss_fwd(logits, a.zlse, zsum_);
       if (!replay_.empty()) replay_routing(l, a);
       a.offsets = keep_.alloc({E + 1}, DType::I64);
       a.assign_of_row = keep_.alloc({R}, DType::I32);
@@ -212,6 +234,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     }
     Tensor dlogits = W.alloc({T, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
+    if (z_loss_scale != 0) ops::router_z_loss_bwd(a.zlse, a.probs, float(z_loss_scale), dlogits);
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
   } else {
     const int64_t I = cfg_.intermediate_size;
@@ -253,6 +276,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
   if (aux_scale != 0 && !aux_enabled())
     MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
+  const double z_scale = backward ? z_loss_scale : 0.0;
+  if (z_scale != 0 && sparse_index(cfg_.num_hidden_layers) == 0)
+    MT_THROW("z_loss_scale ", z_scale, " given but the model has no MoE layer (the router z-loss needs one)");
 
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
@@ -284,6 +310,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   if (n_sparse > 0) {
     counts_E_ = keep_.zeros({E}, DType::I64);
     sums_E_ = keep_.zeros({E});
+    zsum_ = keep_.zeros({1});
+    if (!load_LE_.defined()) load_LE_ = Tensor::zeros({n_sparse, E}, DType::I64, device_);
   }
 
   // Parameter units in the order this micro-batch uses them (see param_source.h): forward 0, 1..L,
@@ -308,6 +336,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     if (cfg_.is_sparse_layer(l)) {
       ops::expert_counts(a.idx, E, counts_E_);
       ops::prob_column_sums(a.probs, sums_E_);
+      if (backward) {
+        Tensor load_E = load_LE_.rows(sparse_index(l), 1).view({E});
+        ops::expert_counts(a.idx, E, load_E);
+      }
     }
     h = out;
   }
@@ -335,7 +367,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     if (has_labels) out.ce_sum = ops::cross_entropy_fwd(logits, labels_T, lse, &out.n_valid);
     if (logits_out) *logits_out = logits.clone();
   }
-  out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
+  if (n_sparse > 0) out.z = double(zsum_.to(Device::CPU).data<float>()[0]);
+  out.loss = out.ce_sum * ce_scale + out.aux * aux_scale + out.z * z_scale;
   device_mem::synchronize(device_);
   auto t1 = Clock::now();
   forward_s_ = std::chrono::duration<double>(t1 - t0).count();
@@ -354,7 +387,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     Tensor loss_sum = keep_.zeros({1});
     ops::lm_head_cross_entropy(hn, w_.lm_head, labels_T, float(ce_scale), 0, loss_sum, dhn, g_.lm_head, acc);
     out.ce_sum = double(loss_sum.to(Device::CPU).data<float>()[0]);
-    out.loss = out.ce_sum * ce_scale + out.aux * aux_scale;
+    out.loss = out.ce_sum * ce_scale + out.aux * aux_scale + out.z * z_scale;
   } else {
     Tensor dlogits = keep_.alloc({T, V});
     ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);

@@ -42,7 +42,8 @@ struct LossParts {
   double ce_sum = 0;    // sum of token cross-entropies over valid labels
   int64_t n_valid = 0;  // labels != -100 after the shift
   double aux = 0;       // unscaled load-balancing loss of this micro-batch (0 when disabled)
-  double loss = 0;      // ce_sum * ce_scale + aux * aux_scale, as differentiated
+  double z = 0;         // router z-loss sum: logsumexp(router logits)^2 summed over every sparse layer's rows
+  double loss = 0;      // ce_sum * ce_scale + aux * aux_scale (+ z * z_loss_scale in forward_backward)
 };
 
 class Qwen3MoeModel {
@@ -90,6 +91,24 @@ class Qwen3MoeModel {
   // the aux loss is the one of the global batch. Called once per micro-batch between the forward and
   // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
   std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
+  // Router z-loss (ST-MoE): forward_backward also differentiates z_loss_scale * LossParts::z. The
+  // trainer passes coef / (router rows of the whole step on all ranks: tokens x sparse layers), so
+  // micro-batches and data-parallel ranks add up to the step's mean, as with ce_scale. 0 = off (the
+  // value z is still computed and reported; the gradients are exactly those without z-loss).
+  double z_loss_scale = 0;
+  // Aux-loss-free balancing (DeepSeek-V3): a bias per sparse layer and expert (f32 [sparse layers, E],
+  // on the model's device) added to the router probabilities for the top-k choice only; the routing
+  // weights stay the unbiased probabilities. Not a trained parameter (no gradient, not in the HF
+  // weights): optimizer-like state that the trainer updates after each optimizer step. It changes only
+  // between forward_backward calls, and recompute reuses the stored routing, so forward and recompute
+  // always agree. Routing replay ignores it. enable_router_bias() allocates it (zeros).
+  void enable_router_bias();
+  Tensor& router_bias() { return router_bias_LE_; }  // undefined unless enabled
+  // Tokens routed to each expert (i64 [sparse layers, E], on the model's device), added up over every
+  // forward_backward since the last reset_expert_load(): a training step's load, before any reduction
+  // over data-parallel ranks. Undefined when the model has no sparse layer.
+  Tensor& expert_load() { return load_LE_; }
+  void reset_expert_load();
   // When true, forward_backward overwrites grads() (every gradient written with =, none read) instead
   // of adding to them: set it for the first micro-batch of a step in place of zero_grads().
   bool first_micro_batch = false;
@@ -104,6 +123,7 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
   void replay_routing(int64_t l, LayerActs& a);
+  int64_t sparse_index(int64_t l) const;  // position of sparse layer l among the sparse layers
 
   ModelConfig cfg_;
   Device device_;
@@ -126,6 +146,8 @@ class Qwen3MoeModel {
   std::vector<LayerActs> acts_;
   double forward_s_ = 0, backward_s_ = 0;
   std::vector<Tensor> replay_;
+  Tensor zsum_;                      // f32 [1]: this micro-batch's z-loss sum, on the device
+  Tensor router_bias_LE_, load_LE_;  // balancing bias and step load, [sparse layers, E]
 };
 
 }  // namespace mt

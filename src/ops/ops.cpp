@@ -94,11 +94,11 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
 }
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK) {
-  const bool cuda = on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK});
+                Tensor& topk_w_TK, const Tensor* bias_E) {
+  const bool cuda = on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK, bias_E});
   OpScope scope("router_fwd", cuda);
-  if (cuda) return cuda::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK);
-  return cpu::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK);
+  if (cuda) return cuda::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK, bias_E);
+  return cpu::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK, bias_E);
 }
 
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
@@ -135,6 +135,27 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
   OpScope scope("aux_loss_bwd", cuda);
   if (cuda) return cuda::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
   return cpu::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
+}
+
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
+  const bool cuda = on_cuda("router_z_loss_fwd", {&logits_TE, &lse_T, &zsum});
+  OpScope scope("router_z_loss_fwd", cuda);
+  if (cuda) return cuda::router_z_loss_fwd(logits_TE, lse_T, zsum);
+  return cpu::router_z_loss_fwd(logits_TE, lse_T, zsum);
+}
+
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
+  const bool cuda = on_cuda("router_z_loss_bwd", {&lse_T, &probs_TE, &dlogits_TE});
+  OpScope scope("router_z_loss_bwd", cuda);
+  if (cuda) return cuda::router_z_loss_bwd(lse_T, probs_TE, scale, dlogits_TE);
+  return cpu::router_z_loss_bwd(lse_T, probs_TE, scale, dlogits_TE);
+}
+
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
+  const bool cuda = on_cuda("router_bias_update", {&counts_LE, &bias_LE});
+  OpScope scope("router_bias_update", cuda);
+  if (cuda) return cuda::router_bias_update(counts_LE, rate, bias_LE);
+  return cpu::router_bias_update(counts_LE, rate, bias_LE);
 }
 
 void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,

@@ -70,9 +70,11 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
 // Ties are broken by the lower expert index (as torch.topk on CPU does for equal values in practice).
 // All f32 on every backend; topk_idx i32.
 // topk_idx_TK is i32, sorted by descending probability; topk_w_TK are the probabilities, divided by
-// their sum when norm_topk.
+// their sum when norm_topk. With bias_E (f32 [E], aux-loss-free balancing as in DeepSeek-V3) the
+// experts are chosen (and ordered) by the f32 sum probs[t, e] + bias_E[e] instead; the weights stay
+// the unbiased probabilities of the chosen experts (renormalised as above).
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK);
+                Tensor& topk_w_TK, const Tensor* bias_E = nullptr);
 // dlogits_TE = softmax-backward of dP, where dP = (d of the top-k weights through the optional
 // renormalisation, scattered to their experts) + dprobs_TE (extra gradient on all probabilities,
 // e.g. from the aux loss; may be null). dlogits =.
@@ -89,6 +91,19 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E);
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N);
 // dprobs_TE += dloss * E * counts_e / N^2 for every row (gradient flows through P only)
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE);
+
+// ---- router z-loss (ST-MoE): z = sum over router rows of logsumexp(logits_t)^2 ----
+// lse_T (f32 [T]) = log-sum-exp of each row (fp64 inside), saved for the backward; zsum (f32 [1], on
+// the op's device, no host synchronisation) += sum_t lse_t^2 (fp64 within the call on the CPU).
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum);
+// dlogits_TE += scale * 2 * lse_T[t] * probs_TE[t, e]  (d lse / d logits = softmax = probs), in f32.
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE);
+
+// ---- aux-loss-free balancing (DeepSeek-V3): the per-expert routing bias update ----
+// counts_LE (i64 [L, E]): tokens routed to each expert of L layers. For each row l, with
+// mean_l = sum_e counts[l, e] / E: bias_LE[l, e] += rate * sign(mean_l - counts[l, e]) (f32; sign(0) = 0),
+// so under-loaded experts become more likely to be chosen and over-loaded ones less.
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE);
 
 // ---- token permutation by expert (dropless) ----
 // Assignment a = t*K + k (token t's k-th choice). The dispatch order sorts assignments by expert,

@@ -117,6 +117,20 @@ const std::vector<Field>& fields() {
        }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},
+      {"router_z_loss_coef", &TrainConfig::router_z_loss_coef,
+       "router z-loss (ST-MoE) coefficient: adds coef * mean over router rows of logsumexp(logits)^2; 0 = off",
+       [](const TrainConfig& c) {
+         return c.router_z_loss_coef >= 0 && std::isfinite(c.router_z_loss_coef)
+                    ? ""
+                    : std::string("must be >= 0 (0 = off)");
+       }},
+      {"router_bias_update_rate", &TrainConfig::router_bias_update_rate,
+       "aux-loss-free balancing (DeepSeek-V3): per-expert routing bias step after each optimizer step; 0 = off",
+       [](const TrainConfig& c) {
+         return c.router_bias_update_rate >= 0 && std::isfinite(c.router_bias_update_rate)
+                    ? ""
+                    : std::string("must be >= 0 (0 = off)");
+       }},
       {"threads", &TrainConfig::threads, "CPU threads; 0 = all cores",
        [](const TrainConfig& c) { return c.threads < 0 ? std::string("must be >= 0 (0 = all cores)") : ""; }},
       {"dp_shard", &TrainConfig::dp_shard, "FSDP ranks; 0 = the rest of the world size",

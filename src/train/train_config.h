@@ -41,6 +41,9 @@ struct TrainConfig {
   int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
   std::string recompute = "none";           // activation recompute per block: none | full
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
+  // MoE load balancing beside the config.json aux loss (docs/model.md). 0 = off for both.
+  double router_z_loss_coef = 0;       // ST-MoE router z-loss: coef * mean over router rows of lse(logits)^2
+  double router_bias_update_rate = 0;  // DeepSeek-V3 aux-loss-free bias: b += rate * sign(mean - count) per step
   int64_t threads = 0;                      // CPU threads; 0 = all cores
   // Parallel layout (used when started by `moetrain launch` or another launcher with WORLD_SIZE > 1).
   int64_t dp_shard = 0;           // FSDP ranks; 0 = what is left of the world size

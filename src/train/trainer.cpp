@@ -16,8 +16,10 @@
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
+#include "ops/ops.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
+#include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
 
@@ -110,6 +112,15 @@ TrainSummary run_training(const TrainConfig& cfg) {
       dist->dp()->all_reduce(sums)->wait();
       rows *= dp_size;
     };
+  // Load balancing beside the aux loss (docs/model.md): both need MoE layers.
+  int64_t n_sparse = 0;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;
+  for (auto [key, v] : {std::pair<const char*, double>{"router_z_loss_coef", cfg.router_z_loss_coef},
+                        {"router_bias_update_rate", cfg.router_bias_update_rate}})
+    if (v != 0 && n_sparse == 0)
+      MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
+               "); use 0");
+  if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
   Tensor& master = fsdp ? fsdp->params() : model.params();
   Tensor& grads = fsdp ? fsdp->grads() : model.grads();
   Tensor* compute = fsdp ? fsdp->compute_params() : model.compute_params();
@@ -135,6 +146,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
   }
   if (fsdp) fsdp->refresh_compute_weights();
   else model.refresh_compute_weights();
+  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty() &&
+      load_router_bias(cfg.init_from, mc, model.router_bias()))
+    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "router bias: read ",
+             kRouterBiasFile, " from ", cfg.init_from);
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed));
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
@@ -195,6 +210,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     auto t = Clock::now();
     if (fsdp) save_sharded_hf_checkpoint(dir, mc, table, *fsdp, lead);
     else save_hf_checkpoint(dir, mc, table, model.params());
+    if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
     sum.checkpoint_dir = dir;
     log0("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");
   };
@@ -220,7 +236,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
     if (fsdp) fsdp->zero_grads();  // the local shards: the reduced unit gradients are added into them
-    double ce_sum = 0, aux_sum = 0;
+    double ce_sum = 0, aux_sum = 0, z_sum = 0;
+    // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
+    model.z_loss_scale = n_sparse > 0 ? cfg.router_z_loss_coef / double(tokens * n_sparse) : 0.0;
+    model.reset_expert_load();
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       auto tm = Clock::now();
       // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
@@ -231,6 +250,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                                             1.0 / double(targets), aux_scale);
       ce_sum += lp.ce_sum;
       aux_sum += lp.aux;
+      z_sum += lp.z;
       t_fwd += model.last_forward_seconds();
       t_bwd += model.last_backward_seconds();
       if (cfg.grad_accum > 1 && lead) {
@@ -253,31 +273,50 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
     OptimStepResult os = opt.step(master, grads, lr, compute, global_sq);
     double t_opt = seconds_since(to);
+    // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
+    // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between
+    // steps, and identically on every rank (a skipped step leaves it as it was, like the weights).
+    Tensor load;
+    if (n_sparse > 0) {
+      load = model.expert_load();
+      if (dist->distributed()) dist->dp()->all_reduce(load)->wait();
+      if (cfg.router_bias_update_rate > 0 && !os.skipped)
+        ops::router_bias_update(load, float(cfg.router_bias_update_rate), model.router_bias());
+    }
+    const ExpertLoadStats ls = n_sparse > 0 ? expert_load_stats(load) : ExpertLoadStats{};
     // Metrics: one collective per step, after the optimizer: every rank's loss sum, communication
     // time and memory; rank 0 sums the losses and reports the slowest rank's communication wait.
     double comm_s = 0, comm_max = 0, peak_max = 0;
     if (dist->distributed()) {
       comm_s = fsdp ? fsdp->take_comm_seconds() : 0;
       const double peak = double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
-      Tensor mine = Tensor::empty({4});
+      constexpr int kVals = 6;
+      Tensor mine = Tensor::empty({kVals});
       mine.data<float>()[0] = float(ce_sum);
       mine.data<float>()[1] = float(ce_sum - double(float(ce_sum)));
       mine.data<float>()[2] = float(comm_s);
       mine.data<float>()[3] = float(peak / 1e6);
-      Tensor dev = mine.to(device), all = Tensor::empty({4 * dist->world_size()}, DType::F32, device);
+      mine.data<float>()[4] = float(z_sum);
+      mine.data<float>()[5] = float(z_sum - double(float(z_sum)));
+      Tensor dev = mine.to(device), all = Tensor::empty({kVals * dist->world_size()}, DType::F32, device);
       dist->world()->all_gather(dev, all)->wait();
       Tensor h = all.to(Device::CPU);
       ce_sum = 0;
+      z_sum = 0;
       for (int r = 0; r < dist->world_size(); ++r) {
-        const float* v = h.data<float>() + 4 * r;
-        if (dist->mesh().coord(Axis::Tp, r) == 0 && dist->mesh().coord(Axis::Sp, r) == 0) ce_sum += double(v[0]) + double(v[1]);
+        const float* v = h.data<float>() + kVals * r;
+        if (dist->mesh().coord(Axis::Tp, r) == 0 && dist->mesh().coord(Axis::Sp, r) == 0) {
+          ce_sum += double(v[0]) + double(v[1]);
+          z_sum += double(v[4]) + double(v[5]);
+        }
         comm_max = std::max(comm_max, double(v[2]));
         peak_max = std::max(peak_max, double(v[3]) * 1e6);
       }
       if ((step + 1) % cfg.schedule_check_every == 0) dist->check_schedules();
     }
     double ce = ce_sum / double(targets), aux = aux_sum / double(cfg.grad_accum);
-    double loss = ce + (model.aux_enabled() ? mc.router_aux_loss_coef * aux : 0.0);
+    const double z = n_sparse > 0 ? z_sum / double(tokens * n_sparse) : 0.0;
+    double loss = ce + (model.aux_enabled() ? mc.router_aux_loss_coef * aux : 0.0) + cfg.router_z_loss_coef * z;
     if (os.skipped) log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
                              opt.steps_skipped(), " skipped so far)");
     double dt = seconds_since(step_start), elapsed = seconds_since(run_start);
@@ -292,6 +331,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"loss", loss},
                      {"ce", ce},
                      {"aux", aux},
+                     {"z_loss", z},
                      {"grad_norm", os.grad_norm},
                      {"clip_scale", os.clip_scale},
                      {"skipped", os.skipped},
@@ -307,6 +347,20 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
                      {"gpu_bytes_in_use", device_mem::cuda_bytes_in_use()},
                      {"elapsed_s", elapsed}};
+    if (n_sparse > 0) {
+      j["experts"] = {{"min", ls.min},           {"max", ls.max},       {"mean", ls.mean},
+                      {"imbalance", ls.imbalance}, {"unused", ls.unused}, {"layers", ls.layers},
+                      {"imbalance_per_layer", ls.imbalance_per_layer}};
+      if (cfg.router_bias_update_rate > 0) {
+        Tensor b = model.router_bias().to(Device::CPU);
+        float bmin = 0, bmax = 0;
+        for (int64_t i = 0; i < b.numel(); ++i) {
+          bmin = i ? std::min(bmin, b.data<float>()[i]) : b.data<float>()[i];
+          bmax = i ? std::max(bmax, b.data<float>()[i]) : b.data<float>()[i];
+        }
+        j["router_bias"] = {{"min", bmin}, {"max", bmax}};
+      }
+    }
     if (dist->distributed()) {
       j["world_size"] = dist->world_size();
       j["dp_size"] = dp_size;
@@ -317,11 +371,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     if (lead) metrics << j.dump() << "\n" << std::flush;
     if (lead && cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
-      char line[512];
+      char line[640], moe[96] = "";
+      if (n_sparse > 0)
+        std::snprintf(moe, sizeof moe, " z %.4f) | experts max/mean %.2f unused %lld", z, ls.imbalance,
+                      (long long)ls.unused);
       std::snprintf(line, sizeof line,
-                    "step %lld/%lld | loss %.4f (ce %.4f aux %.4f) | gnorm %.3f%s | lr %.2e | %.0f tok/s | "
+                    "step %lld/%lld | loss %.4f (ce %.4f aux %.4f%s | gnorm %.3f%s | lr %.2e | %.0f tok/s | "
                     "fwd %.3fs bwd %.3fs opt %.3fs data %.3fs | %s %.0f MB | elapsed %s ETA %s",
-                    (long long)(step + 1), (long long)cfg.steps, loss, ce, aux, os.grad_norm,
+                    (long long)(step + 1), (long long)cfg.steps, loss, ce, aux, n_sparse > 0 ? moe : ")", os.grad_norm,
                     os.skipped ? " SKIPPED" : "", lr, double(tokens) / dt, t_fwd, t_bwd, t_opt, t_data,
                     device == Device::CUDA ? "gpu peak" : "peak rss",
                     double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes()) / 1e6,

@@ -22,13 +22,16 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd, Tensor& dk_TGHd,
                    Tensor& dv_TGHd);
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK);
+                Tensor& topk_w_TK, const Tensor* bias_E = nullptr);
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
                 bool norm_topk, Tensor& dlogits_TE);
 void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E);
 void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E);
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N);
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE);
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum);
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE);
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE);
 void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,
                         Tensor& row_of_assign_TK);
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD);

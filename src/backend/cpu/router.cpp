@@ -2,6 +2,8 @@
 // and for the load-balancing aux loss, matching transformers' Qwen3MoeSparseMoeBlock and
 // load_balancing_loss_func in fp32. Reductions (softmax sums, dot products, column sums) run in fp64
 // so that this file can serve as the reference the CUDA kernels and parallel layouts are held to.
+// Also the load-balancing options beside the aux loss: the biased top-k selection and its bias update
+// (aux-loss-free balancing, DeepSeek-V3) and the router z-loss (ST-MoE).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -26,7 +28,7 @@ void check_expert_id(int32_t e, int64_t E, int64_t t, int64_t k, const char* op)
 }  // namespace
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK) {
+                Tensor& topk_w_TK, const Tensor* bias_E) {
   check_2d(logits_TE, DType::F32, "router_fwd logits_TE");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
@@ -36,6 +38,10 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
   check_dtype(topk_idx_TK, DType::I32, "router_fwd topk_idx_TK");
   check_shape(topk_w_TK, {T, K}, "router_fwd topk_w_TK");
   check_dtype(topk_w_TK, DType::F32, "router_fwd topk_w_TK");
+  if (bias_E) {
+    check_shape(*bias_E, {E}, "router_fwd bias_E");
+    check_dtype(*bias_E, DType::F32, "router_fwd bias_E");
+  }
 
   const float* logits = logits_TE.data<float>();
   float* probs = probs_TE.data<float>();
@@ -43,6 +49,8 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
   float* w = topk_w_TK.data<float>();
   std::vector<double> ex(static_cast<size_t>(E));
   std::vector<char> taken(static_cast<size_t>(E));
+  std::vector<float> score(static_cast<size_t>(E));
+  const float* bias = bias_E ? bias_E->data<float>() : nullptr;
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits + t * E;
     float* p = probs + t * E;
@@ -51,6 +59,8 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += ex[size_t(e)] = std::exp(double(l[e]) - double(mx));
     for (int64_t e = 0; e < E; ++e) p[e] = float(ex[size_t(e)] / sum);
+    // The selection score: the probability, plus the balancing bias when given (one f32 add, as CUDA).
+    for (int64_t e = 0; e < E; ++e) score[size_t(e)] = bias ? p[e] + bias[e] : p[e];
 
     // Selection by repeated scans rather than std::sort: K is small, and a NaN row must not make the
     // comparator inconsistent. Strict '>' keeps the lower expert index on ties.
@@ -59,7 +69,7 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
     for (int64_t k = 0; k < K; ++k) {
       int64_t best = -1;
       for (int64_t e = 0; e < E; ++e)
-        if (!taken[size_t(e)] && (best < 0 || p[e] > p[best])) best = e;
+        if (!taken[size_t(e)] && (best < 0 || score[size_t(e)] > score[size_t(best)])) best = e;
       taken[size_t(best)] = 1;
       idx[t * K + k] = int32_t(best);
       w[t * K + k] = p[best];
@@ -171,6 +181,65 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
   float* d = dprobs_TE.data<float>();
   for (int64_t t = 0; t < T; ++t)
     for (int64_t e = 0; e < E; ++e) d[t * E + e] += g[size_t(e)];
+}
+
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
+  check_2d(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+  check_shape(lse_T, {T}, "router_z_loss_fwd lse_T");
+  check_dtype(lse_T, DType::F32, "router_z_loss_fwd lse_T");
+  check_shape(zsum, {1}, "router_z_loss_fwd zsum");
+  check_dtype(zsum, DType::F32, "router_z_loss_fwd zsum");
+  const float* logits = logits_TE.data<float>();
+  float* lse = lse_T.data<float>();
+  double acc = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    float mx = l[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::fmax(mx, l[e]);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - double(mx));
+    const double v = double(mx) + std::log(sum);
+    lse[t] = float(v);
+    acc += v * v;
+  }
+  zsum.data<float>()[0] = float(double(zsum.data<float>()[0]) + acc);
+}
+
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
+  check_2d(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
+  check_shape(lse_T, {T}, "router_z_loss_bwd lse_T");
+  check_dtype(lse_T, DType::F32, "router_z_loss_bwd lse_T");
+  check_shape(dlogits_TE, {T, E}, "router_z_loss_bwd dlogits_TE");
+  check_dtype(dlogits_TE, DType::F32, "router_z_loss_bwd dlogits_TE");
+  const float* lse = lse_T.data<float>();
+  const float* p = probs_TE.data<float>();
+  float* d = dlogits_TE.data<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const double g = double(scale) * 2.0 * double(lse[t]);  // the CUDA kernel's expression
+    for (int64_t e = 0; e < E; ++e) d[t * E + e] += float(g * double(p[t * E + e]));
+  }
+}
+
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
+  check_2d(counts_LE, DType::I64, "router_bias_update counts_LE");
+  const int64_t L = counts_LE.size(0), E = counts_LE.size(1);
+  check_shape(bias_LE, {L, E}, "router_bias_update bias_LE");
+  check_dtype(bias_LE, DType::F32, "router_bias_update bias_LE");
+  if (!std::isfinite(rate)) MT_THROW("router_bias_update: rate (", rate, ") must be finite");
+  const int64_t* c = counts_LE.data<int64_t>();
+  float* b = bias_LE.data<float>();
+  for (int64_t l = 0; l < L; ++l) {
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) total += c[l * E + e];
+    // sign(mean - c) = sign(total - E * c): exact in integers, no rounding of the mean.
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t diff = total - E * c[l * E + e];
+      const float s = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+      b[l * E + e] += rate * s;
+    }
+  }
 }
 
 }  // namespace mt::cpu

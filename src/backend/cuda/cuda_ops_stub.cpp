@@ -46,7 +46,7 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
   no_cuda("attention_bwd");
 }
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK) {
+                Tensor& topk_w_TK, const Tensor* bias_E) {
   no_cuda("router_fwd");
 }
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
@@ -64,6 +64,15 @@ double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
 }
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
   no_cuda("aux_loss_bwd");
+}
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
+  no_cuda("router_z_loss_fwd");
+}
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
+  no_cuda("router_z_loss_bwd");
+}
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
+  no_cuda("router_bias_update");
 }
 void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,
                         Tensor& row_of_assign_TK) {

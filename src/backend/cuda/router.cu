@@ -1,5 +1,6 @@
-// CUDA MoE router (softmax, top-k, optional renormalisation, and their backward) and load-balancing aux
-// loss pieces, the same functions as backend/cpu/router.cpp, all in f32 storage.
+// CUDA MoE router (softmax, top-k with an optional balancing bias, optional renormalisation, and their
+// backward), load-balancing aux loss pieces, router z-loss and the balancing-bias update: the same
+// functions as backend/cpu/router.cpp, all in f32 storage.
 //
 // Numerics follow the CPU reference closely: the softmax exponentials, sums and dot products are
 // computed in fp64 (cheap at E <= 1024 per token), so probabilities and gradients usually equal the
@@ -52,9 +53,11 @@ __device__ __forceinline__ bool ranks_before(float va, int ea, float vb, int eb)
   return ea < eb;
 }
 
+// With bias (aux-loss-free balancing) the arg-max runs over p + bias (one f32 add, as the CPU) and the
+// chosen expert's weight is its unbiased probability, read back from shared memory.
 __global__ void router_fwd_kernel(const float* __restrict__ logits, float* __restrict__ probs,
                                   int32_t* __restrict__ topk_idx, float* __restrict__ topk_w, int64_t T, int E, int K,
-                                  bool norm_topk) {
+                                  bool norm_topk, const float* __restrict__ bias) {
   extern __shared__ float s_p_all[];  // [kWarps][E]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* s_p = s_p_all + warp * E;
@@ -81,9 +84,12 @@ __global__ void router_fwd_kernel(const float* __restrict__ logits, float* __res
     float best_v = 0.0f;
     int best_e = -1;
     for (int j = 0, e = lane; e < E; ++j, e += 32)
-      if (!((taken >> j) & 1u) && ranks_before(s_p[e], e, best_v, best_e)) {
-        best_v = s_p[e];
-        best_e = e;
+      if (!((taken >> j) & 1u)) {
+        const float v = bias ? s_p[e] + bias[e] : s_p[e];
+        if (ranks_before(v, e, best_v, best_e)) {
+          best_v = v;
+          best_e = e;
+        }
       }
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
@@ -94,11 +100,12 @@ __global__ void router_fwd_kernel(const float* __restrict__ logits, float* __res
       }
     }
     if (best_e >= 0 && lane == (best_e & 31)) taken |= 1u << (best_e >> 5);
+    const float best_p = bias && best_e >= 0 ? s_p[best_e] : best_v;
     if (lane == 0) {
       topk_idx[t * K + k] = best_e;
-      topk_w[t * K + k] = best_v;
+      topk_w[t * K + k] = best_p;
     }
-    wsum += best_v;  // in k order, as the CPU
+    wsum += best_p;  // in k order, as the CPU
   }
   if (norm_topk && lane == 0)
     for (int k = 0; k < K; ++k) topk_w[t * K + k] = float(double(topk_w[t * K + k]) / wsum);
@@ -177,6 +184,63 @@ __global__ void aux_loss_bwd_kernel(const int64_t* __restrict__ counts, int64_t 
   }
 }
 
+// One warp per token: lse in fp64 (as the CPU), lse^2 summed per block, one atomic per block.
+__global__ void router_z_loss_fwd_kernel(const float* __restrict__ logits, float* __restrict__ lse, int64_t T, int E,
+                                         float* __restrict__ zsum) {
+  __shared__ double s_z[kWarps];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = int64_t(blockIdx.x) * kWarps + warp;
+  double z = 0;
+  if (t < T) {
+    const float* l = logits + t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    mx = warp_max(mx);
+    double sum = 0;
+    for (int e = lane; e < E; e += 32) sum += exp(double(l[e]) - double(mx));
+    sum = warp_sum(sum);
+    const double v = double(mx) + log(sum);
+    if (lane == 0) lse[t] = float(v);
+    z = v * v;
+  }
+  if (lane == 0) s_z[warp] = z;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double acc = 0;
+    for (int w = 0; w < kWarps; ++w) acc += s_z[w];
+    atomicAdd(zsum, float(acc));
+  }
+}
+
+__global__ void router_z_loss_bwd_kernel(const float* __restrict__ lse, const float* __restrict__ probs, int64_t T,
+                                         int E, float scale, float* __restrict__ dlogits) {
+  const int64_t total = T * E;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const double g = double(scale) * 2.0 * double(lse[i / E]);  // the CPU's expression
+    dlogits[i] += float(g * double(probs[i]));
+  }
+}
+
+// One block per layer row: the row total, then each expert's step. sign(mean - c) is computed as
+// sign(total - E * c) in integers, as the CPU, so no rounding of the mean can flip it.
+__global__ void router_bias_update_kernel(const int64_t* __restrict__ counts, int E, float rate,
+                                          float* __restrict__ bias) {
+  __shared__ long long s_total;
+  const int64_t* c = counts + int64_t(blockIdx.x) * E;
+  float* b = bias + int64_t(blockIdx.x) * E;
+  if (threadIdx.x == 0) {
+    long long total = 0;
+    for (int e = 0; e < E; ++e) total += c[e];
+    s_total = total;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const long long diff = s_total - (long long)E * c[e];
+    const float s = diff > 0 ? 1.0f : diff < 0 ? -1.0f : 0.0f;
+    b[e] += rate * s;
+  }
+}
+
 void check_2d(const Tensor& t, DType dtype, const char* what) {
   check_cuda(t, dtype, what);
   MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
@@ -193,7 +257,7 @@ unsigned token_blocks(int64_t T) {
 }  // namespace
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
-                Tensor& topk_w_TK) {
+                Tensor& topk_w_TK, const Tensor* bias_E) {
   check_2d(logits_TE, DType::F32, "router_fwd logits_TE");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
@@ -201,10 +265,11 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
   check_cuda(probs_TE, DType::F32, {T, E}, "router_fwd probs_TE");
   check_cuda(topk_idx_TK, DType::I32, {T, K}, "router_fwd topk_idx_TK");
   check_cuda(topk_w_TK, DType::F32, {T, K}, "router_fwd topk_w_TK");
+  if (bias_E) check_cuda(*bias_E, DType::F32, {E}, "router_fwd bias_E");
   if (T == 0) return;
   router_fwd_kernel<<<token_blocks(T), kWarps * 32, size_t(kWarps) * size_t(E) * sizeof(float), stream()>>>(
       logits_TE.data<float>(), probs_TE.data<float>(), topk_idx_TK.data<int32_t>(), topk_w_TK.data<float>(), T, int(E),
-      int(K), norm_topk);
+      int(K), norm_topk, bias_E ? bias_E->data<float>() : nullptr);
   MT_CUDA_LAUNCH_CHECK("router_fwd");
 }
 
@@ -287,6 +352,40 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
   aux_loss_bwd_kernel<<<grid, kThreads, 0, stream()>>>(counts_E.data<int64_t>(), T, int(E), N, dloss,
                                                        dprobs_TE.data<float>());
   MT_CUDA_LAUNCH_CHECK("aux_loss_bwd");
+}
+
+void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
+  check_2d(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+  check_cuda(lse_T, DType::F32, {T}, "router_z_loss_fwd lse_T");
+  check_cuda(zsum, DType::F32, {1}, "router_z_loss_fwd zsum");
+  if (T == 0 || E == 0) return;
+  router_z_loss_fwd_kernel<<<token_blocks(T), kWarps * 32, 0, stream()>>>(logits_TE.data<float>(), lse_T.data<float>(),
+                                                                          T, int(E), zsum.data<float>());
+  MT_CUDA_LAUNCH_CHECK("router_z_loss_fwd");
+}
+
+void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
+  check_2d(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
+  check_cuda(lse_T, DType::F32, {T}, "router_z_loss_bwd lse_T");
+  check_cuda(dlogits_TE, DType::F32, {T, E}, "router_z_loss_bwd dlogits_TE");
+  if (T == 0 || E == 0) return;
+  const unsigned grid = unsigned(std::clamp<int64_t>((T * E + kThreads - 1) / kThreads, 1, 4096));
+  router_z_loss_bwd_kernel<<<grid, kThreads, 0, stream()>>>(lse_T.data<float>(), probs_TE.data<float>(), T, int(E),
+                                                            scale, dlogits_TE.data<float>());
+  MT_CUDA_LAUNCH_CHECK("router_z_loss_bwd");
+}
+
+void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
+  check_2d(counts_LE, DType::I64, "router_bias_update counts_LE");
+  const int64_t L = counts_LE.size(0), E = counts_LE.size(1);
+  check_cuda(bias_LE, DType::F32, {L, E}, "router_bias_update bias_LE");
+  if (!std::isfinite(rate)) MT_THROW("router_bias_update: rate (", rate, ") must be finite");
+  if (L == 0 || E == 0) return;
+  router_bias_update_kernel<<<unsigned(L), kThreads, 0, stream()>>>(counts_LE.data<int64_t>(), int(E), rate,
+                                                                    bias_LE.data<float>());
+  MT_CUDA_LAUNCH_CHECK("router_bias_update");
 }
 
 }  // namespace mt::cuda
