@@ -4,21 +4,65 @@
 
 namespace mt {
 
-std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t) {
-  std::vector<ParamUnit> u;
-  const int64_t L = c.num_hidden_layers;
-  MT_CHECK(L > 0, "a model needs at least one layer");
-  u.push_back({0, t.layer_range(0).first});
-  for (int64_t l = 0; l < L; ++l) {
-    auto [b, e] = t.layer_range(l);
-    MT_CHECK(b == u.back().end, "block ", l, " does not follow the previous unit in the flat layout");
-    u.push_back({b, e});
-  }
-  u.push_back({u.back().end, t.total()});
+static ParamUnit one_piece(int64_t begin, int64_t end, int64_t layer) {
+  ParamUnit u;
+  u.pieces.push_back({begin, end, 0});
+  u.numel = end - begin;
+  u.layer = layer;
   return u;
 }
 
-LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device) : units_(param_units(c, t)) {
+UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_rank) {
+  const int64_t L = c.num_hidden_layers, E = c.num_experts;
+  MT_CHECK(L > 0, "a model needs at least one layer");
+  if (ep < 1 || ep_rank < 0 || ep_rank >= ep) MT_THROW("ep rank ", ep_rank, " of ep ", ep, " is invalid");
+  bool any_sparse = false;
+  for (int64_t l = 0; l < L; ++l) any_sparse |= c.is_sparse_layer(l);
+  if (ep > 1 && any_sparse && E % ep != 0) MT_THROW("num_experts (", E, ") must be divisible by ep (", ep, ")");
+  UnitPlan p;
+  p.ep = ep;
+  p.ep_rank = ep_rank;
+  p.embed = 0;
+  p.units.push_back(one_piece(0, t.layer_range(0).first, -1));
+  for (int64_t l = 0; l < L; ++l) {
+    auto [b, e] = t.layer_range(l);
+    MT_CHECK(b == p.units.back().pieces.back().end || p.units.back().local_experts,
+             "block ", l, " does not follow the previous unit in the flat layout");
+    if (ep == 1 || !c.is_sparse_layer(l)) {
+      p.block.push_back(int(p.units.size()));
+      p.experts.push_back(-1);
+      p.units.push_back(one_piece(b, e, l));
+      continue;
+    }
+    // The experts are the block's last two parameters; the rest of the block is one piece.
+    const std::string pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    const ParamEntry& gu = t.at(pre + "gate_up_proj");
+    const ParamEntry& dn = t.at(pre + "down_proj");
+    MT_CHECK(dn.offset == gu.offset + gu.numel && dn.offset + dn.numel == e, "experts of layer ", l,
+             " are not the end of the block");
+    p.block.push_back(int(p.units.size()));
+    p.units.push_back(one_piece(b, gu.offset, l));
+    const int64_t per = E / ep, e0 = int64_t(ep_rank) * per, e1 = e0 + per;
+    const int64_t gu_row = gu.numel / E, dn_row = dn.numel / E;
+    ParamUnit x;
+    x.layer = l;
+    x.local_experts = true;
+    x.expert_begin = e0;
+    x.expert_end = e1;
+    x.pieces.push_back({gu.offset + e0 * gu_row, gu.offset + e1 * gu_row, 0});
+    x.pieces.push_back({dn.offset + e0 * dn_row, dn.offset + e1 * dn_row, per * gu_row});
+    x.numel = per * (gu_row + dn_row);
+    p.experts.push_back(int(p.units.size()));
+    p.units.push_back(x);
+  }
+  p.head = int(p.units.size());
+  p.units.push_back(one_piece(t.layer_range(L - 1).second, t.total(), -1));
+  return p;
+}
+
+std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t) { return plan_units(c, t).units; }
+
+LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device) : plan_(plan_units(c, t)) {
   params_ = Tensor::zeros({t.total()}, DType::F32, device);
   grads_ = Tensor::zeros({t.total()}, DType::F32, device);
   // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
@@ -27,12 +71,12 @@ LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device devic
 
 Tensor LocalParams::acquire_weights(int u) {
   MT_CHECK(u >= 0 && size_t(u) < units_.size(), "unit ", u, " of ", units_.size());
-  return compute_.rows(units_[size_t(u)].begin, units_[size_t(u)].numel());
+  return compute_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
 Tensor LocalParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && size_t(u) < units_.size(), "unit ", u, " of ", units_.size());
-  return grads_.rows(units_[size_t(u)].begin, units_[size_t(u)].numel());
+  return grads_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
 void LocalParams::refresh_compute_weights() {

@@ -21,17 +21,37 @@
 
 namespace mt {
 
+// A unit: pieces of the flat layout, concatenated in its buffer (piece i lands at dst_offset).
+// Without expert parallelism every unit is one contiguous piece. With it, a sparse block is two
+// units: the block without its experts (one piece), and this rank's experts (two pieces: its rows
+// of gate_up_proj [E, 2F, D] and of down_proj [E, D, F]).
 struct ParamUnit {
-  int64_t begin = 0, end = 0;  // elements [begin, end) of the flat layout
-  int64_t numel() const { return end - begin; }
+  std::vector<FlatRange> pieces;
+  int64_t numel = 0;
+  int64_t layer = -1;          // the block, or -1 for the embedding and the head
+  bool local_experts = false;  // the experts [expert_begin, expert_end) of a sparse layer
+  int64_t expert_begin = 0, expert_end = 0;
+  int64_t begin() const { return pieces.front().begin; }  // single-piece units
 };
-// The units of a model: embedding, each block, head.
+
+// The units of a model in the order the model uses them, for expert-parallel degree ep (rank
+// ep_rank of its ep group owns experts [ep_rank E / ep, (ep_rank + 1) E / ep)).
+struct UnitPlan {
+  std::vector<ParamUnit> units;
+  int embed = 0, head = 0;
+  std::vector<int> block;    // per layer: the block's unit
+  std::vector<int> experts;  // per layer: the unit of this rank's experts (ep > 1, sparse), else -1
+  int ep = 1, ep_rank = 0;
+};
+UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep = 1, int ep_rank = 0);
+// The single-piece units of ep = 1 (embedding, each block, head).
 std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t);
 
 class ParamSource {
  public:
   virtual ~ParamSource() = default;
-  // Compute-dtype weights of unit u (numel() elements of the flat layout from its begin). Valid until
+  virtual const UnitPlan& plan() const = 0;
+  // Compute-dtype weights of unit u (its pieces back to back, numel elements). Valid until
   // release_weights(u). Acquiring a unit that is already held returns the same memory.
   virtual Tensor acquire_weights(int u) = 0;
   virtual void release_weights(int u) = 0;
@@ -42,11 +62,12 @@ class ParamSource {
   virtual void grads_done(int u) = 0;
 };
 
-// Every unit held in full on one device: the master weights, the gradients and (on CUDA) the bf16
-// compute copy are flat buffers over the whole model.
+// Every unit held in full on one device (no expert parallelism): the master weights, the gradients
+// and (on CUDA) the bf16 compute copy are flat buffers over the whole model.
 class LocalParams final : public ParamSource {
  public:
   LocalParams(const ModelConfig& c, const ParamTable& t, Device device);
+  const UnitPlan& plan() const override { return plan_; }
   Tensor acquire_weights(int u) override;
   void release_weights(int) override {}
   Tensor unit_grads(int u) override;
@@ -60,7 +81,8 @@ class LocalParams final : public ParamSource {
   void refresh_compute_weights();
 
  private:
-  std::vector<ParamUnit> units_;
+  UnitPlan plan_;
+  std::vector<ParamUnit>& units_ = plan_.units;
   Tensor params_, grads_, compute_;
 };
 

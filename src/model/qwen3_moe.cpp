@@ -36,13 +36,13 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
       table_(config),
       keep_(0, device),
       work_(0, device) {
-  units_ = param_units(cfg_, table_);
   if (source) {
     src_ = source;
   } else {
     local_ = std::make_unique<LocalParams>(cfg_, table_, device);
     src_ = local_.get();
   }
+  plan_ = &src_->plan();
   acts_.resize(size_t(cfg_.num_hidden_layers));
 }
 
@@ -55,17 +55,35 @@ LocalParams& Qwen3MoeModel::local() {
   return *local_;
 }
 
-// Units: 0 embedding, 1 + l block l, L + 1 head. Binding a unit's views is cheap (no copies).
-void Qwen3MoeModel::acquire(int u) {
-  const ParamUnit& pu = units_[size_t(u)];
-  bind_range(cfg_, table_, src_->acquire_weights(u), pu.begin, w_);
+// Binding a unit's views is cheap (no copies). A unit of local experts binds the experts tensors of
+// its layer to this rank's experts only ([E / ep, 2F, D] and [E / ep, D, F]).
+void Qwen3MoeModel::bind_unit(int u, const Tensor& buf, ModelWeights& w) {
+  const ParamUnit& pu = plan_->units[size_t(u)];
+  if (!pu.local_experts) {
+    MT_CHECK(pu.pieces.size() == 1, "unit ", u, " has ", pu.pieces.size(), " pieces");
+    bind_range(cfg_, table_, buf, pu.pieces[0].begin, w);
+    return;
+  }
+  if (w.layers.size() != size_t(cfg_.num_hidden_layers)) {
+    w.layers.resize(size_t(cfg_.num_hidden_layers));
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) w.layers[size_t(l)].sparse = cfg_.is_sparse_layer(l);
+  }
+  const int64_t n = pu.expert_end - pu.expert_begin, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
+  LayerWeights& lw = w.layers[size_t(pu.layer)];
+  lw.experts_gate_up = buf.rows(pu.pieces[0].dst_offset, n * 2 * F * D).view({n, 2 * F, D});
+  lw.experts_down = buf.rows(pu.pieces[1].dst_offset, n * D * F).view({n, D, F});
 }
+
+void Qwen3MoeModel::acquire(int u) { bind_unit(u, src_->acquire_weights(u), w_); }
 
 void Qwen3MoeModel::release(int u) { src_->release_weights(u); }
 
-void Qwen3MoeModel::grads_for(int u) {
-  const ParamUnit& pu = units_[size_t(u)];
-  bind_range(cfg_, table_, src_->unit_grads(u), pu.begin, g_);
+void Qwen3MoeModel::grads_for(int u) { bind_unit(u, src_->unit_grads(u), g_); }
+
+std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
+  std::vector<int> u{plan_->block[size_t(l)]};
+  if (plan_->experts[size_t(l)] >= 0) u.push_back(plan_->experts[size_t(l)]);
+  return u;
 }
 
 bool Qwen3MoeModel::aux_enabled() const {
@@ -316,23 +334,26 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
 
   // Parameter units in the order this micro-batch uses them (see param_source.h): forward 0, 1..L,
   // head (+ 0 when tied); backward head (+ 0 when tied), L..1, then the embedding's gradient.
-  const int head = int(L) + 1;
+  const int head = plan_->head, embed = plan_->embed;
   const bool tied = cfg_.tie_word_embeddings;
-  acquire(0);
-  src_->prefetch(1);
+  acquire(embed);
+  for (int u : block_units(0)) src_->prefetch(u);
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
-  release(0);
+  release(embed);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
     a = LayerActs{};
     a.x = h;
     Tensor out = keep_.alloc({T, D}, DType::F32);
     if (recompute != Recompute::None) work_.reset();
-    acquire(int(l) + 1);
-    src_->prefetch(int(l) + 2);
+    for (int u : block_units(l)) acquire(u);
+    if (l + 1 < L)
+      for (int u : block_units(l + 1)) src_->prefetch(u);
+    else
+      src_->prefetch(head);
     forward_layer(l, a, out, false);
-    release(int(l) + 1);
+    for (int u : block_units(l)) release(u);
     if (cfg_.is_sparse_layer(l)) {
       ops::expert_counts(a.idx, E, counts_E_);
       ops::prob_column_sums(a.probs, sums_E_);
@@ -345,8 +366,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   }
   work_.reset();
   acquire(head);
-  if (tied) acquire(0);
-  if (backward) src_->prefetch(int(L));
+  if (tied) acquire(embed);
+  if (backward)
+    for (int u : block_units(L - 1)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
 
@@ -375,12 +397,12 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   backward_s_ = 0;
   if (!backward) {
     release(head);
-    if (tied) release(0);
+    if (tied) release(embed);
     return out;
   }
 
   grads_for(head);
-  if (tied) grads_for(0);
+  if (tied) grads_for(embed);
   Tensor dhn = keep_.alloc({T, D}, act_);
   const bool acc = !first_micro_batch;  // the embedding's second use (tied) then still adds
   if (fused_head) {
@@ -396,27 +418,28 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   Tensor dA = keep_.alloc({T, D}, DType::F32), dB = keep_.alloc({T, D}, DType::F32);
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm, acc);
   release(head);
-  if (tied) release(0);
+  if (tied) release(embed);
   src_->grads_done(head);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
-    const int u = int(l) + 1;
-    acquire(u);
-    if (l > 0) src_->prefetch(u - 1);
-    grads_for(u);
+    const std::vector<int> us = block_units(l);
+    for (int u : us) acquire(u);
+    if (l > 0)
+      for (int u : block_units(l - 1)) src_->prefetch(u);
+    for (int u : us) grads_for(u);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }
     backward_layer(l, a, dA, dB, aux_scale);
-    release(u);
-    src_->grads_done(u);
+    for (int u : us) release(u);
+    for (int u : us) src_->grads_done(u);
     std::swap(dA, dB);
   }
-  grads_for(0);
+  grads_for(embed);
   ops::embedding_bwd(ids_T, dA, g_.embed, acc || cfg_.tie_word_embeddings);
-  src_->grads_done(0);
+  src_->grads_done(embed);
   device_mem::synchronize(device_);
   backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;

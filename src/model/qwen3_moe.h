@@ -131,12 +131,15 @@ class Qwen3MoeModel {
   ParamTable table_;
   std::unique_ptr<LocalParams> local_;  // when the model holds its own parameters
   ParamSource* src_ = nullptr;           // local_ or the external source
-  std::vector<ParamUnit> units_;
+  const UnitPlan* plan_ = nullptr;  // src_->plan()
   // Views of the units currently acquired (weights) and of their gradient buffers.
   ModelWeights w_, g_;
+  void bind_unit(int u, const Tensor& buf, ModelWeights& w);
   void acquire(int u);
   void release(int u);
   void grads_for(int u);
+  // The units block l reads: the block's, and its experts' under expert parallelism.
+  std::vector<int> block_units(int64_t l) const;
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.
   int64_t B_ = 0, S_ = 0, T_ = 0;

@@ -18,13 +18,25 @@ struct CommTimer {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   ~CommTimer() { acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
 };
+// The flat-layout ranges of unit u's elements [lo, hi); dst_offset is the unit element offset.
+std::vector<FlatRange> unit_to_flat(const ParamUnit& pu, int64_t lo, int64_t hi) {
+  std::vector<FlatRange> r;
+  for (const FlatRange& p : pu.pieces) {
+    const int64_t len = p.end - p.begin, b = std::max(lo, p.dst_offset), e = std::min(hi, p.dst_offset + len);
+    if (e > b) r.push_back({p.begin + (b - p.dst_offset), p.begin + (e - p.dst_offset), b});
+  }
+  return r;
+}
 }  // namespace
 
 std::vector<FlatRange> FsdpParams::owned_pieces() const {
   std::vector<FlatRange> r;
   for (int u = 0; u < num_units(); ++u) {
-    auto [b, e] = owned_range(u);
-    if (e > b) r.push_back({b, e, offset_[size_t(u)]});
+    auto [lo, hi] = owned_elements(u);
+    for (FlatRange f : unit_to_flat(units_[size_t(u)], lo, hi)) {
+      f.dst_offset = offset_[size_t(u)] + (f.dst_offset - lo);
+      r.push_back(f);
+    }
   }
   return r;
 }
@@ -44,18 +56,24 @@ std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size
 }
 
 FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-                       comm::Communicator* replicate, FsdpOptions opt)
+                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg)
     : device_(device),
       shard_(shard),
       replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
+      expert_shard_(eg.expert_shard),
+      ep_comm_(eg.ep),
       opt_(opt),
-      units_(param_units(c, t)),
+      plan_(plan_units(c, t, eg.ep ? eg.ep->size() : 1, eg.ep ? eg.ep->rank() : 0)),
       compute_dt_(device == Device::CUDA ? DType::BF16 : DType::F32) {
   MT_CHECK(shard.device() == device, "dp_shard communicator is on ", device_name(shard.device()), ", the model on ",
            device_name(device));
-  const int64_t W = shard.size();
-  for (const ParamUnit& u : units_) {
-    const int64_t c_u = (u.numel() + W * kChunkAlign - 1) / (W * kChunkAlign) * kChunkAlign;
+  if (plan_.ep > 1) {
+    MT_CHECK(expert_shard_, "expert parallelism needs the expert data-parallel communicator");
+    if (replicate_) MT_THROW("expert parallelism with dp_replicate ", replicate_->size(), " > 1 is not supported yet");
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const int64_t W = comm_of(int(u)).size();
+    const int64_t c_u = (units_[u].numel + W * kChunkAlign - 1) / (W * kChunkAlign) * kChunkAlign;
     offset_.push_back(local_numel_);
     chunk_.push_back(c_u);
     local_numel_ += c_u;
@@ -68,11 +86,16 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
 
 FsdpParams::~FsdpParams() = default;
 
-std::pair<int64_t, int64_t> FsdpParams::owned_range(int u) const {
-  const ParamUnit& pu = units_[size_t(u)];
-  const int64_t b = std::min(pu.end, pu.begin + int64_t(shard_.rank()) * chunk_[size_t(u)]);
-  return {b, std::min(pu.end, b + chunk_[size_t(u)])};
+comm::Communicator& FsdpParams::comm_of(int u) const {
+  return units_[size_t(u)].local_experts ? *expert_shard_ : shard_;
 }
+
+std::pair<int64_t, int64_t> FsdpParams::owned_elements(int u) const {
+  const int64_t n = units_[size_t(u)].numel, c = chunk_[size_t(u)];
+  const int64_t lo = std::min(n, int64_t(comm_of(u).rank()) * c);
+  return {lo, std::min(n, lo + c)};
+}
+
 
 Tensor FsdpParams::take(int64_t numel, DType dt) {
   auto it = pool_.find({numel, int(dt)});
@@ -89,9 +112,9 @@ void FsdpParams::give(Tensor t) { pool_.emplace(std::make_pair(t.numel(), int(t.
 void FsdpParams::prefetch(int u) {
   if (u < 0 || u >= num_units() || gathered_.count(u)) return;
   Gather g;
-  g.buf = take(shard_.size() * chunk_[size_t(u)], compute_dt_);
+  g.buf = take(comm_of(u).size() * chunk_[size_t(u)], compute_dt_);
   CommTimer t{comm_s_};
-  g.work = shard_.all_gather(compute_.rows(offset_[size_t(u)], chunk_[size_t(u)]), g.buf);  // NOLINT
+  g.work = comm_of(u).all_gather(compute_.rows(offset_[size_t(u)], chunk_[size_t(u)]), g.buf);  // NOLINT
   gathered_.emplace(u, std::move(g));
 }
 
@@ -104,7 +127,7 @@ Tensor FsdpParams::acquire_weights(int u) {
     ops::OpScope scope("comm_all_gather_wait", device_ == Device::CUDA);  // exposed time, when profiling
     g.work->wait();
   }
-  return g.buf.rows(0, units_[size_t(u)].numel());
+  return g.buf.rows(0, units_[size_t(u)].numel);
 }
 
 void FsdpParams::release_weights(int u) {
@@ -120,11 +143,11 @@ Tensor FsdpParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
   auto it = unit_grads_.find(u);
   if (it == unit_grads_.end()) {
-    Tensor full = take(shard_.size() * chunk_[size_t(u)], DType::F32);
+    Tensor full = take(comm_of(u).size() * chunk_[size_t(u)], DType::F32);
     full.zero_();
     it = unit_grads_.emplace(u, std::move(full)).first;
   }
-  return it->second.rows(0, units_[size_t(u)].numel());
+  return it->second.rows(0, units_[size_t(u)].numel);
 }
 
 void FsdpParams::grads_done(int u) {
@@ -149,10 +172,10 @@ void FsdpParams::grads_done(int u) {
       p.send = take(p.full.numel(), DType::BF16);
       ops::copy_cast(p.full, p.send);
       p.wire = take(p.full.numel(), DType::BF16);
-      const std::vector<int64_t> counts(size_t(shard_.size()), chunk_[size_t(u)]);
-      p.work = shard_.all_to_all_v(p.send, counts, p.wire, counts);
+      const std::vector<int64_t> counts(size_t(comm_of(u).size()), chunk_[size_t(u)]);
+      p.work = comm_of(u).all_to_all_v(p.send, counts, p.wire, counts);
     } else {
-      p.work = shard_.reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+      p.work = comm_of(u).reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
     }
   }
   pending_.push_back(std::move(p));
@@ -172,7 +195,7 @@ void FsdpParams::finish_pending(bool all) {
     }
     if (p.wire.defined()) {
       const int64_t c = p.part.numel();
-      for (int r = 0; r < shard_.size(); ++r) {
+      for (int r = 0; r < comm_of(p.unit).size(); ++r) {
         Tensor piece = r == 0 ? p.part : p.full.rows(0, c);
         ops::copy_cast(p.wire.rows(r * c, c), piece);
         if (r > 0) ops::add_(p.part, piece);
@@ -211,54 +234,66 @@ void FsdpParams::refresh_compute_weights() {
 void FsdpParams::load_full(const Tensor& full_host) {
   MT_CHECK(full_host.is_cpu() && full_host.dtype() == DType::F32, "load_full needs a host f32 buffer, got ",
            full_host.desc());
-  MT_CHECK(full_host.numel() == units_.back().end, "load_full: ", full_host.numel(), " elements, the model has ",
-           units_.back().end);
+  MT_CHECK(full_host.numel() == units_.back().pieces.back().end, "load_full: ", full_host.numel(),
+           " elements, the model has ", units_.back().pieces.back().end);
   Tensor local = Tensor::zeros({local_numel_});
-  for (int u = 0; u < num_units(); ++u) {
-    auto [b, e] = owned_range(u);
-    if (e > b)
-      std::memcpy(local.data<float>() + offset_[size_t(u)], full_host.data<float>() + b, size_t(e - b) * sizeof(float));
-  }
+  for (const FlatRange& f : owned_pieces())
+    std::memcpy(local.data<float>() + f.dst_offset, full_host.data<float>() + f.begin,
+                size_t(f.end - f.begin) * sizeof(float));
   params_.copy_from(local.to(device_));
   refresh_compute_weights();
 }
 
 Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {
-  int u = 0;
-  while (u < num_units() && units_[size_t(u)].end <= begin) ++u;
-  MT_CHECK(u < num_units() && end <= units_[size_t(u)].end && begin < end, "range [", begin, ", ", end,
-           ") is not inside one unit");
-  const ParamUnit& pu = units_[size_t(u)];
-  const int64_t c = chunk_[size_t(u)], W = shard_.size();
-  // Rank r holds [pu.begin + r c, pu.begin + (r + 1) c); its part of the range travels padded to the
-  // longest part, so one fixed-size all-gather serves any range.
+  // The unit (of this rank) and the unit elements [ub, ue) that hold the flat range.
+  int u = -1;
+  int64_t ub = 0;
+  for (int i = 0; i < num_units() && u < 0; ++i)
+    for (const FlatRange& p : units_[size_t(i)].pieces)
+      if (begin >= p.begin && end <= p.end) {
+        u = i;
+        ub = p.dst_offset + (begin - p.begin);
+        break;
+      }
+  MT_CHECK(u >= 0 && begin < end, "range [", begin, ", ", end, ") is not inside one piece of this rank's units");
+  const int64_t ue = ub + (end - begin);
+  comm::Communicator& cm = comm_of(u);
+  const int64_t c = chunk_[size_t(u)], W = cm.size();
+  // Rank r holds unit elements [r c, (r + 1) c); its part of the range travels padded to the longest
+  // part, so one fixed-size all-gather serves any range.
   auto part = [&](int64_t r) {
-    const int64_t b = std::max(begin, pu.begin + r * c), e = std::min({end, pu.begin + (r + 1) * c, pu.end});
+    const int64_t b = std::max(ub, r * c), e = std::min(ue, (r + 1) * c);
     return std::make_pair(b, std::max(b, e));
   };
   int64_t longest = 0;
   for (int64_t r = 0; r < W; ++r) longest = std::max(longest, part(r).second - part(r).first);
-  auto [mb, me] = part(shard_.rank());
+  auto [mb, me] = part(cm.rank());
   Tensor mine = Tensor::zeros({longest}, DType::F32, device_);
   if (me > mb)
-    mine.rows(0, me - mb).copy_from((grads ? grads_ : params_).rows(offset_[size_t(u)] + (mb - pu.begin - shard_.rank() * c), me - mb));
+    mine.rows(0, me - mb).copy_from((grads ? grads_ : params_).rows(offset_[size_t(u)] + (mb - cm.rank() * c), me - mb));
   Tensor all = Tensor::empty({W * longest}, DType::F32, device_);
-  shard_.all_gather(mine, all)->wait();
+  cm.all_gather(mine, all)->wait();
   device_mem::synchronize(device_);
   Tensor host = all.to(Device::CPU), out = Tensor::empty({end - begin});
   for (int64_t r = 0; r < W; ++r) {
     auto [b, e] = part(r);
-    if (e > b) out.rows(b - begin, e - b).copy_from(host.rows(r * longest, e - b));
+    if (e > b) out.rows(b - ub, e - b).copy_from(host.rows(r * longest, e - b));
   }
   return out;
 }
 
-Tensor FsdpParams::gather_unit_host(int u, bool grads) {
-  Tensor src = (grads ? grads_ : params_).rows(offset_[size_t(u)], chunk_[size_t(u)]);
-  Tensor full = Tensor::empty({shard_.size() * chunk_[size_t(u)]}, DType::F32, device_);
-  shard_.all_gather(src, full)->wait();
+Tensor FsdpParams::gather_param_host(const ParamEntry& e, bool grads) {
+  const bool experts = plan_.ep > 1 && e.layer >= 0 && plan_.experts[size_t(e.layer)] >= 0 &&
+                       (e.name.ends_with("mlp.experts.gate_up_proj") || e.name.ends_with("mlp.experts.down_proj"));
+  if (!experts) return gather_range_host(e.offset, e.offset + e.numel, grads).view(e.shape);
+  // Expert parallelism: this ep group's experts from its expert-data-parallel shards, then the
+  // groups' slices side by side (ep rank order is expert order).
+  const int64_t per = e.numel / plan_.ep, b = e.offset + int64_t(plan_.ep_rank) * per;
+  Tensor mine = gather_range_host(b, b + per, grads).to(device_);
+  Tensor all = Tensor::empty({e.numel}, DType::F32, device_);
+  ep_comm_->all_gather(mine, all)->wait();
   device_mem::synchronize(device_);
-  return full.rows(0, units_[size_t(u)].numel()).to(Device::CPU);
+  return all.to(Device::CPU).view(e.shape);
 }
 
 void FsdpParams::check_grads_complete() const {
@@ -293,7 +328,7 @@ namespace mt {
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer) {
   // One parameter at a time: every rank takes part in its gather, the writer streams it to disk.
-  auto fetch = [&](const ParamEntry& e) { return p.gather_range_host(e.offset, e.offset + e.numel, false).view(e.shape); };
+  auto fetch = [&](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); };
   std::vector<PendingTensor> tensors = pending_hf_tensors(c, t, ExpertLayout::PerExpert, fetch);
   if (writer) {
     write_safetensors_sharded_lazy(dir, tensors, size_t(5) << 30);

@@ -40,12 +40,20 @@ struct FsdpOptions {
   DType reduce_dtype = DType::F32;
 };
 
+// Expert parallelism: the ep group (its rank order is the experts' order) and the ranks that hold
+// the same experts (expert data parallelism), over which expert units are sharded. Null: no EP.
+struct ExpertGroups {
+  comm::Communicator* ep = nullptr;
+  comm::Communicator* expert_shard = nullptr;
+};
+
 class FsdpParams final : public ParamSource {
  public:
   // shard: the dp_shard communicator; replicate: the dp_replicate communicator (null or size 1: FSDP).
   FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-             comm::Communicator* replicate, FsdpOptions opt = {});
+             comm::Communicator* replicate, FsdpOptions opt = {}, const ExpertGroups& eg = {});
   ~FsdpParams() override;
+  const UnitPlan& plan() const override { return plan_; }
 
   Tensor acquire_weights(int u) override;
   void release_weights(int u) override;
@@ -70,8 +78,8 @@ class FsdpParams final : public ParamSource {
   const ParamUnit& unit(int u) const { return units_[size_t(u)]; }
   int64_t chunk(int u) const { return chunk_[size_t(u)]; }
   int64_t shard_offset(int u) const { return offset_[size_t(u)]; }
-  // The flat-layout elements this rank holds of unit u: [begin, end) (may be empty for the padding).
-  std::pair<int64_t, int64_t> owned_range(int u) const;
+  // The unit elements [lo, hi) this rank holds of unit u (empty for pure padding).
+  std::pair<int64_t, int64_t> owned_elements(int u) const;
   int shard_rank() const { return shard_.rank(); }
   int shard_size() const { return shard_.size(); }
 
@@ -82,11 +90,12 @@ class FsdpParams final : public ParamSource {
   double take_comm_seconds();
   // Fills the local master shard from a full flat buffer (host, f32; e.g. init_weights' output).
   void load_full(const Tensor& full_host);
-  // All-gathers unit u's f32 master (gather = true) or gradient into a full host copy of the unit
-  // (numel() elements), on every rank. Collective: every shard rank calls it.
-  Tensor gather_unit_host(int u, bool grads);
-  // The same for elements [begin, end) of the flat layout (inside one unit), moving only that range.
+  // The same for elements [begin, end) of the flat layout (inside one piece of one of this rank's
+  // units), moving only that range.
   Tensor gather_range_host(int64_t begin, int64_t end, bool grads);
+  // One whole parameter (its values or gradient), host f32 in its shape, on every rank; under expert
+  // parallelism the experts of every ep group. Collective over the shard (and ep) ranks.
+  Tensor gather_param_host(const ParamEntry& e, bool grads);
   // Sum of squares of the local gradient shard, reduced over the shard ranks (the replicas hold the
   // same values and are not counted twice): the global squared gradient norm. Collective.
   double global_grad_sq();
@@ -96,11 +105,16 @@ class FsdpParams final : public ParamSource {
   void give(Tensor t);
   void finish_pending(bool all);
 
+  comm::Communicator& comm_of(int u) const;  // the ranks unit u is sharded over
+
   Device device_;
   comm::Communicator& shard_;
   comm::Communicator* replicate_;
+  comm::Communicator* expert_shard_;
+  comm::Communicator* ep_comm_;
   FsdpOptions opt_;
-  std::vector<ParamUnit> units_;
+  UnitPlan plan_;
+  std::vector<ParamUnit>& units_ = plan_.units;
   std::vector<int64_t> chunk_, offset_;
   int64_t local_numel_ = 0;
   Tensor params_, grads_, compute_;

@@ -76,11 +76,11 @@ GradsResult run_grads(const GradsOptions& opt) {
     ce_sum = 0;
     for (int r = 0; r < dp_size; ++r) ce_sum += double(ce.data<float>()[2 * r]) + double(ce.data<float>()[2 * r + 1]);
   }
-  // Full gradients: gathered unit by unit (every shard rank takes part), written by rank 0.
+  // Full gradients: gathered one parameter at a time (every rank takes part), written by rank 0.
   Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();
   if (fsdp)
-    for (int u = 0; u < fsdp->num_units(); ++u)
-      grads.rows(fsdp->unit(u).begin, fsdp->unit(u).numel()).copy_from(fsdp->gather_unit_host(u, /*grads=*/true));
+    for (const ParamEntry& e : table.entries())
+      view_at(grads, e.offset, e.shape).copy_from(fsdp->gather_param_host(e, /*grads=*/true));
 
   GradsResult res{ce_sum / double(n_valid) + lp.aux * aux_scale, lp.aux, n_valid};
   struct Finish {  // every rank waits until rank 0 has written the file
