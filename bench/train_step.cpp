@@ -24,6 +24,7 @@
 #include "model/qwen3_moe.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
+#include "parallel/parallel_model.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/optimizer.h"
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
-  int dp_shard = 0, dp_replicate = 1;
+  int dp_shard = 0, dp_replicate = 1, ep = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
     else if (a == "--zero-grads") zero_grads = true;
     else if (a == "--dp-shard") dp_shard = std::stoi(next());
     else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
+    else if (a == "--ep") ep = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -107,6 +109,7 @@ int main(int argc, char** argv) {
     DistOptions dopt;
     dopt.mesh.dp_shard = dp_shard;
     dopt.mesh.dp_replicate = dp_replicate;
+    dopt.mesh.ep = ep;
     std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
     const int dp = dist->dp_size();
     double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
@@ -114,15 +117,14 @@ int main(int argc, char** argv) {
 
     auto t_init = Clock::now();
     ParamTable table(mc);
-    std::unique_ptr<FsdpParams> fsdp;
-    if (dist->distributed()) {
-      FsdpOptions fo;
-      if (reduce_dtype != "f32" && reduce_dtype != "bf16")
-        MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
-      fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
-      fsdp = std::make_unique<FsdpParams>(mc, table, dev, *dist->dp_shard(), dist->dp_replicate(), fo);
-    }
-    Qwen3MoeModel m(mc, dev, fsdp.get());
+    FsdpOptions fo;
+    if (reduce_dtype != "f32" && reduce_dtype != "bf16")
+      MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
+    fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+    ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
+    FsdpParams* fsdp = pm.fsdp.get();
+    Qwen3MoeModel m(mc, dev, fsdp);
+    pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
     Tensor& master = fsdp ? fsdp->params() : m.params();
     Tensor& grads = fsdp ? fsdp->grads() : m.grads();

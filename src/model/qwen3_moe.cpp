@@ -27,6 +27,8 @@ struct Qwen3MoeModel::LayerActs {
   Tensor offsets, assign_of_row, row_of_assign;   // (E+1) i64, (R) i32, (T, K) i32: dispatch plan
   Tensor xn1, rstd1, q, k, v, qr, kr, rstd_q, rstd_k, att, lse, h1, xn2, rstd2;
   Tensor xp, gu, hh, yp;                          // experts (R rows) or dense MLP (T rows; no xp/yp)
+  std::shared_ptr<moe::DispatchPlan> ep_plan;     // expert parallelism: the routing plan across ranks
+  Tensor ys;                                      // expert parallelism: outputs back at the source
 };
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
@@ -204,18 +206,40 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.zlse = keep_.alloc({T});
       ops::router_z_loss_fwd(logits, a.zlse, zsum_);
       if (!replay_.empty()) replay_routing(l, a);
-      a.offsets = keep_.alloc({E + 1}, DType::I64);
-      a.assign_of_row = keep_.alloc({R}, DType::I32);
-      a.row_of_assign = keep_.alloc({T, K}, DType::I32);
-      ops::make_dispatch_plan(a.idx, E, a.offsets, a.assign_of_row, a.row_of_assign);
+      if (dispatcher) {
+        // Expert parallelism: the one routing decision across ranks (counts exchanged), kept for the
+        // backward and any recompute.
+        a.ep_plan = std::make_shared<moe::DispatchPlan>(dispatcher->prepare(a.idx, a.wts));
+      } else {
+        a.offsets = keep_.alloc({E + 1}, DType::I64);
+        a.assign_of_row = keep_.alloc({R}, DType::I32);
+        a.row_of_assign = keep_.alloc({T, K}, DType::I32);
+        ops::make_dispatch_plan(a.idx, E, a.offsets, a.assign_of_row, a.row_of_assign);
+      }
     }
-    a.xp = A.alloc({R, D}, act_);
-    ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
-    a.gu = A.alloc({R, 2 * F}, act_);
-    a.hh = A.alloc({R, F}, act_);
-    a.yp = A.alloc({R, D}, act_);
-    ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-    ops::unpermute_fwd(a.yp, a.row_of_assign, a.wts, out);
+    if (dispatcher) {
+      // Tokens travel to the ranks that own their experts (one all_to_all_v), this rank's experts run
+      // on what arrived, and the outputs come back weighted (one all_to_all_v).
+      const moe::DispatchPlan& pl = *a.ep_plan;
+      const int64_t Rr = pl.rows_received;
+      a.xp = dispatcher->dispatch(pl, a.xn2);
+      a.gu = A.alloc({Rr, 2 * F}, act_);
+      a.hh = A.alloc({Rr, F}, act_);
+      a.yp = A.alloc({Rr, D}, act_);
+      ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
+      moe::Combined c = dispatcher->combine(pl, a.yp, a.wts);
+      a.ys = c.ys_SD;
+      if (c.y_TD.dtype() == out.dtype()) out.copy_from(c.y_TD);
+      else ops::copy_cast(c.y_TD, out);
+    } else {
+      a.xp = A.alloc({R, D}, act_);
+      ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
+      a.gu = A.alloc({R, 2 * F}, act_);
+      a.hh = A.alloc({R, F}, act_);
+      a.yp = A.alloc({R, D}, act_);
+      ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
+      ops::unpermute_fwd(a.yp, a.row_of_assign, a.wts, out);
+    }
   } else {
     const int64_t I = cfg_.intermediate_size;
     a.gu = A.alloc({T, 2 * I}, act_);
@@ -240,11 +264,23 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor dxn2 = W.zeros({T, D}, act_);
   if (w.sparse) {
     const int64_t R = T * K;
-    Tensor dyp = W.alloc({R, D}, act_), dwts = W.alloc({T, K}), dxp = W.alloc({R, D}, act_);
-    ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
-    ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
-                     g.experts_down, acc);
-    ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
+    Tensor dwts;
+    if (dispatcher) {
+      const moe::DispatchPlan& pl = *a.ep_plan;
+      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout, a.ys, a.wts);
+      dwts = cg.dw_TK;
+      Tensor dxp = W.alloc({pl.rows_received, D}, act_);
+      ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                       g.experts_gate_up, g.experts_down, acc);
+      dispatcher->dispatch_bwd(pl, dxp, dxn2);
+    } else {
+      Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
+      dwts = W.alloc({T, K});
+      ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
+      ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
+                       g.experts_down, acc);
+      ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
+    }
     Tensor dprobs;
     if (aux_scale != 0) {
       dprobs = W.zeros({T, E});

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/param_source.h"
 #include "model/params.h"
+#include "moe/dispatcher.h"
 
 namespace mt {
 
@@ -86,6 +87,9 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
+  // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
+  moe::ExpertDispatcher* dispatcher = nullptr;
   // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
   // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
   // the aux loss is the one of the global batch. Called once per micro-batch between the forward and

@@ -11,6 +11,8 @@ DistContext::DistContext(const MeshSpec& spec, int world) : world_(world), mesh_
 DistContext::~DistContext() {
   // The watchdog goes first so that tearing the communicators down is not reported as a hang.
   watchdog_.reset();
+  expert_dp_.reset();
+  ep_.reset();
   dp_.reset();
   replicate_.reset();
   shard_.reset();
@@ -37,9 +39,14 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   d->replicate_ =
       d->world_comm_->split(m.group_color(Axis::DpReplicate, r), m.coord(Axis::DpReplicate, r), "dp_replicate");
   d->dp_ = d->world_comm_->split(m.dp_color(r), d->dp_rank(), "dp");
+  if (m.size(Axis::Ep) > 1) {
+    d->ep_ = d->world_comm_->split(m.group_color(Axis::Ep, r), m.coord(Axis::Ep, r), "ep");
+    d->expert_dp_ = d->world_comm_->split(m.group_color(Axis::ExpertDp, r), m.coord(Axis::ExpertDp, r), "expert_dp");
+  }
   d->watchdog_ = std::make_unique<comm::Watchdog>(*d->store_, r, opt.comm.timeout);
-  for (comm::Communicator* c : {d->world_comm_.get(), d->shard_.get(), d->replicate_.get(), d->dp_.get()})
-    d->watchdog_->watch(c);
+  for (comm::Communicator* c : {d->world_comm_.get(), d->shard_.get(), d->replicate_.get(), d->dp_.get(),
+                                d->ep_.get(), d->expert_dp_.get()})
+    if (c) d->watchdog_->watch(c);
   if (r == 0) log_info("dist: ", d->describe(), " (ranks from ", env.source, ")");
   return d;
 }
@@ -57,7 +64,7 @@ void DistContext::finish() {
 }
 
 void DistContext::check_schedules() {
-  for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get()})
+  for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get(), ep_.get(), expert_dp_.get()})
     if (c) c->check_schedule();
 }
 

@@ -34,6 +34,10 @@ class DistContext {
   comm::Communicator* dp_shard() { return shard_.get(); }
   comm::Communicator* dp_replicate() { return replicate_.get(); }
   comm::Communicator* dp() { return dp_.get(); }
+  // Expert parallelism (ep > 1): the ranks that split the experts, and the ranks that hold the same
+  // experts (expert data parallelism). Null when ep = 1.
+  comm::Communicator* ep() { return ep_.get(); }
+  comm::Communicator* expert_dp() { return expert_dp_.get(); }
   int dp_rank() const;
   int dp_size() const;
   // A clean end of a run: a barrier of every rank through the store, so that rank 0 (which serves
@@ -49,7 +53,7 @@ class DistContext {
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   DeviceMesh mesh_;
   std::unique_ptr<comm::Store> store_;
-  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_;
+  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_;
   std::unique_ptr<comm::Watchdog> watchdog_;
 };
 

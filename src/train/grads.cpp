@@ -8,6 +8,7 @@
 #include "model/hf_checkpoint.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
+#include "parallel/parallel_model.h"
 
 namespace mt {
 
@@ -25,12 +26,14 @@ GradsResult run_grads(const GradsOptions& opt) {
   DistOptions dopt;
   dopt.mesh.dp_shard = opt.dp_shard;
   dopt.mesh.dp_replicate = opt.dp_replicate;
+  dopt.mesh.ep = opt.ep;
   std::unique_ptr<DistContext> dist = DistContext::create(Device::CPU, dopt);
   const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
   ParamTable table(cfg);
-  std::unique_ptr<FsdpParams> fsdp;
-  if (dist->distributed()) fsdp = std::make_unique<FsdpParams>(cfg, table, Device::CPU, *dist->dp_shard(), dist->dp_replicate());
-  Qwen3MoeModel model(cfg, Device::CPU, fsdp.get());
+  ParallelModel pm = make_parallel_model(*dist, cfg, table, Device::CPU);
+  FsdpParams* fsdp = pm.fsdp.get();
+  Qwen3MoeModel model(cfg, Device::CPU, fsdp);
+  pm.attach(model, *dist);
   model.recompute = opt.recompute;
   LoadReport rep = fsdp ? load_hf_weights_ranges(opt.model_dir, cfg, table, fsdp->owned_pieces(), fsdp->params())
                         : load_hf_weights(opt.model_dir, cfg, table, model.params());
@@ -53,11 +56,6 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (dp_size > 1) {
     auto [r0, n] = dp_rows(B, dp_rank, dp_size);
     local = MicroBatch{mb.input_ids.rows(r0, n), mb.labels.rows(r0, n)};
-    model.reduce_aux_stats = [&](Tensor& counts, Tensor& sums, int64_t& rows) {
-      dist->dp()->all_reduce(counts)->wait();
-      dist->dp()->all_reduce(sums)->wait();
-      rows *= dp_size;
-    };
   }
 
   if (fsdp) fsdp->zero_grads();
@@ -134,10 +132,11 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--recompute") opt.recompute = parse_recompute(value());
     else if (a == "--dp-shard") opt.dp_shard = parse_degree(a, value(), 0);
     else if (a == "--dp-replicate") opt.dp_replicate = parse_degree(a, value(), 1);
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N]");
+    else if (a == "--ep") opt.ep = parse_degree(a, value(), 1);
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

@@ -18,6 +18,7 @@ struct GradsOptions {
   // means the same as the single-process output.
   int dp_shard = 0;  // 0 = the rest of the world
   int dp_replicate = 1;
+  int ep = 1;  // expert parallelism: experts split over ep ranks, tokens moved by all-to-all
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the

@@ -140,6 +140,8 @@ const std::vector<Field>& fields() {
       {"grad_sync", &TrainConfig::grad_sync,
        "FSDP gradient reduction: every (micro-batch) | last (only in the last micro-batch; full-size grads meanwhile)",
        [](const TrainConfig& c) { return one_of(c.grad_sync, {"every", "last"}); }},
+      {"ep", &TrainConfig::ep, "expert parallelism: experts split over ep ranks (tokens move by all-to-all)",
+       [](const TrainConfig& c) { return c.ep < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",
        [](const TrainConfig& c) { return one_of(c.grad_reduce_dtype, {"f32", "bf16"}); }},

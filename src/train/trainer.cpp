@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
+#include "parallel/parallel_model.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
@@ -86,6 +87,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   DistOptions dopt;
   dopt.mesh.dp_shard = int(cfg.dp_shard);
   dopt.mesh.dp_replicate = int(cfg.dp_replicate);
+  dopt.mesh.ep = int(cfg.ep);
   dopt.comm.timeout = std::chrono::seconds(cfg.comm_timeout_s);
   dopt.comm.schedule_check = cfg.schedule_check == "off"      ? comm::ScheduleCheck::Off
                              : cfg.schedule_check == "per_op" ? comm::ScheduleCheck::PerOp
@@ -97,21 +99,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
     MT_THROW("micro_batch_size ", cfg.micro_batch_size, " cannot be split evenly over ", dp_size,
              " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp_size);
   ParamTable table(mc);
-  std::unique_ptr<FsdpParams> fsdp;
-  if (dist->distributed()) {
-    FsdpOptions fo;
-    fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
-    fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
-    fsdp = std::make_unique<FsdpParams>(mc, table, device, *dist->dp_shard(), dist->dp_replicate(), fo);
-  }
-  Qwen3MoeModel model(mc, device, fsdp.get());
+  FsdpOptions fo;
+  fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+  fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+  ParallelModel pm = make_parallel_model(*dist, mc, table, device, fo);
+  FsdpParams* fsdp = pm.fsdp.get();
+  Qwen3MoeModel model(mc, device, fsdp);
   model.recompute = parse_recompute(cfg.recompute);
-  if (fsdp && model.aux_enabled())
-    model.reduce_aux_stats = [&](Tensor& counts, Tensor& sums, int64_t& rows) {
-      dist->dp()->all_reduce(counts)->wait();
-      dist->dp()->all_reduce(sums)->wait();
-      rows *= dp_size;
-    };
+  pm.attach(model, *dist);
   // Load balancing beside the aux loss (docs/model.md): both need MoE layers.
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;

@@ -1,5 +1,6 @@
-// FSDP / HSDP equivalence on the CPU through the real launcher: `moetrain grads` under
-// `moetrain launch` with 2 and 4 ranks writes the same loss, logits and every gradient as one process
+// FSDP / HSDP / expert-parallel equivalence on the CPU through the real launcher: `moetrain grads`
+// under `moetrain launch` with 2 and 4 ranks (dp_shard, dp_replicate × dp_shard, ep 2, ep 4, ep 2
+// over 4 ranks) writes the same loss, logits and every gradient as one process
 // (≤ 1e-6 relative, fp32), for plain, aux-loss and tied-embedding models, with and without
 // recompute; a 20-step training run has the same loss curve under every layout; a non-finite
 // gradient on one rank makes every rank skip the step; a killed rank stops the run with the launcher
@@ -119,7 +120,9 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
       std::string flags, name;
     };
     for (const Layout& l : {Layout{2, "--dp-shard 2", "dp_shard 2"}, Layout{4, "--dp-shard 4", "dp_shard 4"},
-                            Layout{4, "--dp-replicate 2 --dp-shard 2", "dp_replicate 2 x dp_shard 2"}}) {
+                            Layout{4, "--dp-replicate 2 --dp-shard 2", "dp_replicate 2 x dp_shard 2"},
+                            Layout{2, "--ep 2", "ep 2"}, Layout{4, "--ep 4", "ep 4"},
+                            Layout{4, "--ep 2", "ep 2 on 4 ranks (expert_dp 2)"}}) {
       const std::string out = tmp(GetParam() + "_" + std::to_string(l.nproc) + rc + ".safetensors");
       ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
                  " --batch " + batch + " --out " + out + " --recompute " + rc + " " + l.flags);
@@ -159,7 +162,8 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   auto ref = read_metrics(ref_dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
-           {2, ""}, {4, ""}, {4, " --dp-replicate 2"}, {2, " --grad-sync last"}, {2, " --recompute full"}}) {
+           {2, ""}, {4, ""}, {4, " --dp-replicate 2"}, {2, " --grad-sync last"}, {2, " --recompute full"},
+           {2, " --ep 2"}, {4, " --ep 2 --recompute full"}}) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
     ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir, 20) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;

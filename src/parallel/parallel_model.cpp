@@ -1,0 +1,35 @@
+#include "parallel/parallel_model.h"
+
+namespace mt {
+
+ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const ParamTable& t, Device device,
+                                  FsdpOptions opt) {
+  ParallelModel pm;
+  if (!dist.distributed()) return pm;
+  const DeviceMesh& m = dist.mesh();
+  if (m.size(Axis::Tp) > 1 || m.size(Axis::Sp) > 1)
+    MT_THROW("tp ", m.size(Axis::Tp), " and sp ", m.size(Axis::Sp), ": tensor and sequence parallelism are not implemented yet");
+  ExpertGroups eg;
+  if (m.size(Axis::Ep) > 1) {
+    m.check_experts(int(c.num_experts));
+    eg.ep = dist.ep();
+    eg.expert_shard = dist.expert_dp();
+    pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts);
+  }
+  pm.fsdp = std::make_unique<FsdpParams>(c, t, device, *dist.dp_shard(), dist.dp_replicate(), opt, eg);
+  return pm;
+}
+
+void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
+  model.dispatcher = dispatcher.get();
+  if (!dist.distributed() || !model.aux_enabled()) return;
+  const int n = dist.dp_size();
+  comm::Communicator* dp = dist.dp();
+  model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
+    dp->all_reduce(counts)->wait();
+    dp->all_reduce(sums)->wait();
+    rows *= n;
+  };
+}
+
+}  // namespace mt
