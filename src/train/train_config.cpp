@@ -140,6 +140,10 @@ const std::vector<Field>& fields() {
       {"grad_sync", &TrainConfig::grad_sync,
        "FSDP gradient reduction: every (micro-batch) | last (only in the last micro-batch; full-size grads meanwhile)",
        [](const TrainConfig& c) { return one_of(c.grad_sync, {"every", "last"}); }},
+      {"load_mode", &TrainConfig::load_mode,
+       "multi-rank loading: mmap (each rank reads its own slices) | broadcast (rank 0 reads, large buckets) | "
+       "auto (broadcast only when some rank cannot see the files)",
+       [](const TrainConfig& c) { return one_of(c.load_mode, {"auto", "mmap", "broadcast"}); }},
       {"ep", &TrainConfig::ep, "expert parallelism: experts split over ep ranks (tokens move by all-to-all)",
        [](const TrainConfig& c) { return c.ep < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,

@@ -17,6 +17,7 @@ namespace mt {
 struct TrainConfig {
   std::string model = "demo";   // a preset name (tiny, demo, ...) or a Hugging Face model directory
   std::string init_from = "";   // "" = random init; else a Hugging Face directory to load weights from
+  std::string load_mode = "auto";  // multi-rank loading: mmap (each rank reads its slices) | broadcast | auto
   std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is visible)
   std::string out_dir = "runs/demo";
   int64_t steps = 1500;           // optimizer steps (the demo reaches ~95% exact match by then)

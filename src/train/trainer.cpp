@@ -20,6 +20,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
+#include "parallel/sharded_load.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
@@ -134,10 +135,24 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_info("rank ", dist->rank(), ": initialised ", master.numel(), " parameters (its shard) in ",
                seconds_since(t_init), " s");
   } else {
-    LoadReport rep = fsdp ? load_hf_weights_ranges(cfg.init_from, mc, table, fsdp->owned_pieces(), master)
-                          : load_hf_weights(cfg.init_from, mc, table, master);
-    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
-             " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
+    // Each rank maps the files and reads its own slices; when some rank cannot see the files (or
+    // load_mode says so), rank 0 reads and broadcasts the parameters in large buckets instead.
+    const bool broadcast = fsdp && (cfg.load_mode == "broadcast" ||
+                                    (cfg.load_mode == "auto" && !all_ranks_see(cfg.init_from, *dist->world())));
+    if (broadcast) {
+      const char* bb = std::getenv("MOETRAIN_BROADCAST_BUCKET_BYTES");  // tests: small buckets
+      BroadcastLoadReport rep = load_hf_weights_broadcast(cfg.init_from, mc, table, fsdp->owned_pieces(), master,
+                                                          *dist->world(), 0,
+                                                          bb ? size_t(std::stoull(bb)) : size_t(1) << 30);
+      log_info("rank ", dist->rank(), ": loaded its shards from rank 0's broadcast of ", cfg.init_from, ": ",
+               rep.buckets, " buckets, ", rep.bytes_broadcast / 1e6, " MB broadcast, ", rep.bytes_read / 1e6,
+               " MB read here, in ", rep.seconds, " s");
+    } else {
+      LoadReport rep = fsdp ? load_hf_weights_ranges(cfg.init_from, mc, table, fsdp->owned_pieces(), master)
+                            : load_hf_weights(cfg.init_from, mc, table, master);
+      log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
+               " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
+    }
   }
   if (fsdp) fsdp->refresh_compute_weights();
   else model.refresh_compute_weights();

@@ -214,6 +214,35 @@ TEST(FsdpTrain, Bf16GradientReductionFollowsTheCurve) {
   EXPECT_GT(worst, 0.0) << "bf16 transport should not be bit-identical to fp32";
 }
 
+// Loading from a checkpoint: every rank mapping its own slices and rank 0 broadcasting buckets (4 KiB
+// here, so that buckets straddle shards and parameters) give exactly the same weights, hence the
+// same losses; both equal one process.
+TEST(FsdpTrain, BroadcastLoadingEqualsMappedLoading) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string model = kGoldens + "/tiny";
+  auto cmd = [&](const std::string& dir) {
+    return " train --device cpu --model " + model + " --init-from " + model +
+           " --steps 3 --warmup-steps 1 --micro-batch-size 4 --seq-len 32 --eval-problems 0 --out-dir " + dir;
+  };
+  const std::string ref = tmp("load_ref"), mm = tmp("load_mmap"), bc = tmp("load_bcast");
+  ShellRun r = sh(kBin + cmd(ref));
+  ASSERT_EQ(r.code, 0) << r.out;
+  ShellRun a = sh(kBin + " launch --nproc-per-node 2 --" + cmd(mm) + " --load-mode mmap");
+  ASSERT_EQ(a.code, 0) << a.out;
+  ShellRun b = sh("MOETRAIN_BROADCAST_BUCKET_BYTES=4096 " + kBin + " launch --nproc-per-node 2 --" + cmd(bc) +
+                  " --load-mode broadcast");
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_NE(b.out.find("buckets"), std::string::npos) << b.out;
+  auto m0 = read_metrics(ref + "/metrics.jsonl"), m1 = read_metrics(mm + "/metrics.jsonl"),
+       m2 = read_metrics(bc + "/metrics.jsonl");
+  ASSERT_EQ(m1.size(), 3u);
+  ASSERT_EQ(m2.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m1[i]["loss"].get<double>(), m2[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_NEAR(m1[i]["loss"].get<double>(), m0[i]["loss"].get<double>(), 1e-6 * m0[i]["loss"].get<double>());
+  }
+}
+
 TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string dir = tmp("inf");
