@@ -17,39 +17,23 @@
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "parallel/launch_test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/moetrain";
+const std::string& kBin = test::kMoetrainBin;
 const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";
-
-struct ShellRun {
-  int code;
-  std::string out;
-};
 
 // CPU ranks talk through Gloo; builds without it (the GPU machines) cannot run these tests.
 #define MT_SKIP_WITHOUT_GLOO() \
   if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)"
 
-ShellRun sh(const std::string& cmd) {
-  std::string full = "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
-  FILE* p = popen(full.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
-
-std::string tmp(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mt_fsdp_" + std::to_string(getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
-}
+using test::sh;
+using test::ShellRun;
+std::string tmp(const std::string& name) { return test::tmp_path("fsdp", name); }
 
 // A batch of 4 sequences (divisible by 1, 2 and 4 data-parallel ranks) for the model in `dir`.
 std::string make_batch(const std::string& dir) {
@@ -135,18 +119,6 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Models, FsdpGrads, ::testing::Values("tiny", "aux", "tied"));
 
 namespace {
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> v;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) v.push_back(j);
-    }
-  return v;
-}
-
 std::string train_cmd(const std::string& out_dir, int steps) {
   return " train --device cpu --model tiny --steps " + std::to_string(steps) +
          " --micro-batch-size 4 --grad-accum 2 --seq-len 32 --lr 3e-3 --warmup-steps 2 --eval-problems 0"
@@ -159,7 +131,7 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   const std::string ref_dir = tmp("curve_ref");
   ShellRun r = sh(kBin + train_cmd(ref_dir, 20));
   ASSERT_EQ(r.code, 0) << r.out;
-  auto ref = read_metrics(ref_dir + "/metrics.jsonl");
+  auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""}, {4, ""}, {4, " --dp-replicate 2"}, {2, " --grad-sync last"}, {2, " --recompute full"},
@@ -167,7 +139,7 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
     ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir, 20) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
-    auto got = read_metrics(dir + "/metrics.jsonl");
+    auto got = test::read_step_metrics(dir + "/metrics.jsonl");
     ASSERT_EQ(got.size(), 20u) << flags;
     for (size_t i = 0; i < 20; ++i) {
       const double a = got[i]["loss"].get<double>(), b = ref[i]["loss"].get<double>();
@@ -203,7 +175,7 @@ TEST(FsdpTrain, Bf16GradientReductionFollowsTheCurve) {
   ASSERT_EQ(r.code, 0) << r.out;
   ShellRun p = sh(kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 10) + " --grad-reduce-dtype bf16");
   ASSERT_EQ(p.code, 0) << p.out;
-  auto ref = read_metrics(ref_dir + "/metrics.jsonl"), got = read_metrics(dir + "/metrics.jsonl");
+  auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl"), got = test::read_step_metrics(dir + "/metrics.jsonl");
   ASSERT_EQ(got.size(), 10u);
   double worst = 0;
   for (size_t i = 0; i < 10; ++i) {
@@ -233,8 +205,8 @@ TEST(FsdpTrain, BroadcastLoadingEqualsMappedLoading) {
                   " --load-mode broadcast");
   ASSERT_EQ(b.code, 0) << b.out;
   EXPECT_NE(b.out.find("buckets"), std::string::npos) << b.out;
-  auto m0 = read_metrics(ref + "/metrics.jsonl"), m1 = read_metrics(mm + "/metrics.jsonl"),
-       m2 = read_metrics(bc + "/metrics.jsonl");
+  auto m0 = test::read_step_metrics(ref + "/metrics.jsonl"), m1 = test::read_step_metrics(mm + "/metrics.jsonl"),
+       m2 = test::read_step_metrics(bc + "/metrics.jsonl");
   ASSERT_EQ(m1.size(), 3u);
   ASSERT_EQ(m2.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -248,7 +220,7 @@ TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   const std::string dir = tmp("inf");
   ShellRun p = sh("MOETRAIN_DEBUG_INF_GRAD=1:3 " + kBin + " launch --nproc-per-node 2 --" + train_cmd(dir, 5));
   ASSERT_EQ(p.code, 0) << p.out;
-  auto m = read_metrics(dir + "/metrics.jsonl");
+  auto m = test::read_step_metrics(dir + "/metrics.jsonl");
   ASSERT_EQ(m.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(m[i]["skipped"].get<bool>(), i == 2) << "step " << i + 1;
   EXPECT_EQ(m[4]["skipped_total"].get<int>(), 1);

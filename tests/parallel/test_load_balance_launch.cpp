@@ -14,46 +14,18 @@
 
 #include "comm/communicator.h"
 #include "io/safetensors.h"
+#include "parallel/launch_test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::string(MT_BINARY_DIR) + "/moetrain";
+const std::string& kBin = test::kMoetrainBin;
+using test::sh;
+using test::ShellRun;
 
-struct ShellRun {
-  int code;
-  std::string out;
-};
-
-ShellRun sh(const std::string& cmd) {
-  std::string full = "OPENBLAS_NUM_THREADS=1 " + cmd + " 2>&1";
-  FILE* p = popen(full.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
-
-std::string tmp(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("mt_lb_" + std::to_string(getpid()));
-  fs::create_directories(d);
-  return (d / name).string();
-}
-
-std::vector<nlohmann::json> read_steps(const std::string& path) {
-  std::vector<nlohmann::json> v;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) v.push_back(j);
-    }
-  return v;
-}
+std::string tmp(const std::string& name) { return test::tmp_path("lb", name); }
 
 std::string train_cmd(const std::string& out_dir) {
   return " train --device cpu --model tiny --steps 5 --micro-batch-size 4 --grad-accum 2 --seq-len 32 --lr 3e-3"
@@ -73,7 +45,7 @@ TEST(LoadBalanceLaunch, TwoRanksEqualOneProcess) {
   EXPECT_NE(r.out.find("experts max/mean"), std::string::npos) << r.out;
   ShellRun p = sh(kBin + " launch --nproc-per-node 2 --" + train_cmd(dir));
   ASSERT_EQ(p.code, 0) << p.out;
-  auto ref = read_steps(ref_dir + "/metrics.jsonl"), got = read_steps(dir + "/metrics.jsonl");
+  auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl"), got = test::read_step_metrics(dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 5u);
   ASSERT_EQ(got.size(), 5u);
   for (size_t i = 0; i < 5; ++i) {
