@@ -12,27 +12,15 @@
 #include "model/hf_checkpoint.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
+#include "train/trainer_test_util.h"
 
 using namespace mt;
 namespace fs = std::filesystem;
 
 namespace {
 
-TrainConfig tiny_run(const std::string& name) {
-  TrainConfig c;
-  c.model = "tiny";
-  c.device = "cpu";
-  c.out_dir = (fs::temp_directory_path() / ("moetrain_trainer_" + name + "_" + std::to_string(getpid()))).string();
-  fs::remove_all(c.out_dir);
-  c.steps = 4;
-  c.micro_batch_size = 2;
-  c.grad_accum = 2;
-  c.seq_len = 32;
-  c.warmup_steps = 1;
-  c.eval_problems = 6;
-  c.log_every = 1;
-  return c;
-}
+TrainConfig tiny_run(const std::string& name) { return test::tiny_train_run("trainer", name, 6); }
+
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
   std::vector<nlohmann::json> out;
