@@ -21,7 +21,7 @@ cmake --build "$build" -j "$(nproc)" 2>&1 | grep -E "error" || true
 test -x "$build/train_step" || { echo "build failed"; cmake --build "$build" -j "$(nproc)" 2>&1 | tail -30; exit 1; }
 echo "== tests"
 (cd "$build" && ctest -j 4 -R "Nccl|Comm|Gloo|Fsdp|Mesh|Store|Launch|Schedule|PerOp|Watchdog|ShardedIo" --timeout 300 \
-  2>&1 | grep -E "tests passed|tests failed|\(Failed\)|Timeout|\*\*\*" | head -20)
+  > "$out/ctest.txt" 2>&1; grep -E "tests passed|tests failed|\(Failed\)|Timeout" "$out/ctest.txt")
 echo "== NCCL collectives over $ngpu GPUs"
 "$build/moetrain" launch --nproc-per-node "$ngpu" -- _selftest comm --device cuda 2>&1 | tail -8 | tee "$out/nccl.txt"
 echo "== demo, 1 GPU vs $ngpu GPUs FSDP, 40 steps, same global batch"
