@@ -390,6 +390,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
       src_->prefetch(head);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
+    if (recompute != Recompute::None) {  // rebuilt by the recompute (EP keeps them off the arenas)
+      a.xp = Tensor();
+      a.ys = Tensor();
+    }
     if (cfg_.is_sparse_layer(l)) {
       ops::expert_counts(a.idx, E, counts_E_);
       ops::prob_column_sums(a.probs, sums_E_);

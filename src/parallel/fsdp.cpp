@@ -184,8 +184,12 @@ void FsdpParams::grads_done(int u) {
 }
 
 void FsdpParams::finish_pending(bool all) {
-  const size_t keep = all ? 0 : 1;  // leave the newest in flight so it overlaps the next block
-  while (pending_.size() > keep) {
+  // Leave the newest layer's reductions (its block and, under EP, its experts) in flight so that they
+  // overlap the next block's backward.
+  auto layer_of = [&](const Pending& p) { return units_[size_t(p.unit)].layer; };
+  while (!pending_.empty() && (all || layer_of(pending_.front()) != layer_of(pending_.back()) ||
+                               layer_of(pending_.front()) < 0)) {
+    if (!all && pending_.size() == 1) break;
     Pending p = std::move(pending_.front());
     pending_.erase(pending_.begin());
     {

@@ -7,7 +7,7 @@
 namespace mt {
 
 std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                                                  int64_t max_new, int64_t eos_id) {
+                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree) {
   std::vector<std::vector<int64_t>> out(prompts.size());
   std::map<size_t, std::vector<size_t>> by_len;
   for (size_t i = 0; i < prompts.size(); ++i) by_len[prompts[i].size()].push_back(i);
@@ -35,6 +35,7 @@ std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const st
         if (best == eos_id) done[size_t(b)] = true;
         all_done = all_done && done[size_t(b)];
       }
+      if (agree) all_done = agree(all_done);
       if (all_done) break;
     }
     for (int64_t b = 0; b < B; ++b)
@@ -43,11 +44,12 @@ std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const st
   return out;
 }
 
-EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits) {
+EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits,
+                             const AgreeFn& agree) {
   std::vector<std::vector<int64_t>> prompts;
   for (const Problem& p : problems) prompts.push_back(p.prompt_ids);
   CharTokenizer tok;
-  auto gen = greedy_generate(model, prompts, max_answer_tokens(max_digits), tok.eos_id());
+  auto gen = greedy_generate(model, prompts, max_answer_tokens(max_digits), tok.eos_id(), agree);
   EvalResult r;
   r.problems = int64_t(problems.size());
   for (size_t i = 0; i < problems.size(); ++i) {

@@ -3,6 +3,7 @@
 // each new token (no KV cache): prompts are a dozen tokens, so this is cheap and uses only the
 // training forward, which is what we want to measure.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "data/synthetic.h"
@@ -17,10 +18,15 @@ struct EvalResult {
   std::vector<std::string> samples;  // a few "prompt -> generated (expected)" lines for the log
 };
 
+// Every rank of a sharded model must run the same number of forwards: `agree` turns this rank's
+// "all sequences finished" into the value every rank shares (e.g. an all-reduce). Null: one process.
+using AgreeFn = std::function<bool(bool)>;
+
 // Greedy continuation of every prompt by up to max_new tokens; problems are batched by prompt length.
 std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                                                  int64_t max_new, int64_t eos_id);
+                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree = {});
 
-EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits);
+EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits,
+                             const AgreeFn& agree = {});
 
 }  // namespace mt

@@ -156,10 +156,23 @@ TrainSummary run_training(const TrainConfig& cfg) {
   }
   if (fsdp) fsdp->refresh_compute_weights();
   else model.refresh_compute_weights();
-  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty() &&
-      load_router_bias(cfg.init_from, mc, model.router_bias()))
-    log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "router bias: read ",
-             kRouterBiasFile, " from ", cfg.init_from);
+  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty()) {
+    // Rank 0 reads the bias and every rank receives it (some ranks may not see the files): the
+    // routing must be the same function on every rank.
+    Tensor& bias = model.router_bias();
+    Tensor found = Tensor::zeros({1});
+    if (dist->rank() == 0 && load_router_bias(cfg.init_from, mc, bias)) found.fill_(1.0f);
+    if (dist->distributed()) {
+      Tensor f = found.to(device);
+      dist->world()->broadcast(f, 0)->wait();
+      dist->world()->broadcast(bias, 0)->wait();
+      device_mem::synchronize(device);
+      found = f.to(Device::CPU);
+    }
+    if (found.data<float>()[0] != 0 && lead)
+      log_info("router bias: read ", kRouterBiasFile, " from ", cfg.init_from,
+               dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
+  }
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed));
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
@@ -206,7 +219,17 @@ TrainSummary run_training(const TrainConfig& cfg) {
   auto evaluate = [&](int64_t step) {
     if (eval_set.empty()) return;
     auto t = Clock::now();
-    sum.eval = evaluate_addition(model, eval_set, int(cfg.max_digits));
+    AgreeFn agree;
+    if (dist->distributed())
+      agree = [&](bool done) {  // the minimum over ranks: stop only when every rank is done
+        Tensor f = Tensor::empty({1}, DType::I32);
+        f.data<int32_t>()[0] = done ? 1 : 0;
+        Tensor d = f.to(device);
+        dist->world()->all_reduce(d, comm::ReduceOp::Min)->wait();
+        device_mem::synchronize(device);
+        return d.to(Device::CPU).data<int32_t>()[0] != 0;
+      };
+    sum.eval = evaluate_addition(model, eval_set, int(cfg.max_digits), agree);
     sum.evaluated = true;
     if (!lead) return;
     log_info("eval @ step ", step, ": exact-match ", sum.eval.exact_match(), "% (", sum.eval.correct, "/",

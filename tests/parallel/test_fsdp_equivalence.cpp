@@ -215,6 +215,28 @@ TEST(FsdpTrain, BroadcastLoadingEqualsMappedLoading) {
   }
 }
 
+// Greedy evaluation runs forwards (with their gathers) until every sequence ends: the ranks agree on
+// when to stop, and the exact-match result is the one-process result.
+TEST(FsdpTrain, EvaluationUnderLaunchEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  auto cmd = [&](const std::string& dir) {
+    return " train --device cpu --model tiny --steps 4 --warmup-steps 1 --micro-batch-size 4 --seq-len 32"
+           " --eval-problems 12 --out-dir " + dir;
+  };
+  ShellRun one = sh(kBin + cmd(tmp("eval1")));
+  ASSERT_EQ(one.code, 0) << one.out;
+  ShellRun two = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval2")));
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto summary = [](const std::string& out) {  // "tiny: loss a -> b, exact-match p% on n held-out problems"
+    size_t e = out.find(" held-out problems");
+    if (e == std::string::npos) return std::string();
+    size_t b = out.rfind("tiny: loss", e);
+    return b == std::string::npos ? std::string() : out.substr(b, e - b);
+  };
+  ASSERT_FALSE(summary(one.out).empty()) << one.out;
+  EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
+}
+
 TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string dir = tmp("inf");
