@@ -227,10 +227,9 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.hh = A.alloc({Rr, F}, act_);
       a.yp = A.alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      moe::Combined c = dispatcher->combine(pl, a.yp, a.wts);
-      a.ys = c.ys_SD;
-      if (c.y_TD.dtype() == out.dtype()) out.copy_from(c.y_TD);
-      else ops::copy_cast(c.y_TD, out);
+      // The combine's phases, finishing straight into the f32 residual-stream output.
+      a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
+      dispatcher->combine_finish(pl, a.ys, a.wts, out);
     } else {
       a.xp = A.alloc({R, D}, act_);
       ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);

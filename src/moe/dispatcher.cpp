@@ -335,14 +335,19 @@ Tensor ExpertDispatcher::combine_comm(const DispatchPlan& plan, const Tensor& yb
 }
 
 Tensor ExpertDispatcher::combine_finish(const DispatchPlan& plan, const Tensor& ys_SD, const Tensor& w_TK) const {
+  Tensor y = Tensor::empty({plan.T, ys_SD.size(1)}, ys_SD.dtype(), ys_SD.device());
+  combine_finish(plan, ys_SD, w_TK, y);
+  return y;
+}
+
+void ExpertDispatcher::combine_finish(const DispatchPlan& plan, const Tensor& ys_SD, const Tensor& w_TK,
+                                      Tensor& y_TD) const {
   const int64_t S1 = plan.rows_sent + (plan.has_drops() ? 1 : 0);
   if (ys_SD.dim() != 2 || ys_SD.size(0) != S1)
     MT_THROW("ExpertDispatcher::combine: ys_SD is ", ys_SD.desc(), "; expected [", S1, ", D]");
   if (w_TK.shape() != Shape{plan.T, plan.K} || w_TK.dtype() != DType::F32)
     MT_THROW("ExpertDispatcher::combine: w_TK is ", w_TK.desc(), "; expected f32 [", plan.T, ", ", plan.K, "]");
-  Tensor y = Tensor::empty({plan.T, ys_SD.size(1)}, ys_SD.dtype(), ys_SD.device());
-  ops::unpermute_fwd(ys_SD, plan.row_of_assign_TK, w_TK, y);
-  return y;
+  ops::unpermute_fwd(ys_SD, plan.row_of_assign_TK, w_TK, y_TD);
 }
 
 Combined ExpertDispatcher::combine(const DispatchPlan& plan, const Tensor& yr_RD, const Tensor& w_TK) {

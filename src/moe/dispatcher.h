@@ -120,6 +120,9 @@ class ExpertDispatcher {
   Tensor combine_prepare(const DispatchPlan& plan, const Tensor& yr_RD) const;
   Tensor combine_comm(const DispatchPlan& plan, const Tensor& yb_RD);
   Tensor combine_finish(const DispatchPlan& plan, const Tensor& ys_SD, const Tensor& w_TK) const;
+  // The same into the caller's y_TD, which may be f32 while ys is bf16 (the model's f32 residual
+  // stream: the weighted sum is not rounded to bf16 first).
+  void combine_finish(const DispatchPlan& plan, const Tensor& ys_SD, const Tensor& w_TK, Tensor& y_TD) const;
 
  private:
   // Expert-major rows -> recv order (the inverse regroup), shared by combine and dispatch_bwd.
