@@ -210,6 +210,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
         // Expert parallelism: the one routing decision across ranks (counts exchanged), kept for the
         // backward and any recompute.
         a.ep_plan = std::make_shared<moe::DispatchPlan>(dispatcher->prepare(a.idx, a.wts));
+        dropped_assignments += a.ep_plan->n_dropped;
       } else {
         a.offsets = keep_.alloc({E + 1}, DType::I64);
         a.assign_of_row = keep_.alloc({R}, DType::I32);

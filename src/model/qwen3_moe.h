@@ -90,6 +90,9 @@ class Qwen3MoeModel {
   // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
   // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
   moe::ExpertDispatcher* dispatcher = nullptr;
+  // Assignments this rank's forwards dropped at the experts' capacity (dispatcher with a capacity
+  // factor); the caller resets it.
+  int64_t dropped_assignments = 0;
   // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
   // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
   // the aux loss is the one of the global batch. Called once per micro-batch between the forward and

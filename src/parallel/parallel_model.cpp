@@ -3,8 +3,17 @@
 namespace mt {
 
 ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const ParamTable& t, Device device,
-                                  FsdpOptions opt) {
+                                  FsdpOptions opt, double capacity_factor) {
   ParallelModel pm;
+  if (capacity_factor < 0) MT_THROW("capacity factor ", capacity_factor, " must be >= 0 (0 = dropless)");
+  moe::DispatcherOptions dopt;
+  dopt.capacity_factor = capacity_factor;
+  const bool ep = dist.distributed() && dist.mesh().size(Axis::Ep) > 1;
+  if (capacity_factor > 0 && !ep) {
+    pm.self_store = comm::make_memory_store();
+    pm.self_comm = comm::make_world(device, 0, 1, *pm.self_store, comm::CommOptions{});
+    pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*pm.self_comm, c.num_experts, dopt);
+  }
   if (!dist.distributed()) return pm;
   const DeviceMesh& m = dist.mesh();
   if (m.size(Axis::Tp) > 1 || m.size(Axis::Sp) > 1)
@@ -14,7 +23,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
     m.check_experts(int(c.num_experts));
     eg.ep = dist.ep();
     eg.expert_shard = dist.expert_dp();
-    pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts);
+    pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts, dopt);
   }
   pm.fsdp = std::make_unique<FsdpParams>(c, t, device, *dist.dp_shard(), dist.dp_replicate(), opt, eg);
   return pm;

@@ -144,6 +144,9 @@ const std::vector<Field>& fields() {
        "multi-rank loading: mmap (each rank reads its own slices) | broadcast (rank 0 reads, large buckets) | "
        "auto (broadcast only when some rank cannot see the files)",
        [](const TrainConfig& c) { return one_of(c.load_mode, {"auto", "mmap", "broadcast"}); }},
+      {"moe_capacity_factor", &TrainConfig::moe_capacity_factor,
+       "0 = dropless; > 0: each expert takes at most ceil(T K / E x factor) assignments per rank, lowest weights dropped",
+       [](const TrainConfig& c) { return c.moe_capacity_factor < 0 ? std::string("must be >= 0 (0 = dropless)") : ""; }},
       {"ep", &TrainConfig::ep, "expert parallelism: experts split over ep ranks (tokens move by all-to-all)",
        [](const TrainConfig& c) { return c.ep < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,

@@ -103,7 +103,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   FsdpOptions fo;
   fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
   fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
-  ParallelModel pm = make_parallel_model(*dist, mc, table, device, fo);
+  ParallelModel pm = make_parallel_model(*dist, mc, table, device, fo, cfg.moe_capacity_factor);
   FsdpParams* fsdp = pm.fsdp.get();
   Qwen3MoeModel model(mc, device, fsdp);
   model.recompute = parse_recompute(cfg.recompute);
@@ -270,6 +270,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
     if (fsdp) fsdp->zero_grads();  // the local shards: the reduced unit gradients are added into them
     double ce_sum = 0, aux_sum = 0, z_sum = 0;
+    model.dropped_assignments = 0;
     // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
     model.z_loss_scale = n_sparse > 0 ? cfg.router_z_loss_coef / double(tokens * n_sparse) : 0.0;
     model.reset_expert_load();
@@ -379,6 +380,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"peak_rss_bytes", peak_rss_bytes()},
                      {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
                      {"gpu_bytes_in_use", device_mem::cuda_bytes_in_use()},
+                     {"moe_dropped_rank0", model.dropped_assignments},
                      {"elapsed_s", elapsed}};
     if (n_sparse > 0) {
       j["experts"] = {{"min", ls.min},           {"max", ls.max},       {"mean", ls.mean},

@@ -237,6 +237,37 @@ TEST(FsdpTrain, EvaluationUnderLaunchEqualsOneProcess) {
   EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
 }
 
+// The capacity factor: a capacity no expert reaches changes nothing (bit-identical losses, nothing
+// dropped); a tight one drops assignments (counted) and still trains, in one process and under ep 2.
+TEST(MoeCapacity, LargeCapacityIsDroplessTightCapacityDrops) {
+  MT_SKIP_WITHOUT_GLOO();
+  auto cmd = [&](const std::string& dir) {
+    return " train --device cpu --model tiny --steps 3 --warmup-steps 1 --micro-batch-size 4 --seq-len 32"
+           " --eval-problems 0 --out-dir " + dir;
+  };
+  const std::string a = tmp("cap_none"), b = tmp("cap_large"), c = tmp("cap_tight"), d = tmp("cap_ep");
+  for (auto [dir, extra] : std::vector<std::pair<std::string, std::string>>{
+           {a, ""}, {b, " --moe-capacity-factor 1000"}, {c, " --moe-capacity-factor 0.5"}}) {
+    ShellRun r = sh(kBin + cmd(dir) + extra);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  ShellRun e = sh(kBin + " launch --nproc-per-node 2 --" + cmd(d) + " --ep 2 --moe-capacity-factor 0.5");
+  ASSERT_EQ(e.code, 0) << e.out;
+  auto ma = test::read_step_metrics(a + "/metrics.jsonl"), mb = test::read_step_metrics(b + "/metrics.jsonl"),
+       mc = test::read_step_metrics(c + "/metrics.jsonl"), md = test::read_step_metrics(d + "/metrics.jsonl");
+  ASSERT_EQ(mb.size(), 3u);
+  ASSERT_EQ(mc.size(), 3u);
+  ASSERT_EQ(md.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(mb[i]["moe_dropped_rank0"].get<int64_t>(), 0);
+    EXPECT_GT(mc[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;
+    EXPECT_GT(md[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(mc[i]["loss"].get<double>()));
+  }
+  EXPECT_NE(ma[0]["loss"].get<double>(), mc[0]["loss"].get<double>());
+}
+
 TEST(FsdpTrain, InfOnOneRankMakesEveryRankSkip) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string dir = tmp("inf");
