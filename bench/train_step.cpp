@@ -163,14 +163,9 @@ int main(int argc, char** argv) {
       if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
       OptimStepResult r = opt.step(master, grads, 1e-4, compute, global_sq);
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
-        Tensor mine = Tensor::empty({2});
-        mine.data<float>()[0] = float(lp.ce_sum);
-        mine.data<float>()[1] = float(lp.ce_sum - double(float(lp.ce_sum)));
-        Tensor d = mine.to(dev), g = Tensor::empty({2 * dist->world_size()}, DType::F32, dev);
-        dist->world()->all_gather(d, g)->wait();
-        Tensor h = g.to(Device::CPU);
+        const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;
-        for (int i = 0; i < dist->world_size(); ++i) lp.ce_sum += double(h.data<float>()[2 * i]) + h.data<float>()[2 * i + 1];
+        for (double v : all) lp.ce_sum += v;
       }
       device_mem::synchronize(dev);
       losses.push_back(lp.ce_sum / double(targets));

@@ -624,4 +624,20 @@ std::unique_ptr<Communicator> make_world(Device device, int rank, int size, Stor
   return detail::make_gloo_comm(rank, size, "world", store, prefix, opt);
 }
 
+std::vector<double> all_gather_doubles(Communicator& c, const std::vector<double>& mine) {
+  const int64_t n = int64_t(mine.size());
+  Tensor v = Tensor::empty({2 * n});
+  for (int64_t i = 0; i < n; ++i) {
+    v.data<float>()[2 * i] = float(mine[size_t(i)]);
+    v.data<float>()[2 * i + 1] = float(mine[size_t(i)] - double(float(mine[size_t(i)])));
+  }
+  Tensor d = v.to(c.device()), all = Tensor::empty({2 * n * c.size()}, DType::F32, c.device());
+  c.all_gather(d, all)->wait();
+  device_mem::synchronize(c.device());
+  Tensor h = all.to(Device::CPU);
+  std::vector<double> out(size_t(n * c.size()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = double(h.data<float>()[2 * i]) + double(h.data<float>()[2 * i + 1]);
+  return out;
+}
+
 }  // namespace mt::comm

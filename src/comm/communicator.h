@@ -188,6 +188,12 @@ std::unique_ptr<Communicator> make_world(Device device, int rank, int size, Stor
 // Whether this build has the multi-rank CPU backend (Gloo).
 bool have_gloo();
 
+// Every rank's `mine` (the same count on every rank), exactly: each double travels as two floats (its
+// value and the rounding remainder) in one f32 all_gather on the communicator's device. Returns
+// size() × mine.size() doubles, rank-major, identical on every rank, so that sums taken from it in
+// rank order are the same value everywhere (a NaN or inf on one rank reaches all). Collective.
+std::vector<double> all_gather_doubles(Communicator& c, const std::vector<double>& mine);
+
 // Aborts every registered communicator when one collective stays in flight longer than the
 // timeout, and reports per rank (stderr and the store, key "watchdog/<rank>") the last collective
 // issued and completed. After the abort the main thread has `grace` to react (throw, unwind and

@@ -307,19 +307,10 @@ void FsdpParams::check_grads_complete() const {
 
 double FsdpParams::global_grad_sq() {
   check_grads_complete();
-  const double local = ops::sum_squares(grads_);
-  // Each rank's sum travels as two floats (value and rounding remainder), and every rank adds all of
-  // them in double in rank order: the same value on every rank, to about double precision. A NaN or
+  // Every rank adds all ranks' sums in double in rank order: the same value on every rank. A NaN or
   // inf on any rank reaches every rank, so all of them skip the step together.
-  Tensor v = Tensor::empty({2});
-  v.data<float>()[0] = float(local);
-  v.data<float>()[1] = float(local - double(float(local)));
-  Tensor d = v.to(device_), all = Tensor::empty({2 * shard_.size()}, DType::F32, device_);
-  shard_.all_gather(d, all)->wait();
-  device_mem::synchronize(device_);
-  Tensor h = all.to(Device::CPU);
   double sum = 0;
-  for (int r = 0; r < shard_.size(); ++r) sum += double(h.data<float>()[2 * r]) + double(h.data<float>()[2 * r + 1]);
+  for (double v : comm::all_gather_doubles(shard_, {ops::sum_squares(grads_)})) sum += v;
   return sum;
 }
 

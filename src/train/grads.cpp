@@ -67,12 +67,8 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (dp_size > 1) {
     all_logits = Tensor::empty({B * S, cfg.vocab_size});
     dist->dp()->all_gather(logits, all_logits)->wait();  // dp rank order is row order
-    Tensor ce = Tensor::empty({2 * dp_size}), mine = Tensor::empty({2});
-    mine.data<float>()[0] = float(lp.ce_sum);
-    mine.data<float>()[1] = float(lp.ce_sum - double(float(lp.ce_sum)));
-    dist->dp()->all_gather(mine, ce)->wait();
     ce_sum = 0;
-    for (int r = 0; r < dp_size; ++r) ce_sum += double(ce.data<float>()[2 * r]) + double(ce.data<float>()[2 * r + 1]);
+    for (double v : comm::all_gather_doubles(*dist->dp(), {lp.ce_sum})) ce_sum += v;
   }
   // Full gradients: gathered one parameter at a time (every rank takes part), written by rank 0.
   Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();

@@ -324,27 +324,18 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (dist->distributed()) {
       comm_s = fsdp ? fsdp->take_comm_seconds() : 0;
       const double peak = double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
-      constexpr int kVals = 6;
-      Tensor mine = Tensor::empty({kVals});
-      mine.data<float>()[0] = float(ce_sum);
-      mine.data<float>()[1] = float(ce_sum - double(float(ce_sum)));
-      mine.data<float>()[2] = float(comm_s);
-      mine.data<float>()[3] = float(peak / 1e6);
-      mine.data<float>()[4] = float(z_sum);
-      mine.data<float>()[5] = float(z_sum - double(float(z_sum)));
-      Tensor dev = mine.to(device), all = Tensor::empty({kVals * dist->world_size()}, DType::F32, device);
-      dist->world()->all_gather(dev, all)->wait();
-      Tensor h = all.to(Device::CPU);
+      constexpr size_t kVals = 4;  // ce sum, z sum, communication wait, peak bytes
+      const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {ce_sum, z_sum, comm_s, peak});
       ce_sum = 0;
       z_sum = 0;
       for (int r = 0; r < dist->world_size(); ++r) {
-        const float* v = h.data<float>() + kVals * r;
+        const double* v = all.data() + kVals * size_t(r);
         if (dist->mesh().coord(Axis::Tp, r) == 0 && dist->mesh().coord(Axis::Sp, r) == 0) {
-          ce_sum += double(v[0]) + double(v[1]);
-          z_sum += double(v[4]) + double(v[5]);
+          ce_sum += v[0];
+          z_sum += v[1];
         }
-        comm_max = std::max(comm_max, double(v[2]));
-        peak_max = std::max(peak_max, double(v[3]) * 1e6);
+        comm_max = std::max(comm_max, v[2]);
+        peak_max = std::max(peak_max, v[3]);
       }
       if ((step + 1) % cfg.schedule_check_every == 0) dist->check_schedules();
     }
