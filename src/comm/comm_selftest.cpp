@@ -47,22 +47,6 @@ double value_of(DType dt, int r, int64_t i) {
   return double(r * 1000 + i % 1000);
 }
 
-Tensor host_filled(DType dt, int64_t n, const std::function<double(int64_t)>& f) {
-  Tensor t = Tensor::empty({n}, dt);
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(t.raw());
-    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(f(i));
-  });
-  return t;
-}
-
-double host_at(const Tensor& t, int64_t i) {
-  return dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return to_double(static_cast<const T*>(t.raw())[i]);
-  });
-}
 
 struct Checker {
   int rank;
@@ -74,7 +58,7 @@ struct Checker {
     ++checks;
     int64_t bad = 0;
     auto one = [&](int64_t i) {
-      double got = host_at(h, i), w = want(i);
+      double got = host_value_at(h, i), w = want(i);
       if (got != w) {
         if (bad < 3)
           std::fprintf(stderr, "rank %d: %s: element %lld is %g, expected %g\n", rank, what.c_str(), (long long)i, got,
@@ -111,7 +95,7 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
   const DType dtypes[] = {DType::F32, DType::BF16, DType::I32, DType::I64};
   for (DType dt : dtypes) {
     for (int64_t count : {int64_t(0), int64_t(1), int64_t(1000), int64_t(65537)}) {
-      Tensor in = on(dev, host_filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
+      Tensor in = on(dev, host_tensor_from(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
       Tensor out = Tensor::zeros({n * count}, dt, dev);
       c.all_gather(in, out)->wait();
       ck.expect(
@@ -120,14 +104,14 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
     }
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
       for (int64_t count : {int64_t(0), int64_t(1001)}) {
-        Tensor t = on(dev, host_filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
+        Tensor t = on(dev, host_tensor_from(dt, count, [&](int64_t i) { return value_of(dt, r, i); }));
         c.all_reduce(t, op)->wait();
         ck.expect(
             t, [&](int64_t i) { return reduced(dt, op, n, i); },
             str("all_reduce(", reduce_op_name(op), ") ", dtype_name(dt), " x ", count));
       }
       for (int64_t block : {int64_t(0), int64_t(1), int64_t(777)}) {
-        Tensor in = on(dev, host_filled(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); }));
+        Tensor in = on(dev, host_tensor_from(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); }));
         Tensor out = Tensor::zeros({block}, dt, dev);
         c.reduce_scatter(in, out, op)->wait();
         ck.expect(
@@ -136,7 +120,7 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
       }
     }
     for (int root = 0; root < n; ++root) {
-      Tensor t = on(dev, host_filled(dt, 513, [&](int64_t i) { return value_of(dt, r, i); }));
+      Tensor t = on(dev, host_tensor_from(dt, 513, [&](int64_t i) { return value_of(dt, r, i); }));
       c.broadcast(t, root)->wait();
       ck.expect(
           t, [&](int64_t i) { return value_of(dt, root, i); }, str("broadcast ", dtype_name(dt), " root ", root));
@@ -158,7 +142,7 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
     std::vector<double> in_vals;
     for (int d = 0; d < n; ++d)
       for (int64_t k = 0; k < cnt(r, d); ++k) in_vals.push_back(value_of(dt, r, k));
-    Tensor in = on(dev, host_filled(dt, total_in, [&](int64_t i) { return in_vals[size_t(i)]; }));
+    Tensor in = on(dev, host_tensor_from(dt, total_in, [&](int64_t i) { return in_vals[size_t(i)]; }));
     Tensor out = Tensor::zeros({int64_t(want.size())}, dt, dev);
     c.all_to_all_v(in, send, out, recv)->wait();
     ck.expect(
@@ -167,7 +151,7 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
   if (n > 1) {
     // Sends complete only when the peer receives, so even ranks send first, odd ranks receive first.
     int next = (r + 1) % n, prev = (r + n - 1) % n;
-    Tensor mine = on(dev, host_filled(DType::F32, 4099, [&](int64_t i) { return value_of(DType::F32, r, i); }));
+    Tensor mine = on(dev, host_tensor_from(DType::F32, 4099, [&](int64_t i) { return value_of(DType::F32, r, i); }));
     Tensor got = Tensor::zeros({4099}, DType::F32, dev);
     if (r % 2 == 0) {
       c.send(mine, next);
@@ -185,7 +169,7 @@ void check_collectives(Communicator& c, Device dev, Checker& ck) {
   std::vector<int> members;
   for (int q = n - 1; q >= 0; --q)
     if (q % 2 == r % 2) members.push_back(q);
-  Tensor in = on(dev, host_filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
+  Tensor in = on(dev, host_tensor_from(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
   Tensor out = Tensor::zeros({g->size() * 3}, DType::F32, dev);
   g->all_gather(in, out)->wait();
   ck.expect(
@@ -237,7 +221,7 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     // all_gather, bf16 (FSDP's parameter gather): `bytes` of output.
     DType dt = DType::BF16;
     int64_t total = bytes / 2, block = total / n;
-    Tensor in = on(dev, host_filled(dt, block, [&](int64_t i) { return value_of(dt, r, i); }));
+    Tensor in = on(dev, host_tensor_from(dt, block, [&](int64_t i) { return value_of(dt, r, i); }));
     Tensor out = Tensor::zeros({total}, dt, dev);
     c.all_gather(in, out)->wait();
     auto s = sample(total);
@@ -250,7 +234,7 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     // reduce_scatter, f32 (FSDP's gradient reduction): `bytes` of input.
     DType dt = DType::F32;
     int64_t total = bytes / 4, block = total / n;
-    Tensor in = on(dev, host_filled(dt, total, [&](int64_t i) { return double(r + i % 7); }));
+    Tensor in = on(dev, host_tensor_from(dt, total, [&](int64_t i) { return double(r + i % 7); }));
     Tensor out = Tensor::zeros({block}, dt, dev);
     c.reduce_scatter(in, out)->wait();
     std::vector<int64_t> s;

@@ -117,6 +117,24 @@ std::string Tensor::desc() const {
   return str(dtype_name(dtype_), shape_str(shape_), " ", device_name(device_));
 }
 
+Tensor host_tensor_from(DType dtype, int64_t n, const std::function<double(int64_t)>& f) {
+  Tensor t = Tensor::empty({n}, dtype);
+  dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* p = static_cast<T*>(t.raw());
+    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(f(i));
+  });
+  return t;
+}
+
+double host_value_at(const Tensor& t, int64_t i) {
+  MT_CHECK(t.is_cpu() && i >= 0 && i < t.numel(), "host_value_at(", i, ") of ", t.desc());
+  return dispatch_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return to_double(static_cast<const T*>(t.raw())[i]);
+  });
+}
+
 void check_shape(const Tensor& t, const Shape& want, const char* what) {
   MT_CHECK(t.shape() == want, what, " has shape ", shape_str(t.shape()), ", expected ", shape_str(want));
 }

@@ -4,6 +4,7 @@
 // or mapped from a file; the tensor does not care which.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -84,6 +85,11 @@ T* Tensor::data() const {
   }
   return static_cast<T*>(data_);
 }
+
+// Host tensors of any dtype by value, for self-describing test data: element i = f(i) converted to
+// dtype (integers by value, bf16/f16 rounded), and element i read back as a double.
+Tensor host_tensor_from(DType dtype, int64_t n, const std::function<double(int64_t)>& f);
+double host_value_at(const Tensor& t, int64_t i);
 
 // Argument checks used by ops: shape, dtype, device, with the tensor's role in the message.
 void check_shape(const Tensor& t, const Shape& want, const char* what);

@@ -23,29 +23,13 @@ double value_of(DType dt, int r, int64_t i) {
   return double(r * 1000 + i);
 }
 
-Tensor filled(DType dt, int64_t n, const std::function<double(int64_t)>& f) {
-  Tensor t = Tensor::empty({n}, dt);
-  dispatch_dtype(dt, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* p = static_cast<T*>(t.raw());
-    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(f(i));
-  });
-  return t;
-}
-
-double at(const Tensor& t, int64_t i) {
-  return dispatch_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    return to_double(static_cast<const T*>(t.raw())[i]);
-  });
-}
 
 // Compares t[i] with want(i) for every i; reports the first few mismatches with their place.
 void expect_values(const Tensor& t, const std::function<double(int64_t)>& want, const std::string& what) {
   int bad = 0;
   for (int64_t i = 0; i < t.numel() && bad < 5; ++i) {
-    if (at(t, i) != want(i)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << at(t, i) << ", expected " << want(i);
+    if (host_value_at(t, i) != want(i)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << host_value_at(t, i) << ", expected " << want(i);
       ++bad;
     }
   }
@@ -74,7 +58,7 @@ TEST_P(GlooCollectives, AllGather) {
         EXPECT_EQ(c.size(), n);
         for (DType dt : kAllDTypes) {
           for (int64_t count : {int64_t(0), int64_t(1), int64_t(5), int64_t(4099)}) {
-            Tensor in = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
+            Tensor in = host_tensor_from(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
             Tensor out = Tensor::zeros({n * count}, dt);
             c.all_gather(in, out)->wait();
             expect_values(
@@ -85,7 +69,7 @@ TEST_P(GlooCollectives, AllGather) {
         // In place: the input is this rank's block of the output.
         Tensor out = Tensor::zeros({n * 3}, DType::F32);
         Tensor mine = out.rows(r * 3, 3);
-        mine.copy_from(filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
+        mine.copy_from(host_tensor_from(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); }));
         c.all_gather(mine, out);
         expect_values(
             out, [&](int64_t j) { return value_of(DType::F32, int(j / 3), j % 3); }, "in-place all_gather");
@@ -114,7 +98,7 @@ TEST_P(GlooCollectives, AllReduce) {
         for (DType dt : kAllDTypes)
           for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
             for (int64_t count : {int64_t(0), int64_t(1), int64_t(3), int64_t(1000)}) {
-              Tensor t = filled(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
+              Tensor t = host_tensor_from(dt, count, [&](int64_t i) { return value_of(dt, r, i); });
               c.all_reduce(t, op)->wait();
               expect_values(
                   t, [&](int64_t i) { return reduced(dt, op, n, i); },
@@ -134,7 +118,7 @@ TEST_P(GlooCollectives, ReduceScatter) {
           for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min})
             // Block sizes that do and do not divide into Gloo's power-of-two chunks.
             for (int64_t block : {int64_t(0), int64_t(1), int64_t(7), int64_t(1024), int64_t(3001)}) {
-              Tensor in = filled(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); });
+              Tensor in = host_tensor_from(dt, n * block, [&](int64_t i) { return value_of(dt, r, i); });
               Tensor out = Tensor::zeros({block}, dt);
               c.reduce_scatter(in, out, op)->wait();
               expect_values(
@@ -153,7 +137,7 @@ TEST_P(GlooCollectives, BroadcastFromEveryRoot) {
       [&](int r, Communicator& c) {
         for (DType dt : kAllDTypes)
           for (int root = 0; root < n; ++root) {
-            Tensor t = filled(dt, 777, [&](int64_t i) { return value_of(dt, r, i); });
+            Tensor t = host_tensor_from(dt, 777, [&](int64_t i) { return value_of(dt, r, i); });
             c.broadcast(t, root)->wait();
             expect_values(
                 t, [&](int64_t i) { return value_of(dt, root, i); },
@@ -190,7 +174,7 @@ TEST_P(GlooCollectives, AllToAllVWithZeroCounts) {
             for (auto* v : {&in_vals, &want})
               for (double& x : *v) x = std::floor(x / 10000) * 8 + std::fmod(x, 100);
           }
-          Tensor in = filled(dt, int64_t(in_vals.size()), [&](int64_t i) { return in_vals[size_t(i)]; });
+          Tensor in = host_tensor_from(dt, int64_t(in_vals.size()), [&](int64_t i) { return in_vals[size_t(i)]; });
           Tensor out = Tensor::zeros({int64_t(want.size())}, dt);
           c.all_to_all_v(in, send, out, recv)->wait();
           expect_values(
@@ -213,7 +197,7 @@ TEST_P(GlooCollectives, SendRecvRingAndBarrier) {
       [&](int r, Communicator& c) {
         // Sends block until the peer receives, so even ranks send first and odd ranks receive first.
         int next = (r + 1) % n, prev = (r + n - 1) % n;
-        Tensor out = filled(DType::F32, 100, [&](int64_t i) { return value_of(DType::F32, r, i); });
+        Tensor out = host_tensor_from(DType::F32, 100, [&](int64_t i) { return value_of(DType::F32, r, i); });
         Tensor in = Tensor::zeros({100});
         for (int round = 0; round < 3; ++round) {
           if (r % 2 == 0) {
@@ -270,7 +254,7 @@ TEST(GlooSplit, FourRanksIntoTwoGroupsByColorOrderedByKey) {
     EXPECT_EQ(g->size(), 2);
     EXPECT_EQ(g->rank(), r >= 2 ? 0 : 1);
     EXPECT_STREQ(g->backend(), "gloo");
-    Tensor in = filled(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); });
+    Tensor in = host_tensor_from(DType::F32, 3, [&](int64_t i) { return value_of(DType::F32, r, i); });
     Tensor out = Tensor::zeros({6});
     g->all_gather(in, out);
     int first = r % 2 + 2, second = r % 2;  // world ranks of group ranks 0 and 1
