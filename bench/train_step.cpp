@@ -126,20 +126,11 @@ int main(int argc, char** argv) {
     Qwen3MoeModel m(mc, dev, fsdp);
     pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
-    Tensor& master = fsdp ? fsdp->params() : m.params();
-    Tensor& grads = fsdp ? fsdp->grads() : m.grads();
-    Tensor* compute = fsdp ? fsdp->compute_params() : m.compute_params();
-    if (fsdp) {
-      Tensor host = Tensor::zeros({fsdp->local_numel()});
-      init_weights_ranges(mc, table, fsdp->owned_pieces(), host, 1);
-      master.copy_from(host.to(dev));
-      fsdp->refresh_compute_weights();
-    } else {
-      Tensor host = Tensor::zeros({table.total()});
-      init_weights(mc, table, host, 1);
-      master.copy_from(host.to(dev));
-      m.refresh_compute_weights();
-    }
+    Tensor& master = pm.master(m);
+    Tensor& grads = pm.grads(m);
+    Tensor* compute = pm.compute(m);
+    pm.init_weights(m, table, 1);
+    pm.refresh_compute_weights(m);
     AdamWConfig oc;
     AdamW opt(master.numel(), dev, oc);
     double init_s = secs(t_init);
@@ -159,9 +150,7 @@ int main(int argc, char** argv) {
       if (fsdp) fsdp->zero_grads();
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      std::function<double()> global_sq;
-      if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
-      OptimStepResult r = opt.step(master, grads, 1e-4, compute, global_sq);
+      OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;

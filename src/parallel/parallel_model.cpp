@@ -29,6 +29,19 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   return pm;
 }
 
+void ParallelModel::init_weights(Qwen3MoeModel& m, const ParamTable& t, uint64_t seed) const {
+  Tensor& dst = master(m);
+  Tensor host = Tensor::zeros({dst.numel()});
+  init_weights_ranges(m.config(), t, pieces(t), host, seed);
+  dst.copy_from(host.to(dst.device()));
+}
+
+std::function<double()> ParallelModel::global_grad_sq() const {
+  if (!fsdp) return {};
+  FsdpParams* f = fsdp.get();
+  return [f] { return f->global_grad_sq(); };
+}
+
 void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
   model.dispatcher = dispatcher.get();
   if (!dist.distributed() || !model.aux_enabled()) return;

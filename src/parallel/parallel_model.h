@@ -20,6 +20,25 @@ struct ParallelModel {
   // Connects a model built on `fsdp` to the dispatcher and to the data-parallel statistics
   // (aux-loss counts summed over the ranks that hold other samples).
   void attach(Qwen3MoeModel& model, DistContext& dist) const;
+
+  // This rank's parameter buffers, whether the model holds them all (one process) or FSDP shards
+  // them: f32 masters, f32 gradients, the compute copy (null when the masters are read directly),
+  // and the pieces of the flat layout they hold (for init and loading).
+  Tensor& master(Qwen3MoeModel& m) const { return fsdp ? fsdp->params() : m.params(); }
+  Tensor& grads(Qwen3MoeModel& m) const { return fsdp ? fsdp->grads() : m.grads(); }
+  Tensor* compute(Qwen3MoeModel& m) const { return fsdp ? fsdp->compute_params() : m.compute_params(); }
+  std::vector<FlatRange> pieces(const ParamTable& t) const {
+    return fsdp ? fsdp->owned_pieces() : std::vector<FlatRange>{{0, t.total(), 0}};
+  }
+  void refresh_compute_weights(Qwen3MoeModel& m) const {
+    if (fsdp) fsdp->refresh_compute_weights();
+    else m.refresh_compute_weights();
+  }
+  // HF-style random init of this rank's pieces (the values of the full init_weights); the caller
+  // then refreshes the compute copy once, as after loading.
+  void init_weights(Qwen3MoeModel& m, const ParamTable& t, uint64_t seed) const;
+  // The global squared gradient norm for AdamW::step (empty in one process: the local sum).
+  std::function<double()> global_grad_sq() const;
 };
 
 // Validates the layout against the model (experts divisible by ep, ...) and builds the parts.

@@ -35,10 +35,8 @@ GradsResult run_grads(const GradsOptions& opt) {
   Qwen3MoeModel model(cfg, Device::CPU, fsdp);
   pm.attach(model, *dist);
   model.recompute = opt.recompute;
-  LoadReport rep = fsdp ? load_hf_weights_ranges(opt.model_dir, cfg, table, fsdp->owned_pieces(), fsdp->params())
-                        : load_hf_weights(opt.model_dir, cfg, table, model.params());
-  if (fsdp) fsdp->refresh_compute_weights();
-  else model.refresh_compute_weights();
+  LoadReport rep = load_hf_weights_ranges(opt.model_dir, cfg, table, pm.pieces(table), pm.master(model));
+  pm.refresh_compute_weights(model);
   log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes read, ", expert_layout_name(rep.layout),
            " experts) from ", opt.model_dir, " in ", rep.seconds, " s");
 

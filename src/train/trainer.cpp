@@ -117,20 +117,12 @@ TrainSummary run_training(const TrainConfig& cfg) {
       MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
                "); use 0");
   if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
-  Tensor& master = fsdp ? fsdp->params() : model.params();
-  Tensor& grads = fsdp ? fsdp->grads() : model.grads();
-  Tensor* compute = fsdp ? fsdp->compute_params() : model.compute_params();
+  Tensor& master = pm.master(model);
+  Tensor& grads = pm.grads(model);
+  Tensor* compute = pm.compute(model);
   auto t_init = Clock::now();
   if (cfg.init_from.empty()) {
-    if (fsdp) {
-      Tensor host = Tensor::zeros({fsdp->local_numel()});
-      init_weights_ranges(mc, table, fsdp->owned_pieces(), host, uint64_t(cfg.seed));
-      master.copy_from(host.to(device));
-    } else {
-      Tensor host = Tensor::zeros({table.total()});
-      init_weights(mc, table, host, uint64_t(cfg.seed));
-      master.copy_from(host.to(device));
-    }
+    pm.init_weights(model, table, uint64_t(cfg.seed));
     if (dist->distributed())
       log_info("rank ", dist->rank(), ": initialised ", master.numel(), " parameters (its shard) in ",
                seconds_since(t_init), " s");
@@ -141,21 +133,19 @@ TrainSummary run_training(const TrainConfig& cfg) {
                                     (cfg.load_mode == "auto" && !all_ranks_see(cfg.init_from, *dist->world())));
     if (broadcast) {
       const char* bb = std::getenv("MOETRAIN_BROADCAST_BUCKET_BYTES");  // tests: small buckets
-      BroadcastLoadReport rep = load_hf_weights_broadcast(cfg.init_from, mc, table, fsdp->owned_pieces(), master,
+      BroadcastLoadReport rep = load_hf_weights_broadcast(cfg.init_from, mc, table, pm.pieces(table), master,
                                                           *dist->world(), 0,
                                                           bb ? size_t(std::stoull(bb)) : size_t(1) << 30);
       log_info("rank ", dist->rank(), ": loaded its shards from rank 0's broadcast of ", cfg.init_from, ": ",
                rep.buckets, " buckets, ", rep.bytes_broadcast / 1e6, " MB broadcast, ", rep.bytes_read / 1e6,
                " MB read here, in ", rep.seconds, " s");
     } else {
-      LoadReport rep = fsdp ? load_hf_weights_ranges(cfg.init_from, mc, table, fsdp->owned_pieces(), master)
-                            : load_hf_weights(cfg.init_from, mc, table, master);
+      LoadReport rep = load_hf_weights_ranges(cfg.init_from, mc, table, pm.pieces(table), master);
       log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
                " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
     }
   }
-  if (fsdp) fsdp->refresh_compute_weights();
-  else model.refresh_compute_weights();
+  pm.refresh_compute_weights(model);
   if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty()) {
     // Rank 0 reads the bias and every rank receives it (some ranks may not see the files): the
     // routing must be the same function on every rank.
@@ -303,9 +293,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       inf.data<float>()[0] = INFINITY;
       grads.rows(0, 1).copy_from(inf.to(device));
     }
-    std::function<double()> global_sq;
-    if (fsdp) global_sq = [&] { return fsdp->global_grad_sq(); };
-    OptimStepResult os = opt.step(master, grads, lr, compute, global_sq);
+    OptimStepResult os = opt.step(master, grads, lr, compute, pm.global_grad_sq());
     double t_opt = seconds_since(to);
     // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
     // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between
