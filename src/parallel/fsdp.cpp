@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -233,19 +232,6 @@ void FsdpParams::zero_grads() {
 
 void FsdpParams::refresh_compute_weights() {
   if (compute_.raw() != params_.raw()) ops::copy_cast(params_, compute_);
-}
-
-void FsdpParams::load_full(const Tensor& full_host) {
-  MT_CHECK(full_host.is_cpu() && full_host.dtype() == DType::F32, "load_full needs a host f32 buffer, got ",
-           full_host.desc());
-  MT_CHECK(full_host.numel() == units_.back().pieces.back().end, "load_full: ", full_host.numel(),
-           " elements, the model has ", units_.back().pieces.back().end);
-  Tensor local = Tensor::zeros({local_numel_});
-  for (const FlatRange& f : owned_pieces())
-    std::memcpy(local.data<float>() + f.dst_offset, full_host.data<float>() + f.begin,
-                size_t(f.end - f.begin) * sizeof(float));
-  params_.copy_from(local.to(device_));
-  refresh_compute_weights();
 }
 
 Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {

@@ -75,23 +75,17 @@ class FsdpParams final : public ParamSource {
 
   int64_t local_numel() const { return local_numel_; }
   int num_units() const { return int(units_.size()); }
-  const ParamUnit& unit(int u) const { return units_[size_t(u)]; }
-  int64_t chunk(int u) const { return chunk_[size_t(u)]; }
-  int64_t shard_offset(int u) const { return offset_[size_t(u)]; }
   // The unit elements [lo, hi) this rank holds of unit u (empty for pure padding).
   std::pair<int64_t, int64_t> owned_elements(int u) const;
-  int shard_rank() const { return shard_.rank(); }
-  int shard_size() const { return shard_.size(); }
 
   // This rank's pieces of the flat layout and where they sit in the local buffers (for sharded init
   // and sharded loading).
   std::vector<FlatRange> owned_pieces() const;
   // Host seconds spent issuing and waiting for collectives since the last call (then reset).
   double take_comm_seconds();
-  // Fills the local master shard from a full flat buffer (host, f32; e.g. init_weights' output).
-  void load_full(const Tensor& full_host);
-  // The same for elements [begin, end) of the flat layout (inside one piece of one of this rank's
-  // units), moving only that range.
+  // Elements [begin, end) of the flat layout (inside one piece of one of this rank's units), values
+  // or gradients, as a host f32 copy on every rank of the unit's shard group; moves only that range.
+  // Collective over that group.
   Tensor gather_range_host(int64_t begin, int64_t end, bool grads);
   // One whole parameter (its values or gradient), host f32 in its shape, on every rank; under expert
   // parallelism the experts of every ep group. Collective over the shard (and ep) ranks.
