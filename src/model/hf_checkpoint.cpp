@@ -69,8 +69,13 @@ LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const P
 
 LoadReport load_hf_weights_ranges(const std::string& dir, const ModelConfig& c, const ParamTable& table,
                                   const std::vector<FlatRange>& ranges, Tensor& dst) {
+  return load_hf_weights_ranges(CheckpointReader(dir), c, table, ranges, dst);
+}
+
+LoadReport load_hf_weights_ranges(const CheckpointReader& r, const ModelConfig& c, const ParamTable& table,
+                                  const std::vector<FlatRange>& ranges, Tensor& dst) {
   auto t0 = std::chrono::steady_clock::now();
-  CheckpointReader r(dir);
+  const std::string& dir = r.path();
   LoadReport rep;
   rep.layout = detect_expert_layout(r);
   rep.files = r.num_files();

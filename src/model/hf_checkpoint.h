@@ -35,6 +35,9 @@ LoadReport load_hf_weights(const std::string& dir, const ModelConfig& c, const P
 // validated as a whole (missing, extra, mis-shaped tensors). bytes_read counts the bytes read.
 LoadReport load_hf_weights_ranges(const std::string& dir, const ModelConfig& c, const ParamTable& table,
                                   const std::vector<FlatRange>& ranges, Tensor& dst);
+// The same from a checkpoint already opened (callers that load in several passes open it once).
+LoadReport load_hf_weights_ranges(const CheckpointReader& r, const ModelConfig& c, const ParamTable& table,
+                                  const std::vector<FlatRange>& ranges, Tensor& dst);
 
 // HF-named tensors (host f32 copies) of a flat buffer: parameters, gradients or anything laid out
 // by `table`, in `layout`'s naming.

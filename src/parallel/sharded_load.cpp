@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 
 namespace mt {
 
@@ -34,12 +35,14 @@ BroadcastLoadReport load_hf_weights_broadcast(const std::string& dir, const Mode
   Tensor host = Tensor::empty({std::min(bucket, total)});
   Tensor dev = comm.device() == Device::CPU ? host : Tensor::empty({std::min(bucket, total)}, DType::F32, comm.device());
   Tensor dst_host = dst.is_cpu() ? dst : Tensor::zeros({dst.numel()});
+  std::unique_ptr<CheckpointReader> reader;  // the root opens (maps) the checkpoint once
+  if (comm.rank() == root) reader = std::make_unique<CheckpointReader>(dir);
   for (int64_t b = 0; b < total; b += bucket) {
     const int64_t n = std::min(bucket, total - b);
     Tensor hb = host.rows(0, n), db = dev.rows(0, n);
     if (comm.rank() == root) {
       // The root reads (and validates) exactly this range of the flat layout.
-      LoadReport r = load_hf_weights_ranges(dir, c, table, {{b, b + n, 0}}, hb);
+      LoadReport r = load_hf_weights_ranges(*reader, c, table, {{b, b + n, 0}}, hb);
       rep.bytes_read += r.bytes_read;
       if (db.raw() != hb.raw()) db.copy_from(hb);
     }
