@@ -11,6 +11,8 @@ DistContext::DistContext(const MeshSpec& spec, int world) : world_(world), mesh_
 DistContext::~DistContext() {
   // The watchdog goes first so that tearing the communicators down is not reported as a hang.
   watchdog_.reset();
+  expert_dp_reduce_.reset();
+  shard_reduce_.reset();
   expert_dp_.reset();
   ep_.reset();
   dp_.reset();
@@ -42,10 +44,11 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   if (m.size(Axis::Ep) > 1) {
     d->ep_ = d->world_comm_->split(m.group_color(Axis::Ep, r), m.coord(Axis::Ep, r), "ep");
     d->expert_dp_ = d->world_comm_->split(m.group_color(Axis::ExpertDp, r), m.coord(Axis::ExpertDp, r), "expert_dp");
+    d->expert_dp_reduce_ = d->expert_dp_->split(0, d->expert_dp_->rank(), "expert_dp.reduce");
   }
+  d->shard_reduce_ = d->shard_->split(0, d->shard_->rank(), "dp_shard.reduce");
   d->watchdog_ = std::make_unique<comm::Watchdog>(*d->store_, r, opt.comm.timeout);
-  for (comm::Communicator* c : {d->world_comm_.get(), d->shard_.get(), d->replicate_.get(), d->dp_.get(),
-                                d->ep_.get(), d->expert_dp_.get()})
+  for (comm::Communicator* c : d->all_comms())
     if (c) d->watchdog_->watch(c);
   if (r == 0) log_info("dist: ", d->describe(), " (ranks from ", env.source, ")");
   return d;
@@ -64,8 +67,13 @@ void DistContext::finish() {
 }
 
 void DistContext::check_schedules() {
-  for (comm::Communicator* c : {world_comm_.get(), shard_.get(), replicate_.get(), dp_.get(), ep_.get(), expert_dp_.get()})
+  for (comm::Communicator* c : all_comms())
     if (c) c->check_schedule();
+}
+
+std::vector<comm::Communicator*> DistContext::all_comms() {
+  return {world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
+          ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get()};
 }
 
 std::string DistContext::describe() const { return mesh_.describe(); }

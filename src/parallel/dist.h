@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/store.h"
@@ -38,6 +39,11 @@ class DistContext {
   // experts (expert data parallelism). Null when ep = 1.
   comm::Communicator* ep() { return ep_.get(); }
   comm::Communicator* expert_dp() { return expert_dp_.get(); }
+  // Second communicators over the same ranks as dp_shard and expert_dp, for FSDP's gradient
+  // reductions: on CUDA each communicator has its own stream, so the reduce-scatters of one block
+  // run beside the next block's weight all-gathers instead of queueing behind them.
+  comm::Communicator* dp_shard_reduce() { return shard_reduce_.get(); }
+  comm::Communicator* expert_dp_reduce() { return expert_dp_reduce_.get(); }
   int dp_rank() const;
   int dp_size() const;
   // A clean end of a run: a barrier of every rank through the store, so that rank 0 (which serves
@@ -50,10 +56,12 @@ class DistContext {
 
  private:
   DistContext(const MeshSpec& spec, int world);
+  std::vector<comm::Communicator*> all_comms();  // every communicator this rank made (nulls included)
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   DeviceMesh mesh_;
   std::unique_ptr<comm::Store> store_;
-  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_;
+  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_, shard_reduce_,
+      expert_dp_reduce_;
   std::unique_ptr<comm::Watchdog> watchdog_;
 };
 

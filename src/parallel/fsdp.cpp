@@ -55,12 +55,14 @@ std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size
 }
 
 FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg)
+                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg,
+                       const ReduceComms& rc)
     : device_(device),
       shard_(shard),
       replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
       expert_shard_(eg.expert_shard),
       ep_comm_(eg.ep),
+      reduce_(rc),
       opt_(opt),
       plan_(plan_units(c, t, eg.ep ? eg.ep->size() : 1, eg.ep ? eg.ep->rank() : 0)),
       compute_dt_(device == Device::CUDA ? DType::BF16 : DType::F32) {
@@ -89,6 +91,15 @@ comm::Communicator& FsdpParams::comm_of(int u) const {
   return units_[size_t(u)].local_experts ? *expert_shard_ : shard_;
 }
 
+comm::Communicator& FsdpParams::reduce_comm_of(int u) const {
+  comm::Communicator* c = units_[size_t(u)].local_experts ? reduce_.expert_shard : reduce_.shard;
+  if (!c) return comm_of(u);
+  MT_CHECK(c->size() == comm_of(u).size() && c->rank() == comm_of(u).rank(), "unit ", u,
+           ": the reduction communicator (rank ", c->rank(), " of ", c->size(), ") is not over the shard group (rank ",
+           comm_of(u).rank(), " of ", comm_of(u).size(), ")");
+  return *c;
+}
+
 std::pair<int64_t, int64_t> FsdpParams::owned_elements(int u) const {
   const int64_t n = units_[size_t(u)].numel, c = chunk_[size_t(u)];
   const int64_t lo = std::min(n, int64_t(comm_of(u).rank()) * c);
@@ -104,8 +115,9 @@ Tensor FsdpParams::take(int64_t numel, DType dt) {
   return t;
 }
 
-// Reuse is safe without events: on CUDA the next collective into a recycled buffer waits for all
-// compute work queued before it, which includes the last use of the buffer.
+// Reuse is safe without events: on CUDA a buffer comes back only after its last collective's
+// Work::wait() (the compute stream waits for that collective), and every collective, on either the
+// gather or the reduction communicator's stream, first waits for all compute work queued before it.
 void FsdpParams::give(Tensor t) { pool_.emplace(std::make_pair(t.numel(), int(t.dtype())), std::move(t)); }
 
 void FsdpParams::prefetch(int u) {
@@ -172,9 +184,9 @@ void FsdpParams::grads_done(int u) {
       ops::copy_cast(p.full, p.send);
       p.wire = take(p.full.numel(), DType::BF16);
       const std::vector<int64_t> counts(size_t(comm_of(u).size()), chunk_[size_t(u)]);
-      p.work = comm_of(u).all_to_all_v(p.send, counts, p.wire, counts);
+      p.work = reduce_comm_of(u).all_to_all_v(p.send, counts, p.wire, counts);
     } else {
-      p.work = comm_of(u).reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
+      p.work = reduce_comm_of(u).reduce_scatter(p.full, p.part, comm::ReduceOp::Sum);
     }
   }
   pending_.push_back(std::move(p));

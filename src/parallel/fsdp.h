@@ -14,7 +14,8 @@
 // buffer of the full unit; grads_done(u) reduce-scatters it (fp32 sum) into this rank's chunk, then,
 // under HSDP, all-reduces the chunk over dp_replicate, and adds it to the local gradient shard. The
 // add of unit u is deferred until the next grads_done, so that on CUDA the reduce-scatter overlaps
-// the next block's backward; the embedding (the last unit of every backward) flushes everything.
+// the next block's backward (it runs on a second communicator over the same ranks, so it does not
+// queue behind the prefetch all-gathers); the embedding (the last unit of every backward) flushes everything.
 // With grad_sync = LastMicroBatch, unit gradients stay full-size and unsynchronised across
 // micro-batches and are reduced once, in the last one (less communication, full-size f32 grads).
 //
@@ -47,11 +48,20 @@ struct ExpertGroups {
   comm::Communicator* expert_shard = nullptr;
 };
 
+// Communicators over the same ranks as the shard groups (dp_shard, and expert data parallelism),
+// used only for the gradient reductions so that on CUDA they run on a stream of their own beside
+// the weight all-gathers. Null: the reductions share the shard group's communicator.
+struct ReduceComms {
+  comm::Communicator* shard = nullptr;
+  comm::Communicator* expert_shard = nullptr;
+};
+
 class FsdpParams final : public ParamSource {
  public:
   // shard: the dp_shard communicator; replicate: the dp_replicate communicator (null or size 1: FSDP).
   FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-             comm::Communicator* replicate, FsdpOptions opt = {}, const ExpertGroups& eg = {});
+             comm::Communicator* replicate, FsdpOptions opt = {}, const ExpertGroups& eg = {},
+             const ReduceComms& rc = {});
   ~FsdpParams() override;
   const UnitPlan& plan() const override { return plan_; }
 
@@ -100,12 +110,14 @@ class FsdpParams final : public ParamSource {
   void finish_pending(bool all);
 
   comm::Communicator& comm_of(int u) const;  // the ranks unit u is sharded over
+  comm::Communicator& reduce_comm_of(int u) const;  // the same ranks, for its gradient reductions
 
   Device device_;
   comm::Communicator& shard_;
   comm::Communicator* replicate_;
   comm::Communicator* expert_shard_;
   comm::Communicator* ep_comm_;
+  ReduceComms reduce_;
   FsdpOptions opt_;
   UnitPlan plan_;
   std::vector<ParamUnit>& units_ = plan_.units;

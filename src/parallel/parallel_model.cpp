@@ -25,7 +25,8 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
     eg.expert_shard = dist.expert_dp();
     pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts, dopt);
   }
-  pm.fsdp = std::make_unique<FsdpParams>(c, t, device, *dist.dp_shard(), dist.dp_replicate(), opt, eg);
+  ReduceComms rc{dist.dp_shard_reduce(), dist.expert_dp_reduce()};
+  pm.fsdp = std::make_unique<FsdpParams>(c, t, device, *dist.dp_shard(), dist.dp_replicate(), opt, eg, rc);
   return pm;
 }
 
