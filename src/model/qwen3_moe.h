@@ -87,6 +87,10 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
+  // FSDP each is an all-gather started that early, on the communicator's stream, and one more
+  // gathered unit held in memory; 2 lets a gather run over two blocks of compute instead of one.
+  int64_t prefetch_depth = 2;
   // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
   // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
   moe::ExpertDispatcher* dispatcher = nullptr;
