@@ -13,7 +13,6 @@
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
 // first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 2):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
-// --no-prefetch-next: do not gather the next step's first units right after the optimizer.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,7 +80,6 @@ int main(int argc, char** argv) {
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1;
   int64_t prefetch_depth = 2;
-  bool prefetch_next = true;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -103,7 +101,6 @@ int main(int argc, char** argv) {
     else if (a == "--ep") ep = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
-    else if (a == "--no-prefetch-next") prefetch_next = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -159,7 +156,6 @@ int main(int argc, char** argv) {
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
       OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
-      if (fsdp && prefetch_next) m.prefetch_first_units();  // as the trainer does
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;
@@ -218,7 +214,6 @@ int main(int argc, char** argv) {
                      {"world_size", dist->world_size()},
                      {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
                      {"prefetch_depth", prefetch_depth},
-                     {"prefetch_next", prefetch_next},
                      {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},

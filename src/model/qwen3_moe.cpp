@@ -89,20 +89,6 @@ std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
   return u;
 }
 
-// Position l < L of the forward is block l (its units), position L the head.
-void Qwen3MoeModel::prefetch_forward_position(int64_t pos) {
-  const int64_t L = cfg_.num_hidden_layers;
-  if (pos < L)
-    for (int u : block_units(pos)) src_->prefetch(u);
-  else if (pos == L)
-    src_->prefetch(plan_->head);
-}
-
-void Qwen3MoeModel::prefetch_first_units() {
-  src_->prefetch(plan_->embed);
-  for (int64_t p = 0; p < prefetch_depth; ++p) prefetch_forward_position(p);
-}
-
 bool Qwen3MoeModel::aux_enabled() const {
   if (!cfg_.output_router_logits) return false;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
@@ -387,8 +373,13 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   // head (+ 0 when tied); backward head (+ 0 when tied), L..1, then the embedding's gradient.
   const int head = plan_->head, embed = plan_->embed;
   const bool tied = cfg_.tie_word_embeddings;
-  // Units are announced prefetch_depth ahead of their use (see prefetch_forward_position).
-  auto fwd_prefetch = [&](int64_t pos) { prefetch_forward_position(pos); };
+  // Units are announced prefetch_depth ahead of their use: position l < L is block l, L the head.
+  auto fwd_prefetch = [&](int64_t pos) {
+    if (pos < L)
+      for (int u : block_units(pos)) src_->prefetch(u);
+    else if (pos == L)
+      src_->prefetch(head);
+  };
   acquire(embed);
   for (int64_t p = 0; p < prefetch_depth; ++p) fwd_prefetch(p);
   Tensor h = keep_.alloc({T, D}, DType::F32);
