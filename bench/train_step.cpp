@@ -11,7 +11,7 @@
 // draws the same global batch and trains on its rows, and rank 0 prints the line with the global
 // and per-GPU tokens/s and the loss of every step (to compare layouts on the same global batch).
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
-// first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 2):
+// first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
 #include <chrono>
 #include <cmath>
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1;
-  int64_t prefetch_depth = 2;
+  int64_t prefetch_depth = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
