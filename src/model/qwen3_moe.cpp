@@ -89,6 +89,16 @@ std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
   return u;
 }
 
+const Tensor& Qwen3MoeModel::ones_TK() {
+  const Shape want{T_, cfg_.num_experts_per_tok};
+  if (!ones_TK_.defined() || ones_TK_.shape() != want) {
+    Tensor h = Tensor::empty(want);
+    h.fill_(1.0f);
+    ones_TK_ = h.to(device_);
+  }
+  return ones_TK_;
+}
+
 bool Qwen3MoeModel::aux_enabled() const {
   if (!cfg_.output_router_logits) return false;
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
@@ -224,22 +234,25 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // on what arrived, and the outputs come back weighted (one all_to_all_v).
       const moe::DispatchPlan& pl = *a.ep_plan;
       const int64_t Rr = pl.rows_received;
-      a.xp = dispatcher->dispatch(pl, a.xn2);
+      a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, a.xn2, a.wts) : dispatcher->dispatch(pl, a.xn2);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
       a.yp = A.alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
       // The combine's phases, finishing straight into the f32 residual-stream output.
       a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
-      dispatcher->combine_finish(pl, a.ys, a.wts, out);
+      dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK() : a.wts, out);
     } else {
       a.xp = A.alloc({R, D}, act_);
-      ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
+      if (score_before_experts)
+        ops::permute_weighted_fwd(a.xn2, a.row_of_assign, a.wts, a.xp);
+      else
+        ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
       a.gu = A.alloc({R, 2 * F}, act_);
       a.hh = A.alloc({R, F}, act_);
       a.yp = A.alloc({R, D}, act_);
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      ops::unpermute_fwd(a.yp, a.row_of_assign, a.wts, out);
+      ops::unpermute_fwd(a.yp, a.row_of_assign, score_before_experts ? ones_TK() : a.wts, out);
     }
   } else {
     const int64_t I = cfg_.intermediate_size;
@@ -268,19 +281,30 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dwts;
     if (dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
-      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout, a.ys, a.wts);
+      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout, a.ys, score_before_experts ? ones_TK() : a.wts);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
       ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
                        g.experts_gate_up, g.experts_down, acc);
-      dispatcher->dispatch_bwd(pl, dxp, dxn2);
+      if (score_before_experts)
+        dwts = dispatcher->dispatch_weighted_bwd(pl, dxp, a.xn2, a.wts, dxn2);  // the weights' gradient is here
+      else
+        dispatcher->dispatch_bwd(pl, dxp, dxn2);
     } else {
       Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
       dwts = W.alloc({T, K});
-      ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
+      if (score_before_experts) {  // y = sum_k expert_k(w_k x): the output side is unweighted
+        Tensor no_dots;
+        ops::unpermute_bwd(dout, no_dots, a.row_of_assign, ones_TK(), dyp, dwts);
+      } else {
+        ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
+      }
       ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
                        g.experts_down, acc);
-      ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
+      if (score_before_experts)
+        ops::permute_weighted_bwd(dxp, a.xn2, a.row_of_assign, a.wts, dxn2, dwts);
+      else
+        ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
     }
     Tensor dprobs;
     if (aux_scale != 0) {

@@ -87,6 +87,11 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
+  // true: y = sum_k expert_k(w_k x), the order some MoE recipes use. Both are exact in the forward
+  // and the backward (the weights' gradient comes from the expert input side when true). Not a
+  // property of the HF checkpoint: a model trained one way must be evaluated the same way.
+  bool score_before_experts = false;
   // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
   // FSDP each is an all-gather started that early, on the communicator's stream, and one more
   // gathered unit held in memory. Measured on 2 H200s (bench-4L, batch 4 per GPU): 2 gave no gain
@@ -135,6 +140,7 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
   void replay_routing(int64_t l, LayerActs& a);
+  const Tensor& ones_TK();  // f32 [T, K] of ones on the device: unit weights for the output side
   int64_t sparse_index(int64_t l) const;  // position of sparse layer l among the sparse layers
 
   ModelConfig cfg_;
@@ -163,6 +169,7 @@ class Qwen3MoeModel {
   std::vector<Tensor> replay_;
   Tensor zsum_;                      // f32 [1]: this micro-batch's z-loss sum, on the device
   Tensor router_bias_LE_, load_LE_;  // balancing bias and step load, [sparse layers, E]
+  Tensor ones_TK_;
 };
 
 }  // namespace mt

@@ -323,6 +323,35 @@ Tensor ExpertDispatcher::dispatch_bwd(const DispatchPlan& plan, const Tensor& dx
   return dx;
 }
 
+Tensor ExpertDispatcher::dispatch_weighted(const DispatchPlan& plan, const Tensor& x_TD, const Tensor& w_TK) {
+  check_plan(plan, "dispatch_weighted");
+  if (x_TD.dim() != 2 || x_TD.size(0) != plan.T)
+    MT_THROW("ExpertDispatcher::dispatch_weighted: x_TD is ", x_TD.desc(), "; expected [", plan.T, ", D]");
+  if (w_TK.shape() != Shape{plan.T, plan.K} || w_TK.dtype() != DType::F32)
+    MT_THROW("ExpertDispatcher::dispatch_weighted: w_TK is ", w_TK.desc(), "; expected f32 [", plan.T, ", ", plan.K, "]");
+  // Sent order, plus the row that dropped assignments point at (written, never sent).
+  const int64_t S = plan.rows_sent, S1 = S + (plan.has_drops() ? 1 : 0);
+  Tensor xs = Tensor::empty({S1, x_TD.size(1)}, x_TD.dtype(), x_TD.device());
+  ops::permute_weighted_fwd(x_TD, plan.row_of_assign_TK, w_TK, xs);
+  Tensor recv = dispatch_comm(plan, S1 == S ? xs : xs.rows(0, S));
+  return dispatch_finish(plan, recv);
+}
+
+Tensor ExpertDispatcher::dispatch_weighted_bwd(const DispatchPlan& plan, const Tensor& dxr_RD, const Tensor& x_TD,
+                                               const Tensor& w_TK, Tensor& dx_TD) {
+  check_plan(plan, "dispatch_weighted_bwd");
+  if (dx_TD.dim() != 2 || dx_TD.size(0) != plan.T || x_TD.shape() != dx_TD.shape() || dxr_RD.dim() != 2 ||
+      dx_TD.size(1) != dxr_RD.size(1))
+    MT_THROW("ExpertDispatcher::dispatch_weighted_bwd: dx_TD is ", dx_TD.desc(), ", x_TD ", x_TD.desc(), " and dxr_RD ",
+             dxr_RD.desc(), "; expected x and dx [", plan.T, ", D] with the D of dxr");
+  Tensor dxb = to_recv_order(plan, dxr_RD, "dispatch_weighted_bwd");
+  // Sent order with a zero row for the dropped assignments: their dx and dw are exactly 0.
+  Tensor dxs = experts_to_sources(plan, dxb, plan.has_drops() ? 1 : 0, "dispatch_weighted_bwd");
+  Tensor dw = Tensor::empty({plan.T, plan.K}, DType::F32, dx_TD.device());
+  ops::permute_weighted_bwd(dxs, x_TD, plan.row_of_assign_TK, w_TK, dx_TD, dw);
+  return dw;
+}
+
 // ---- combine ----
 
 Tensor ExpertDispatcher::combine_prepare(const DispatchPlan& plan, const Tensor& yr_RD) const {

@@ -108,6 +108,12 @@ class ExpertDispatcher {
   // dx_TD += the reverse of dispatch (the K copies of a token summed). One all_to_all_v.
   void dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD, Tensor& dx_TD);
   Tensor dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD);  // dx = (fresh zeros, then +=)
+  // Routing weights applied before the experts (score_before_experts): each sent row is w[t,k] x[t];
+  // combine then takes unit weights. The backward writes dx_TD (=) and returns dw_TK (f32 [T, K],
+  // = <x[t], dx of the row>; exactly 0 for dropped assignments). One all_to_all_v each.
+  Tensor dispatch_weighted(const DispatchPlan& plan, const Tensor& x_TD, const Tensor& w_TK);
+  Tensor dispatch_weighted_bwd(const DispatchPlan& plan, const Tensor& dxr_RD, const Tensor& x_TD, const Tensor& w_TK,
+                               Tensor& dx_TD);
   // dy_TD -> dyr_RD and dw_TK, from the ys_SD that combine saved. One all_to_all_v.
   CombineGrads combine_bwd(const DispatchPlan& plan, const Tensor& dy_TD, const Tensor& ys_SD, const Tensor& w_TK);
 

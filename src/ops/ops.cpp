@@ -195,6 +195,27 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
   return cpu::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
 }
 
+void permute_weighted_fwd(const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& xp_RD) {
+  const bool cuda = on_cuda("permute_weighted_fwd", {&x_TD, &row_of_assign_TK, &w_TK, &xp_RD});
+  OpScope scope("permute_weighted_fwd", cuda);
+  Tensor no_rows, no_dw;  // the rows half of unpermute_bwd: dyp = w * dy
+  if (cuda) return cuda::unpermute_bwd(x_TD, no_rows, row_of_assign_TK, w_TK, xp_RD, no_dw);
+  return cpu::unpermute_bwd(x_TD, no_rows, row_of_assign_TK, w_TK, xp_RD, no_dw);
+}
+
+void permute_weighted_bwd(const Tensor& dxp_RD, const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                          Tensor& dx_TD, Tensor& dw_TK) {
+  const bool cuda = on_cuda("permute_weighted_bwd", {&dxp_RD, &x_TD, &row_of_assign_TK, &w_TK, &dx_TD, &dw_TK});
+  OpScope scope("permute_weighted_bwd", cuda);
+  Tensor no_rows;  // the dot half of unpermute_bwd: dw = <x[t], dxp[row]>
+  if (cuda) {
+    cuda::unpermute_fwd(dxp_RD, row_of_assign_TK, w_TK, dx_TD);
+    return cuda::unpermute_bwd(x_TD, dxp_RD, row_of_assign_TK, w_TK, no_rows, dw_TK);
+  }
+  cpu::unpermute_fwd(dxp_RD, row_of_assign_TK, w_TK, dx_TD);
+  cpu::unpermute_bwd(x_TD, dxp_RD, row_of_assign_TK, w_TK, no_rows, dw_TK);
+}
+
 void swiglu_fwd(const Tensor& gu_N2F, Tensor& h_NF) {
   const bool cuda = on_cuda("swiglu_fwd", {&gu_N2F, &h_NF});
   OpScope scope("swiglu_fwd", cuda);

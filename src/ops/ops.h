@@ -123,6 +123,12 @@ void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Te
 // CUDA: dy bf16|f32; yp, dyp bf16. w_TK and dw_TK are f32.
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK);
+// Routing scores applied before the experts (score_before_experts): the transposes of the unpermute
+// pair. xp_RD[row(t,k)] = w[t,k] * x[t] (=; rows no assignment points at are zero);
+// dx[t] = sum_k w[t,k] * dxp[row(t,k)] (=), dw[t,k] = <x[t], dxp[row(t,k)]> (=). Dtypes as unpermute.
+void permute_weighted_fwd(const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& xp_RD);
+void permute_weighted_bwd(const Tensor& dxp_RD, const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                          Tensor& dx_TD, Tensor& dw_TK);
 
 // ---- SwiGLU: gu_N2F holds [gate | up] along the last dim; h = silu(gate) * up ----
 // CUDA: bf16 in and out, f32 arithmetic.

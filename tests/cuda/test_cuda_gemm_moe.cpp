@@ -31,6 +31,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/rng.h"
 #include "cuda_test_util.h"
+#include "ops/ops.h"
 
 using namespace mt;
 using cudatest::rand_bf16_exact;
@@ -332,6 +333,22 @@ TEST_P(CudaPermute, ForwardAndBackwardMatchCpu) {
                       dw);
   expect_rel(dyp, dyp_want, kBf16Out, "dyp_dy_f32");
   expect_rel(dw, dw_want, 1e-5, "dw_dy_f32");
+
+  // The weighted permute of score_before_experts (each half of unpermute_bwd alone): xp[row] = w x[t]
+  // (one bf16 rounding); dx = sum_k w dxp[row] (f32 sum, one rounding), dw = <x[t], dxp[row]> (f32).
+  Tensor xpw_want = Tensor::empty({R, D}), xs_dw = Tensor::empty({T, K});
+  cpu::unpermute_bwd(x, yp, plan.row_of_assign, w, xpw_want, xs_dw);
+  Tensor xpw = cuda_filled({R, D}, DType::BF16, kNaN);
+  ops::permute_weighted_fwd(to_cuda(x, DType::BF16), dplan.row_of_assign, to_cuda(w, DType::F32), xpw);
+  expect_rel(xpw, xpw_want, kBf16Out, "xp weighted");
+  Tensor dxw_want = Tensor::empty({T, D}), dww_want = Tensor::empty({T, K}), scratch = Tensor::empty({R, D});
+  cpu::unpermute_fwd(dxp, plan.row_of_assign, w, dxw_want);
+  cpu::unpermute_bwd(x, dxp, plan.row_of_assign, w, scratch, dww_want);
+  Tensor dxw = cuda_filled({T, D}, DType::BF16, kNaN), dww = cuda_filled({T, K}, DType::F32, kNaN);
+  ops::permute_weighted_bwd(to_cuda(dxp, DType::BF16), to_cuda(x, DType::BF16), dplan.row_of_assign,
+                            to_cuda(w, DType::F32), dxw, dww);
+  expect_rel(dxw, dxw_want, kBf16Out, "dx weighted");
+  expect_rel(dww, dww_want, 1e-5, "dw weighted");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaPermute, ::testing::Values(int64_t(2048), int64_t(64), int64_t(70), int64_t(1)),

@@ -124,40 +124,51 @@ void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Te
 
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK) {
+  // Either half may be skipped: yp_RD undefined = no dot products (dw_TK untouched), dyp_RD
+  // undefined = no rows written (ops::permute_weighted_fwd / _bwd use one half each).
+  const bool rows = dyp_RD.defined(), dots = yp_RD.defined();
+  MT_CHECK(rows || dots, "unpermute_bwd: neither dyp_RD nor yp_RD given");
   check_matrix(dy_TD, DType::F32, "unpermute_bwd dy_TD");
-  check_matrix(yp_RD, DType::F32, "unpermute_bwd yp_RD");
   check_matrix(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
-  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = yp_RD.size(0), K = row_of_assign_TK.size(1);
-  check_shape(yp_RD, {R, D}, "unpermute_bwd yp_RD");
+  const Tensor& rd = dots ? yp_RD : dyp_RD;
+  check_matrix(rd, DType::F32, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
+  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
+  check_shape(rd, {R, D}, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
   check_shape(row_of_assign_TK, {T, K}, "unpermute_bwd row_of_assign_TK");
   check_shape(w_TK, {T, K}, "unpermute_bwd w_TK");
   check_dtype(w_TK, DType::F32, "unpermute_bwd w_TK");
-  check_shape(dyp_RD, {R, D}, "unpermute_bwd dyp_RD");
-  check_dtype(dyp_RD, DType::F32, "unpermute_bwd dyp_RD");
-  check_shape(dw_TK, {T, K}, "unpermute_bwd dw_TK");
-  check_dtype(dw_TK, DType::F32, "unpermute_bwd dw_TK");
+  if (rows) {
+    check_shape(dyp_RD, {R, D}, "unpermute_bwd dyp_RD");
+    check_dtype(dyp_RD, DType::F32, "unpermute_bwd dyp_RD");
+  }
+  if (dots) {
+    check_shape(dw_TK, {T, K}, "unpermute_bwd dw_TK");
+    check_dtype(dw_TK, DType::F32, "unpermute_bwd dw_TK");
+  }
   const float* dy = dy_TD.data<float>();
-  const float* yp = yp_RD.data<float>();
+  const float* yp = dots ? yp_RD.data<float>() : nullptr;
   const int32_t* row = row_of_assign_TK.data<int32_t>();
   const float* w = w_TK.data<float>();
-  float* dyp = dyp_RD.data<float>();
-  float* dw = dw_TK.data<float>();
+  float* dyp = rows ? dyp_RD.data<float>() : nullptr;
+  float* dw = dots ? dw_TK.data<float>() : nullptr;
   // A row no assignment points at (possible only with a plan that is not a bijection) gets zero, not garbage.
-  if (R != T * K) dyp_RD.zero_();
+  if (rows && R != T * K) dyp_RD.zero_();
   for (int64_t t = 0; t < T; ++t) {
     const float* dyt = dy + t * D;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t r = row[t * K + k];
       MT_CHECK(r >= 0 && r < R, "unpermute_bwd: assignment (", t, ", ", k, ") has row ", r, ", expected [0, ", R, ")");
       const float wk = w[t * K + k];
-      const float* src = yp + r * D;
-      float* dst = dyp + r * D;
-      double dot = 0;
-      for (int64_t j = 0; j < D; ++j) {
-        dst[j] = wk * dyt[j];
-        dot += double(dyt[j]) * double(src[j]);
+      if (rows) {
+        float* dst = dyp + r * D;
+        for (int64_t j = 0; j < D; ++j) dst[j] = wk * dyt[j];
       }
-      dw[t * K + k] = float(dot);
+      if (dots) {
+        const float* src = yp + r * D;
+        double dot = 0;
+        for (int64_t j = 0; j < D; ++j) dot += double(dyt[j]) * double(src[j]);
+        dw[t * K + k] = float(dot);
+      }
     }
   }
 }

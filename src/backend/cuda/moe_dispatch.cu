@@ -216,7 +216,8 @@ __global__ void unpermute_fwd_kernel(const __nv_bfloat16* __restrict__ yp, const
 }
 
 // One block per assignment a = t*K + k: dyp[row] = w[a] * dy[t]; dw[a] = <dy[t], yp[row]> in f32.
-// TDY (dy's element type) is bf16 or float.
+// TDY (dy's element type) is bf16 or float. A null dyp skips the rows, a null yp the dot products
+// (the weighted permute of score_before_experts uses one half each).
 template <class TDY, int V>
 __global__ void unpermute_bwd_kernel(const TDY* __restrict__ dy, const __nv_bfloat16* __restrict__ yp,
                                      const int32_t* __restrict__ row, const float* __restrict__ w, int64_t R, int64_t K,
@@ -224,7 +225,7 @@ __global__ void unpermute_bwd_kernel(const TDY* __restrict__ dy, const __nv_bflo
   const int64_t a = blockIdx.x, t = a / K;
   const int64_t r = row[a];
   if (r < 0 || r >= R) {  // uniform over the block: every thread leaves before any barrier
-    if (threadIdx.x == 0) dw[a] = 0.0f;
+    if (threadIdx.x == 0 && yp) dw[a] = 0.0f;
     return;
   }
   const float wk = w[a];
@@ -232,14 +233,18 @@ __global__ void unpermute_bwd_kernel(const TDY* __restrict__ dy, const __nv_bflo
   for (int64_t j = int64_t(threadIdx.x) * V; j < D; j += int64_t(blockDim.x) * V) {
     float g[V], v[V], out[V];
     load_row<V>(dy + t * D + j, g);
-    load_row<V>(yp + r * D + j, v);
+    if (yp) {
+      load_row<V>(yp + r * D + j, v);
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      out[i] = wk * g[i];
-      dot += g[i] * v[i];
+      for (int i = 0; i < V; ++i) dot += g[i] * v[i];
     }
-    store_row<V>(dyp + r * D + j, out);
+    if (dyp) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = wk * g[i];
+      store_row<V>(dyp + r * D + j, out);
+    }
   }
+  if (!yp) return;  // uniform over the block
   dot = block_sum(dot);
   if (threadIdx.x == 0) dw[a] = dot;
 }
@@ -411,28 +416,33 @@ void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Te
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK) {
   const char* op = "unpermute_bwd";
+  // Either half may be skipped: yp_RD undefined = no dot products (dw_TK untouched), dyp_RD undefined =
+  // no rows written.
+  const bool rows = dyp_RD.defined(), dots = yp_RD.defined();
+  MT_CHECK(rows || dots, "unpermute_bwd: neither dyp_RD nor yp_RD given");
   check_matrix_bf16_or_f32(dy_TD, "unpermute_bwd dy_TD");
-  check_matrix(yp_RD, DType::BF16, "unpermute_bwd yp_RD");
+  const Tensor& rd = dots ? yp_RD : dyp_RD;
+  check_matrix(rd, DType::BF16, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
   check_matrix(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
-  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = yp_RD.size(0), K = row_of_assign_TK.size(1);
-  check_shape(yp_RD, {R, D}, "unpermute_bwd yp_RD");
+  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
+  check_shape(rd, {R, D}, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
   check_shape(row_of_assign_TK, {T, K}, "unpermute_bwd row_of_assign_TK");
   check_cuda(w_TK, DType::F32, {T, K}, "unpermute_bwd w_TK");
-  check_cuda(dyp_RD, DType::BF16, {R, D}, "unpermute_bwd dyp_RD");
-  check_cuda(dw_TK, DType::F32, {T, K}, "unpermute_bwd dw_TK");
+  if (rows) check_cuda(dyp_RD, DType::BF16, {R, D}, "unpermute_bwd dyp_RD");
+  if (dots) check_cuda(dw_TK, DType::F32, {T, K}, "unpermute_bwd dw_TK");
   // A row no assignment points at (possible only with a plan that is not a bijection) gets zero, not garbage.
-  if (R != T * K && R * D > 0) MT_CUDA_CHECK(op, cudaMemsetAsync(dyp_RD.raw(), 0, dyp_RD.nbytes(), stream()));
+  if (rows && R != T * K && R * D > 0) MT_CUDA_CHECK(op, cudaMemsetAsync(dyp_RD.raw(), 0, dyp_RD.nbytes(), stream()));
   if (T * K == 0) return;
   if (D == 0) {
-    MT_CUDA_CHECK(op, cudaMemsetAsync(dw_TK.raw(), 0, dw_TK.nbytes(), stream()));
+    if (dots) MT_CUDA_CHECK(op, cudaMemsetAsync(dw_TK.raw(), 0, dw_TK.nbytes(), stream()));
     return;
   }
   MT_CHECK(T * K < (int64_t(1) << 31), "unpermute_bwd: T*K (", T * K, ") exceeds the grid size");
-  const __nv_bfloat16* yp = bf16_in(yp_RD);
-  __nv_bfloat16* dyp = bf16_out(dyp_RD);
+  const __nv_bfloat16* yp = dots ? bf16_in(yp_RD) : nullptr;
+  __nv_bfloat16* dyp = rows ? bf16_out(dyp_RD) : nullptr;
   const int32_t* row = row_of_assign_TK.data<int32_t>();
   const float* w = w_TK.data<float>();
-  float* dw = dw_TK.data<float>();
+  float* dw = dots ? dw_TK.data<float>() : nullptr;
   dispatch_float(dy_TD.dtype(), [&](auto tag) {
     using TDY = decltype(tag);
     const TDY* dy = static_cast<const TDY*>(dy_TD.raw());
