@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
-  int dp_shard = 0, dp_replicate = 1, ep = 1;
+  int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
     else if (a == "--dp-shard") dp_shard = std::stoi(next());
     else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
     else if (a == "--ep") ep = std::stoi(next());
+    else if (a == "--tp") tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
+    else if (a == "--etp") etp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -110,6 +112,8 @@ int main(int argc, char** argv) {
     dopt.mesh.dp_shard = dp_shard;
     dopt.mesh.dp_replicate = dp_replicate;
     dopt.mesh.ep = ep;
+    dopt.mesh.tp = tp;
+    dopt.mesh.etp = etp;
     std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
     const int dp = dist->dp_size();
     double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
@@ -123,7 +127,7 @@ int main(int argc, char** argv) {
     fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
     ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
     FsdpParams* fsdp = pm.fsdp.get();
-    Qwen3MoeModel m(mc, dev, fsdp);
+    Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
     pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
     Tensor& master = pm.master(m);
@@ -135,7 +139,8 @@ int main(int argc, char** argv) {
     AdamW opt(master.numel(), dev, oc);
     double init_s = secs(t_init);
 
-    // The global batch (batch rows per rank) is the same on every rank; each trains on its rows.
+    // The global batch (batch rows per data-parallel rank) is the same on every rank; each trains on
+    // its rows (the tp ranks of a dp rank share them and split their tokens).
     Rng rng(7);
     const int64_t global = batch * dp;
     MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};

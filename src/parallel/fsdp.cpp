@@ -331,8 +331,13 @@ namespace mt {
 
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer) {
+  save_sharded_hf_checkpoint(dir, c, t, [&p](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); },
+                             writer);
+}
+
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t,
+                                const std::function<Tensor(const ParamEntry&)>& fetch, bool writer) {
   // One parameter at a time: every rank takes part in its gather, the writer streams it to disk.
-  auto fetch = [&](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); };
   std::vector<PendingTensor> tensors = pending_hf_tensors(c, t, ExpertLayout::PerExpert, fetch);
   if (writer) {
     write_safetensors_sharded_lazy(dir, tensors, size_t(5) << 30);

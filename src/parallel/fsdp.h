@@ -23,6 +23,7 @@
 // fixed order (recompute happens inside acquire/release of the same unit) and the trainer makes
 // every decision (clip, skip, last micro-batch) from values all ranks share.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -171,4 +172,8 @@ namespace mt {
 // Collective over the dp_shard ranks: units are gathered one at a time.
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer);
+// The same with each parameter (global table t) produced by `fetch` (e.g. ParallelModel::gather_param_host,
+// which also reassembles tensor-parallel slices); every rank calls fetch in the same order.
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t,
+                                const std::function<Tensor(const ParamEntry&)>& fetch, bool writer);
 }  // namespace mt
