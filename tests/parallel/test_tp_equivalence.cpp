@@ -1,6 +1,6 @@
 // Tensor parallelism (and expert tensor parallelism) equivalence on the CPU: `moetrain grads` under
-// `moetrain launch` with tp 2, tp 2 + etp 2, dp_shard 2 × tp 2, tp 4 (kv heads replicated over 2
-// ranks) and ep 2 × tp 2 on 8 ranks writes the same loss, logits and every gathered gradient as one
+// `moetrain launch` with tp 2, tp 2 + etp 2, dp_shard 2 × tp 2, dp_replicate 2 × tp 2, tp 4 (kv heads
+// replicated over 2 ranks) and ep 2 × tp 2 on 8 ranks writes the same loss, logits and every gathered gradient as one
 // process (≤ 1e-6 relative, fp32), with recompute none and full, on the plain, aux-loss and
 // dense-layer models; a 20-step training curve under tp 2 equals one process; sizes that do not
 // divide are errors naming both numbers; the tp-local layout maps onto the global tensors exactly.
@@ -67,6 +67,7 @@ TEST_P(TpGrads, EveryLayoutEqualsOneProcess) {
   check_layouts(GetParam(),
                 {Layout{2, "--tp 2", "tp 2"}, Layout{2, "--tp 2 --etp 2", "tp 2 etp 2"},
                  Layout{4, "--dp-shard 2 --tp 2", "dp_shard 2 x tp 2"},
+                 Layout{4, "--dp-replicate 2 --tp 2 --etp 2", "dp_replicate 2 x tp 2 etp 2"},
                  Layout{4, "--tp 4 --etp 4", "tp 4 etp 4 (kv heads replicated over 2 ranks)"}},
                 {"none", "full"});
 }
