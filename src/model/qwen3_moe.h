@@ -163,7 +163,7 @@ class Qwen3MoeModel {
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.
   int64_t B_ = 0, S_ = 0, T_ = 0;
-  int64_t Tl_ = 0;  // this rank's rows: T_ / tp (T_ without tensor parallelism)
+  int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
   Tensor pos_T_;                 // i32 positions (t % S)
   Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
   int64_t aux_rows_ = 0;         // N = T * sparse layers

@@ -55,8 +55,8 @@ std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size
 }
 
 FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg,
-                       const ReduceComms& rc, const TpGroups& tg)
+                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg, const ReduceComms& rc,
+                       const TpGroups& tg)
     : device_(device),
       shard_(shard),
       replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
@@ -70,7 +70,8 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
   MT_CHECK(shard.device() == device, "dp_shard communicator is on ", device_name(shard.device()), ", the model on ",
            device_name(device));
   if (tg.placement.on)
-    MT_CHECK(tg.split && (tg.kv || !tg.placement.kv_replicated), "tensor parallelism needs the tp-split (and kv) communicators");
+    MT_CHECK(tg.split && (tg.kv || !tg.placement.kv_replicated),
+             "tensor parallelism needs the tp-split (and kv) communicators");
   if (plan_.ep > 1) {
     MT_CHECK(expert_shard_, "expert parallelism needs the expert data-parallel communicator");
     if (replicate_) MT_THROW("expert parallelism with dp_replicate ", replicate_->size(), " > 1 is not supported yet");
@@ -100,7 +101,7 @@ comm::Communicator& FsdpParams::comm_of(int u) const {
 
 comm::Communicator& FsdpParams::reduce_comm_of(int u) const {
   const ParamUnit& pu = units_[size_t(u)];
-  comm::Communicator* c = pu.local_experts    ? reduce_.expert_shard
+  comm::Communicator* c = pu.local_experts   ? reduce_.expert_shard
                           : pu.tp_group == 1 ? tp_.split_reduce
                           : pu.tp_group == 2 ? tp_.kv_reduce
                                              : reduce_.shard;
@@ -331,8 +332,8 @@ namespace mt {
 
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer) {
-  save_sharded_hf_checkpoint(dir, c, t, [&p](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); },
-                             writer);
+  save_sharded_hf_checkpoint(
+      dir, c, t, [&p](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); }, writer);
 }
 
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t,

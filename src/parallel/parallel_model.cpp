@@ -60,7 +60,8 @@ Tensor ParallelModel::gather_param_host(const ParamEntry& e, bool grads) const {
   MT_CHECK(fsdp, "gather_param_host needs a sharded model");
   if (!tp) return fsdp->gather_param_host(e, grads);
   FsdpParams* f = fsdp.get();
-  return tp->gather_global(e, tp_comms.tp, [f, grads](const ParamEntry& le) { return f->gather_param_host(le, grads); });
+  return tp->gather_global(e, tp_comms.tp,
+                           [f, grads](const ParamEntry& le) { return f->gather_param_host(le, grads); });
 }
 
 void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {

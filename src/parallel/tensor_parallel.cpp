@@ -52,7 +52,9 @@ struct Seg {
 };
 using DimMap = std::vector<Seg>;
 
-bool ends_with(const std::string& s, const char* t) { return s.ends_with(t); }
+bool ends_with(const std::string& s, const char* t) {
+  return s.ends_with(t);
+}
 
 int64_t map_index(const DimMap& m, int64_t i) {
   for (const Seg& s : m)
@@ -70,14 +72,20 @@ static std::vector<DimMap> slice_map(const ModelConfig& g, const ModelConfig& l,
   const int64_t kv0 = int64_t(r) * g.num_key_value_heads / (g.num_attention_heads / Hl);  // r G / tp
   const int64_t Il = l.intermediate_size, F = g.moe_intermediate_size, Fl = l.moe_intermediate_size;
   const std::string& n = le.name;
-  if (ends_with(n, "self_attn.q_proj.weight")) m[0] = {{0, r * Hl * Hd, Hl * Hd}};
+  if (ends_with(n, "self_attn.q_proj.weight"))
+    m[0] = {{0, r * Hl * Hd, Hl * Hd}};
   else if (ends_with(n, "self_attn.k_proj.weight") || ends_with(n, "self_attn.v_proj.weight"))
     m[0] = {{0, kv0 * Hd, Gl * Hd}};
-  else if (ends_with(n, "self_attn.o_proj.weight")) m[1] = {{0, r * Hl * Hd, Hl * Hd}};
-  else if (ends_with(n, "mlp.gate_proj.weight") || ends_with(n, "mlp.up_proj.weight")) m[0] = {{0, r * Il, Il}};
-  else if (ends_with(n, "mlp.down_proj.weight")) m[1] = {{0, r * Il, Il}};
-  else if (Fl != F && ends_with(n, "mlp.experts.gate_up_proj")) m[1] = {{0, r * Fl, Fl}, {Fl, F + r * Fl, Fl}};
-  else if (Fl != F && ends_with(n, "mlp.experts.down_proj")) m[2] = {{0, r * Fl, Fl}};
+  else if (ends_with(n, "self_attn.o_proj.weight"))
+    m[1] = {{0, r * Hl * Hd, Hl * Hd}};
+  else if (ends_with(n, "mlp.gate_proj.weight") || ends_with(n, "mlp.up_proj.weight"))
+    m[0] = {{0, r * Il, Il}};
+  else if (ends_with(n, "mlp.down_proj.weight"))
+    m[1] = {{0, r * Il, Il}};
+  else if (Fl != F && ends_with(n, "mlp.experts.gate_up_proj"))
+    m[1] = {{0, r * Fl, Fl}, {Fl, F + r * Fl, Fl}};
+  else if (Fl != F && ends_with(n, "mlp.experts.down_proj"))
+    m[2] = {{0, r * Fl, Fl}};
   return m;
 }
 
@@ -97,7 +105,8 @@ std::vector<FlatRange> TpLayout::to_global(int tp_rank, const std::vector<FlatRa
     i = i > 0 ? i - 1 : 0;
     for (; i < entries.size() && entries[i].offset < fr.end; ++i) {
       const ParamEntry& le = entries[i];
-      const int64_t a = std::max(fr.begin, le.offset) - le.offset, z = std::min(fr.end, le.offset + le.numel) - le.offset;
+      const int64_t a = std::max(fr.begin, le.offset) - le.offset,
+                    z = std::min(fr.end, le.offset + le.numel) - le.offset;
       if (z <= a) continue;
       const ParamEntry& ge = gt_->at(le.name);
       const std::vector<DimMap> m = slice_map(g_, l_, le, tp_rank);
@@ -118,7 +127,8 @@ std::vector<FlatRange> TpLayout::to_global(int tp_rank, const std::vector<FlatRa
         const int64_t run = std::min(s->l0 + s->n - j, z - p);
         const int64_t gpos = ge.offset + goff + s->g0 + (j - s->l0);
         const int64_t dpos = fr.dst_offset + (le.offset + p - fr.begin);
-        if (!out.empty() && out.back().end == gpos && out.back().dst_offset + (out.back().end - out.back().begin) == dpos)
+        if (!out.empty() && out.back().end == gpos &&
+            out.back().dst_offset + (out.back().end - out.back().begin) == dpos)
           out.back().end += run;
         else
           out.push_back({gpos, gpos + run, dpos});

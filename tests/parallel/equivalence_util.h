@@ -47,9 +47,10 @@ inline double rel_l2(const Tensor& a, const Tensor& b) {
 // gradient tensor within 2e-6: a data-parallel gradient is the sum of per-rank partial sums that the
 // ops round to f32, and where those partials cancel (norm weights, rarely routed experts) the
 // rounding shows up to ~1.1e-6 relative in single tensors (measured: aux model, 4 ranks).
-// `worst`, when given, receives the largest relative error of any single tensor (loss, logits, a gradient).
+// `worst`, when given, receives the largest relative error of any single tensor (loss, logits, a
+// gradient); `all_grads` the error of all gradients together.
 inline void expect_same(const std::string& got_path, const std::string& ref_path, const std::string& what,
-                        double* worst = nullptr) {
+                        double* worst = nullptr, double* all_grads = nullptr) {
   SafetensorsFile got(got_path), ref(ref_path);
   ASSERT_EQ(got.names().size(), ref.names().size()) << what;
   double num = 0, den = 0;
@@ -69,6 +70,7 @@ inline void expect_same(const std::string& got_path, const std::string& ref_path
         den += double(r.data<float>()[i]) * r.data<float>()[i];
       }
   }
+  if (all_grads) *all_grads = std::sqrt(num / den);
   EXPECT_LE(std::sqrt(num / den), 1e-6) << what << ": all gradients together";
 }
 

@@ -28,7 +28,9 @@ const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens
 
 using test::sh;
 using test::ShellRun;
-std::string tmp(const std::string& name) { return test::tmp_path("tp", name); }
+std::string tmp(const std::string& name) {
+  return test::tmp_path("tp", name);
+}
 
 struct Layout {
   int nproc;
@@ -50,10 +52,10 @@ void check_layouts(const std::string& model_name, const std::vector<Layout>& lay
       ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
                       " --batch " + batch + " --out " + out + " --recompute " + rc + " " + l.flags);
       ASSERT_EQ(p.code, 0) << l.name << "\n" << p.out;
-      double worst = 0;
+      double worst = 0, all = 0;
       const std::string what = model_name + ", " + l.name + ", recompute " + rc;
-      test::expect_same(out, ref, what, &worst);
-      std::printf("[ measured ] %s: max relative error %.3g\n", what.c_str(), worst);
+      test::expect_same(out, ref, what, &worst, &all);
+      std::printf("[ measured ] %s: worst tensor %.3g, all gradients %.3g (relative)\n", what.c_str(), worst, all);
     }
   }
 }
@@ -72,9 +74,15 @@ TEST_P(TpGrads, EveryLayoutEqualsOneProcess) {
                 {"none", "full"});
 }
 
-// The models: plain MoE, aux loss (3 layers, its own vocab), and one with dense MLP layers
-// (mlp_only_layers), so the dense column/row-parallel path runs.
-INSTANTIATE_TEST_SUITE_P(Models, TpGrads, ::testing::Values("tiny", "aux", "dense_layer"));
+// The models: plain MoE, aux loss (3 layers, its own vocab), tied embeddings, and one with dense MLP
+// layers (mlp_only_layers), so the dense column/row-parallel path runs.
+INSTANTIATE_TEST_SUITE_P(Models, TpGrads, ::testing::Values("tiny", "aux", "tied", "dense_layer"));
+
+// Selective recompute keeps attention and rebuilds the rest, re-issuing the tp collectives.
+TEST(TpGradsSelective, SelectiveRecomputeEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  check_layouts("dense_layer", {Layout{2, "--tp 2 --etp 2", "tp 2 etp 2"}}, {"selective"});
+}
 
 // Expert parallelism beside tensor parallelism on 8 ranks (dp_shard 4 × tp 2; experts in 2 groups):
 // etp 1 (the tp ranks are expert-data-parallel / ep ranks) and etp 2 (experts F-sliced over tp).
@@ -172,7 +180,8 @@ TEST(TpTrain, TwentyStepCurveEqualsOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
   auto cmd = [](const std::string& dir) {
     return " train --device cpu --model tiny --steps 20 --micro-batch-size 4 --grad-accum 2 --seq-len 32 --lr 3e-3"
-           " --warmup-steps 2 --eval-problems 0 --log-every 5 --out-dir " + dir;
+           " --warmup-steps 2 --eval-problems 0 --log-every 5 --out-dir " +
+           dir;
   };
   const std::string ref_dir = tmp("curve_ref");
   ShellRun r = sh(kBin + cmd(ref_dir));
