@@ -11,7 +11,9 @@
 // draws the same global batch and trains on its rows, and rank 0 prints the line with the global
 // and per-GPU tokens/s and the loss of every step (to compare layouts on the same global batch).
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
-// first_micro_batch contract (an A/B of that change in one build).
+// first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 2):
+// how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
+// --no-prefetch-next: do not gather the next step's first units right after the optimizer.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -78,6 +80,8 @@ int main(int argc, char** argv) {
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1;
+  int64_t prefetch_depth = 2;
+  bool prefetch_next = true;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -100,6 +104,8 @@ int main(int argc, char** argv) {
     else if (a == "--tp") tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
     else if (a == "--etp") etp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
+    else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
+    else if (a == "--no-prefetch-next") prefetch_next = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -130,6 +136,8 @@ int main(int argc, char** argv) {
     Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
     pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
+    if (prefetch_depth < 1) MT_THROW("--prefetch-depth ", prefetch_depth, " must be >= 1");
+    m.prefetch_depth = prefetch_depth;
     Tensor& master = pm.master(m);
     Tensor& grads = pm.grads(m);
     Tensor* compute = pm.compute(m);
@@ -156,6 +164,7 @@ int main(int argc, char** argv) {
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
       OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
+      if (fsdp && prefetch_next) m.prefetch_first_units();  // as the trainer does
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;
@@ -213,6 +222,8 @@ int main(int argc, char** argv) {
                      {"batch_per_gpu", batch},
                      {"world_size", dist->world_size()},
                      {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
+                     {"prefetch_depth", prefetch_depth},
+                     {"prefetch_next", prefetch_next},
                      {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},

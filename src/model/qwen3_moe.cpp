@@ -1,5 +1,6 @@
 #include "model/qwen3_moe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -88,6 +89,20 @@ std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
   for (const std::vector<int>* v : {&plan_->tp_split, &plan_->tp_kv, &plan_->experts})
     if (!v->empty() && (*v)[size_t(l)] >= 0) u.push_back((*v)[size_t(l)]);
   return u;
+}
+
+// Position l < L of the forward is block l (its units), position L the head.
+void Qwen3MoeModel::prefetch_forward_position(int64_t pos) {
+  const int64_t L = cfg_.num_hidden_layers;
+  if (pos < L)
+    for (int u : block_units(pos)) src_->prefetch(u);
+  else if (pos == L)
+    src_->prefetch(plan_->head);
+}
+
+void Qwen3MoeModel::prefetch_first_units() {
+  src_->prefetch(plan_->embed);
+  for (int64_t p = 0; p < prefetch_depth; ++p) prefetch_forward_position(p);
 }
 
 Tensor Qwen3MoeModel::tp_gather(const Tensor& x, Arena& A) {
@@ -453,8 +468,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   // head (+ 0 when tied); backward head (+ 0 when tied), L..1, then the embedding's gradient.
   const int head = plan_->head, embed = plan_->embed;
   const bool tied = cfg_.tie_word_embeddings;
+  // Units are announced prefetch_depth ahead of their use (see prefetch_forward_position).
+  auto fwd_prefetch = [&](int64_t pos) { prefetch_forward_position(pos); };
   acquire(embed);
-  for (int u : block_units(0)) src_->prefetch(u);
+  for (int64_t p = 0; p < prefetch_depth; ++p) fwd_prefetch(p);
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   release(embed);
@@ -465,10 +482,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     Tensor out = keep_.alloc({T, D}, DType::F32);
     if (recompute != Recompute::None) work_.reset();
     for (int u : block_units(l)) acquire(u);
-    if (l + 1 < L)
-      for (int u : block_units(l + 1)) src_->prefetch(u);
-    else
-      src_->prefetch(head);
+    fwd_prefetch(l + prefetch_depth);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
     if (recompute != Recompute::None) {  // rebuilt by the recompute (EP keeps them off the arenas)
@@ -489,7 +503,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   acquire(head);
   if (tied) acquire(embed);
   if (backward)
-    for (int u : block_units(L - 1)) src_->prefetch(u);
+    for (int64_t l = L - 1; l >= std::max<int64_t>(0, L - prefetch_depth); --l)
+      for (int u : block_units(l)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
 
@@ -546,8 +561,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     work_.reset();
     const std::vector<int> us = block_units(l);
     for (int u : us) acquire(u);
-    if (l > 0)
-      for (int u : block_units(l - 1)) src_->prefetch(u);
+    if (l - prefetch_depth >= 0)
+      for (int u : block_units(l - prefetch_depth)) src_->prefetch(u);
     for (int u : us) grads_for(u);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);

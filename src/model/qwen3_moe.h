@@ -87,6 +87,15 @@ class Qwen3MoeModel {
   std::vector<Tensor> last_routing() const;
 
   Recompute recompute = Recompute::None;
+  // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
+  // FSDP each is an all-gather started that early, on the communicator's stream, and one more
+  // gathered unit held in memory; 2 lets a gather run over two blocks of compute instead of one.
+  int64_t prefetch_depth = 2;
+  // Announces the units the next forward starts with (the embedding and the first prefetch_depth
+  // blocks). Called right after the optimizer step, it lets FSDP gather them while the host finishes
+  // the step, instead of at the start of the next forward, where nothing could hide them. Every rank
+  // must call it at the same point (it issues collectives under FSDP).
+  void prefetch_first_units();
   // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
   // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
   moe::ExpertDispatcher* dispatcher = nullptr;
@@ -139,6 +148,7 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
   void replay_routing(int64_t l, LayerActs& a);
+  void prefetch_forward_position(int64_t pos);
   int64_t sparse_index(int64_t l) const;  // position of sparse layer l among the sparse layers
   // Tensor parallelism: rows [Tl, ...] of every tp rank -> [T, ...] (x itself without tp), and the
   // sum over tp of partial [T, D] into this rank's rows [Tl, D] (=).

@@ -303,6 +303,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       grads.rows(0, 1).copy_from(inf.to(device));
     }
     OptimStepResult os = opt.step(master, grads, lr, compute, pm.global_grad_sq());
+    if (fsdp) model.prefetch_first_units();  // the next step's first gathers run behind this step's tail
     double t_opt = seconds_since(to);
     // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
     // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between
