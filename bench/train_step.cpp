@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
-  int dp_shard = 0, dp_replicate = 1, ep = 1;
+  int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1;
   int64_t prefetch_depth = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
@@ -99,6 +99,8 @@ int main(int argc, char** argv) {
     else if (a == "--dp-shard") dp_shard = std::stoi(next());
     else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
     else if (a == "--ep") ep = std::stoi(next());
+    else if (a == "--tp") tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
+    else if (a == "--etp") etp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else {
@@ -113,6 +115,8 @@ int main(int argc, char** argv) {
     dopt.mesh.dp_shard = dp_shard;
     dopt.mesh.dp_replicate = dp_replicate;
     dopt.mesh.ep = ep;
+    dopt.mesh.tp = tp;
+    dopt.mesh.etp = etp;
     std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
     const int dp = dist->dp_size();
     double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
@@ -126,7 +130,7 @@ int main(int argc, char** argv) {
     fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
     ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
     FsdpParams* fsdp = pm.fsdp.get();
-    Qwen3MoeModel m(mc, dev, fsdp);
+    Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
     pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
     if (prefetch_depth < 1) MT_THROW("--prefetch-depth ", prefetch_depth, " must be >= 1");
@@ -140,7 +144,8 @@ int main(int argc, char** argv) {
     AdamW opt(master.numel(), dev, oc);
     double init_s = secs(t_init);
 
-    // The global batch (batch rows per rank) is the same on every rank; each trains on its rows.
+    // The global batch (batch rows per data-parallel rank) is the same on every rank; each trains on
+    // its rows (the tp ranks of a dp rank share them and split their tokens).
     Rng rng(7);
     const int64_t global = batch * dp;
     MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};

@@ -83,6 +83,11 @@ LoadReport load_hf_weights_ranges(const CheckpointReader& r, const ModelConfig& 
   std::set<std::string> used;
   MT_CHECK(dst.dtype() == DType::F32, "load destination must be f32, got ", dst.desc());
   Tensor host = dst.is_cpu() ? dst : Tensor::zeros({dst.numel()}, DType::F32, Device::CPU);
+  std::vector<FlatRange> sorted = ranges;
+  std::sort(sorted.begin(), sorted.end(), [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < sorted.size(); ++i)
+    MT_CHECK(sorted[i].begin >= sorted[i - 1].end, "load ranges [", sorted[i - 1].begin, ", ", sorted[i - 1].end,
+             ") and [", sorted[i].begin, ", ", sorted[i].end, ") overlap");
   for (const HfSlot& s : slots) {
     if (!r.has(s.name))
       MT_THROW("checkpoint ", dir, " lacks tensor '", s.name, "' (expected shape ", shape_str(s.shape), ", ",
@@ -99,7 +104,11 @@ LoadReport load_hf_weights_ranges(const CheckpointReader& r, const ModelConfig& 
     // pages are read from disk).
     const int64_t n = shape_numel(s.shape);
     Tensor file_view;
-    for (const FlatRange& fr : ranges) {
+    // The ranges that overlap this tensor (sorted and disjoint: found by bisection, so that thousands of
+    // small slices, as tensor parallelism asks for, do not cost tensors x ranges).
+    auto it = std::partition_point(sorted.begin(), sorted.end(), [&](const FlatRange& r) { return r.end <= s.offset; });
+    for (; it != sorted.end() && it->begin < s.offset + n; ++it) {
+      const FlatRange& fr = *it;
       const int64_t b = std::max(fr.begin, s.offset), e = std::min(fr.end, s.offset + n);
       if (e <= b) continue;
       if (!file_view.defined()) file_view = r.view(s.name).view({n});

@@ -12,7 +12,64 @@ static ParamUnit one_piece(int64_t begin, int64_t end, int64_t layer) {
   return u;
 }
 
-UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_rank) {
+// Under tensor parallelism a block is up to four units, each a list of pieces (runs of adjacent
+// parameters of the same placement): the tp-replicated part (norms, router, experts when etp = 1 and
+// ep = 1), this rank's tp slices, the replicated kv slices, and this rank's experts (ep > 1).
+static void plan_block_tp(const ModelConfig& c, const ParamTable& t, int64_t l, const TpPlacement& tp, UnitPlan& p) {
+  const std::string pre = "model.layers." + std::to_string(l) + ".";
+  auto group_of = [&](const ParamEntry& e) {
+    const std::string n = e.name.substr(pre.size());
+    if (n == "self_attn.q_proj.weight" || n == "self_attn.o_proj.weight" || n.rfind("mlp.gate_proj", 0) == 0 ||
+        n.rfind("mlp.up_proj", 0) == 0 || n.rfind("mlp.down_proj", 0) == 0)
+      return 1;
+    if (n == "self_attn.k_proj.weight" || n == "self_attn.v_proj.weight") return tp.kv_replicated ? 2 : 1;
+    if (n.rfind("mlp.experts.", 0) == 0) return p.ep > 1 ? 3 : tp.experts ? 1 : 0;
+    return 0;
+  };
+  ParamUnit units[4];
+  for (ParamUnit& u : units) u.layer = l;
+  for (const ParamEntry& e : t.entries()) {
+    if (e.layer != l) continue;
+    ParamUnit& u = units[group_of(e)];
+    if (!u.pieces.empty() && u.pieces.back().end == e.offset)
+      u.pieces.back().end += e.numel;
+    else
+      u.pieces.push_back({e.offset, e.offset + e.numel, u.numel});
+    u.numel += e.numel;
+  }
+  MT_CHECK(!units[0].pieces.empty() && !units[1].pieces.empty(), "block ", l, " has no tp-replicated or tp-split part");
+  p.block.push_back(int(p.units.size()));
+  p.units.push_back(units[0]);
+  units[1].tp_group = 1;
+  p.tp_split.push_back(int(p.units.size()));
+  p.units.push_back(units[1]);
+  p.tp_kv.push_back(-1);
+  if (!units[2].pieces.empty()) {
+    units[2].tp_group = 2;
+    p.tp_kv.back() = int(p.units.size());
+    p.units.push_back(units[2]);
+  }
+  p.experts.push_back(-1);
+  if (units[3].pieces.empty()) return;
+  // This rank's experts (ep > 1): its rows of gate_up_proj and down_proj, as without tp.
+  const ParamEntry& gu = t.at(pre + "mlp.experts.gate_up_proj");
+  const ParamEntry& dn = t.at(pre + "mlp.experts.down_proj");
+  const int64_t E = c.num_experts, per = E / p.ep, e0 = int64_t(p.ep_rank) * per, e1 = e0 + per;
+  const int64_t gu_row = gu.numel / E, dn_row = dn.numel / E;
+  ParamUnit x;
+  x.layer = l;
+  x.local_experts = true;
+  x.expert_begin = e0;
+  x.expert_end = e1;
+  x.tp_group = tp.experts ? 1 : 0;
+  x.pieces.push_back({gu.offset + e0 * gu_row, gu.offset + e1 * gu_row, 0});
+  x.pieces.push_back({dn.offset + e0 * dn_row, dn.offset + e1 * dn_row, per * gu_row});
+  x.numel = per * (gu_row + dn_row);
+  p.experts.back() = int(p.units.size());
+  p.units.push_back(x);
+}
+
+UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_rank, const TpPlacement& tp) {
   const int64_t L = c.num_hidden_layers, E = c.num_experts;
   MT_CHECK(L > 0, "a model needs at least one layer");
   if (ep < 1 || ep_rank < 0 || ep_rank >= ep) MT_THROW("ep rank ", ep_rank, " of ep ", ep, " is invalid");
@@ -24,7 +81,8 @@ UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_ra
   p.ep_rank = ep_rank;
   p.embed = 0;
   p.units.push_back(one_piece(0, t.layer_range(0).first, -1));
-  for (int64_t l = 0; l < L; ++l) {
+  for (int64_t l = 0; l < L && tp.on; ++l) plan_block_tp(c, t, l, tp, p);
+  for (int64_t l = 0; l < L && !tp.on; ++l) {
     auto [b, e] = t.layer_range(l);
     MT_CHECK(b == p.units.back().pieces.back().end || p.units.back().local_experts,
              "block ", l, " does not follow the previous unit in the flat layout");

@@ -31,6 +31,10 @@ struct ParamUnit {
   int64_t layer = -1;          // the block, or -1 for the embedding and the head
   bool local_experts = false;  // the experts [expert_begin, expert_end) of a sparse layer
   int64_t expert_begin = 0, expert_end = 0;
+  // Tensor parallelism (parallel/tensor_parallel.h): 0 = the same on every tp rank (sharded over the
+  // dense ranks, dp_shard × sp × tp), 1 = this tp rank's slices (sharded over the ranks with the same tp
+  // coordinate), 2 = k/v slices of kv heads replicated over tp / G ranks (sharded over those too).
+  int tp_group = 0;
   int64_t begin() const { return pieces.front().begin; }  // single-piece units
 };
 
@@ -41,9 +45,18 @@ struct UnitPlan {
   int embed = 0, head = 0;
   std::vector<int> block;    // per layer: the block's unit
   std::vector<int> experts;  // per layer: the unit of this rank's experts (ep > 1, sparse), else -1
+  std::vector<int> tp_split, tp_kv;  // per layer, under tensor parallelism: tp_group 1 and 2 units, or -1
   int ep = 1, ep_rank = 0;
 };
-UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep = 1, int ep_rank = 0);
+// Which parameters of a tp-local layout (c, t are then the tp-local config and table) are tp slices:
+// q, o, k, v (kv_replicated: k, v go to a unit of their own), the dense MLPs, and with `experts`
+// (etp = tp) the experts' F slices. Off: no tensor parallelism.
+struct TpPlacement {
+  bool on = false;
+  bool experts = false;
+  bool kv_replicated = false;
+};
+UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep = 1, int ep_rank = 0, const TpPlacement& tp = {});
 // The single-piece units of ep = 1 (embedding, each block, head).
 std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t);
 

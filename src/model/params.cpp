@@ -141,44 +141,55 @@ ModelWeights bind_weights(const ModelConfig& c, const ParamTable& t, const Tenso
 // 3 B-parameter model initialises in seconds instead of a minute.
 static constexpr int64_t kInitChunk = int64_t(1) << 20;
 
-// Writes chunk ch's elements [lo, hi) (absolute flat positions inside the chunk) to out[0, hi - lo).
-static void init_chunk(const ParamTable& table, float std, uint64_t seed, int64_t ch, int64_t lo, int64_t hi,
-                       float* out) {
+namespace {
+struct InitPiece {
+  int64_t ch, lo, hi, dst;  // chunk, absolute flat positions [lo, hi) inside it, destination offset
+};
+}  // namespace
+
+// Generates chunk ch once and writes the elements of its pieces (sorted by lo, disjoint) to dst. A
+// chunk is generated once however many pieces ask for it: tensor-parallel slices are many short
+// pieces (a column slice is one piece per row).
+static void init_chunk(const ParamTable& table, float std, uint64_t seed, const InitPiece* ps, size_t n, float* dst) {
   const auto& entries = table.entries();
+  const int64_t ch = ps[0].ch;
   Rng rng(seed * 0x9e3779b97f4a7c15ull + uint64_t(ch) + 1);
-  const int64_t begin = ch * kInitChunk;
+  const int64_t begin = ch * kInitChunk, hi = ps[n - 1].hi;
   size_t e = size_t(std::upper_bound(entries.begin(), entries.end(), begin,
                                      [](int64_t v, const ParamEntry& p) { return v < p.offset; }) -
                     entries.begin()) - 1;
+  size_t k = 0;
   for (int64_t i = begin; i < hi; ++i) {
     while (i >= entries[e].offset + entries[e].numel) ++e;
     // 1-D parameters are RMSNorm weights: ones. Everything else: normal(0, initializer_range). The
-    // stream advances only for matrices, so every element before `lo` in the chunk is generated too.
+    // stream advances only for matrices, so every element before a piece in the chunk is generated too.
     const float v = entries[e].shape.size() == 1 ? 1.0f : std * float(rng.normal());
-    if (i >= lo) out[i - lo] = v;
+    while (i >= ps[k].hi) ++k;
+    if (i >= ps[k].lo) dst[ps[k].dst + (i - ps[k].lo)] = v;
   }
 }
 
 static void init_pieces(const ModelConfig& c, const ParamTable& table, const std::vector<FlatRange>& ranges,
                         float* dst, uint64_t seed) {
-  struct Piece {
-    int64_t ch, lo, hi, dst;
-  };
-  std::vector<Piece> pieces;
+  std::vector<InitPiece> pieces;
   for (const FlatRange& r : ranges)
     for (int64_t lo = r.begin; lo < r.end;) {
       const int64_t ch = lo / kInitChunk, hi = std::min(r.end, (ch + 1) * kInitChunk);
       pieces.push_back({ch, lo, hi, r.dst_offset + (lo - r.begin)});
       lo = hi;
     }
+  std::sort(pieces.begin(), pieces.end(), [](const InitPiece& a, const InitPiece& b) { return a.lo < b.lo; });
+  std::vector<size_t> first;  // the first piece of each chunk
+  for (size_t i = 0; i < pieces.size(); ++i)
+    if (i == 0 || pieces[i].ch != pieces[i - 1].ch) first.push_back(i);
+  first.push_back(pieces.size());
   const float std = float(c.initializer_range);
-  auto fill = [&](size_t first, size_t stride) {
-    for (size_t i = first; i < pieces.size(); i += stride) {
-      const Piece& p = pieces[i];
-      init_chunk(table, std, seed, p.ch, p.lo, p.hi, dst + p.dst);
-    }
+  auto fill = [&](size_t start, size_t stride) {
+    for (size_t j = start; j + 1 < first.size(); j += stride)
+      init_chunk(table, std, seed, &pieces[first[j]], first[j + 1] - first[j], dst);
   };
-  const size_t threads = std::max<size_t>(1, std::min<size_t>(pieces.size(), std::thread::hardware_concurrency()));
+  const size_t jobs = first.size() - 1;
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(jobs, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(fill, t, threads);
   fill(0, threads);

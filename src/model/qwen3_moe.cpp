@@ -30,6 +30,8 @@ struct Qwen3MoeModel::LayerActs {
   Tensor xp, gu, hh, yp;                          // experts (R rows) or dense MLP (T rows; no xp/yp)
   std::shared_ptr<moe::DispatchPlan> ep_plan;     // expert parallelism: the routing plan across ranks
   Tensor ys;                                      // expert parallelism: outputs back at the source
+  Tensor xg1, xg2;                                // tensor parallelism: xn1, xn2 of all T rows (else xn1, xn2)
+  Tensor idx_g, wts_g;                            // etp = tp: the routing of all T rows (i32, f32 [T, K])
 };
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
@@ -63,8 +65,7 @@ LocalParams& Qwen3MoeModel::local() {
 void Qwen3MoeModel::bind_unit(int u, const Tensor& buf, ModelWeights& w) {
   const ParamUnit& pu = plan_->units[size_t(u)];
   if (!pu.local_experts) {
-    MT_CHECK(pu.pieces.size() == 1, "unit ", u, " has ", pu.pieces.size(), " pieces");
-    bind_range(cfg_, table_, buf, pu.pieces[0].begin, w);
+    for (const FlatRange& p : pu.pieces) bind_range(cfg_, table_, buf.rows(p.dst_offset, p.end - p.begin), p.begin, w);
     return;
   }
   if (w.layers.size() != size_t(cfg_.num_hidden_layers)) {
@@ -85,18 +86,32 @@ void Qwen3MoeModel::grads_for(int u) { bind_unit(u, src_->unit_grads(u), g_); }
 
 std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
   std::vector<int> u{plan_->block[size_t(l)]};
-  if (plan_->experts[size_t(l)] >= 0) u.push_back(plan_->experts[size_t(l)]);
+  for (const std::vector<int>* v : {&plan_->tp_split, &plan_->tp_kv, &plan_->experts})
+    if (!v->empty() && (*v)[size_t(l)] >= 0) u.push_back((*v)[size_t(l)]);
   return u;
 }
 
-const Tensor& Qwen3MoeModel::ones_TK() {
-  const Shape want{T_, cfg_.num_experts_per_tok};
+const Tensor& Qwen3MoeModel::ones_TK(int64_t rows) {
+  const Shape want{rows, cfg_.num_experts_per_tok};
   if (!ones_TK_.defined() || ones_TK_.shape() != want) {
     Tensor h = Tensor::empty(want);
     h.fill_(1.0f);
     ones_TK_ = h.to(device_);
   }
   return ones_TK_;
+}
+
+Tensor Qwen3MoeModel::tp_gather(const Tensor& x, Arena& A) {
+  if (!tp) return x;
+  Shape shape = x.shape();
+  shape[0] *= tp->size();
+  Tensor all = A.alloc(shape, x.dtype());
+  tp->all_gather(x, all)->wait();
+  return all;
+}
+
+void Qwen3MoeModel::tp_reduce_scatter(const Tensor& partial, Tensor& out) {
+  tp->reduce_scatter(partial, out, comm::ReduceOp::Sum)->wait();
 }
 
 bool Qwen3MoeModel::aux_enabled() const {
@@ -163,7 +178,9 @@ LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) { ret
 
 void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known) {
   const LayerWeights& w = w_.layers[size_t(l)];
-  const int64_t T = T_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
+  // T: the micro-batch's rows (attention, q/k/v, MLP); Tl: this rank's rows (norms, residual, router).
+  // They differ only under tensor parallelism.
+  const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
   Arena& A = recompute == Recompute::None ? keep_ : work_;
@@ -171,16 +188,20 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   // whose cost grows with S^2, so the recompute pass skips it and rebuilds only the cheap rest.
   const bool keep_attention = recompute != Recompute::Full;
   const bool attention_known = routing_known && recompute == Recompute::Selective;
+  // The recompute pass (routing_known) needs the FFN's saved tensors, not the block output, so under
+  // tp it skips the output's reduce-scatter.
+  const bool need_out = !(tp && routing_known);
 
-  a.xn1 = A.alloc({T, D}, act_);
-  a.rstd1 = A.alloc({T});
+  a.xn1 = A.alloc({Tl, D}, act_);
+  a.rstd1 = A.alloc({Tl});
   ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
+  a.xg1 = tp_gather(a.xn1, A);  // column-parallel q/k/v read every row of the tp group
   a.q = A.alloc({T, H * Hd}, act_);
   a.k = A.alloc({T, G * Hd}, act_);
   a.v = A.alloc({T, G * Hd}, act_);
-  ops::linear_fwd(a.xn1, w.q, a.q);
-  ops::linear_fwd(a.xn1, w.k, a.k);
-  ops::linear_fwd(a.xn1, w.v, a.v);
+  ops::linear_fwd(a.xg1, w.q, a.q);
+  ops::linear_fwd(a.xg1, w.k, a.k);
+  ops::linear_fwd(a.xg1, w.v, a.v);
   a.qr = A.alloc({T, H, Hd}, act_);
   a.kr = A.alloc({T, G, Hd}, act_);
   a.rstd_q = A.alloc({T * H});
@@ -196,71 +217,97 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     a.lse = Att.alloc({T, H});
     ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
   }
-  a.h1 = A.alloc({T, D}, DType::F32);
-  ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
+  a.h1 = A.alloc({Tl, D}, DType::F32);
+  if (tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
+    Tensor part = work_.alloc({T, D}, DType::F32);
+    ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
+    tp_reduce_scatter(part, a.h1);
+  } else {
+    ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
+  }
   ops::add_(a.h1, a.x);
-  a.xn2 = A.alloc({T, D}, act_);
-  a.rstd2 = A.alloc({T});
+  a.xn2 = A.alloc({Tl, D}, act_);
+  a.rstd2 = A.alloc({Tl});
   ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
 
   if (w.sparse) {
-    const int64_t R = T * K, F = cfg_.moe_intermediate_size;
+    // etp = tp: the experts are F slices and see every row of the tp group; etp = 1: the local rows.
+    const bool etp = tp && expert_tp;
+    const int64_t Tr = etp ? T : Tl, R = Tr * K, F = cfg_.moe_intermediate_size;
     if (!routing_known) {
-      Tensor logits = A.alloc({T, E});
+      Tensor logits = A.alloc({Tl, E});
       ops::linear_fwd(a.xn2, w.router, logits);
-      a.probs = keep_.alloc({T, E});
-      a.idx = keep_.alloc({T, K}, DType::I32);
-      a.wts = keep_.alloc({T, K});
+      a.probs = keep_.alloc({Tl, E});
+      a.idx = keep_.alloc({Tl, K}, DType::I32);
+      a.wts = keep_.alloc({Tl, K});
       Tensor bias_E;
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts, bias_E.defined() ? &bias_E : nullptr);
-      a.zlse = keep_.alloc({T});
+      a.zlse = keep_.alloc({Tl});
       ops::router_z_loss_fwd(logits, a.zlse, zsum_);
       if (!replay_.empty()) replay_routing(l, a);
+      if (etp) {  // the routing of every row of the tp group, kept with the decision
+        a.idx_g = tp_gather(a.idx, keep_);
+        a.wts_g = tp_gather(a.wts, keep_);
+      }
+      const Tensor& idx_e = etp ? a.idx_g : a.idx;
       if (dispatcher) {
         // Expert parallelism: the one routing decision across ranks (counts exchanged), kept for the
         // backward and any recompute.
-        a.ep_plan = std::make_shared<moe::DispatchPlan>(dispatcher->prepare(a.idx, a.wts));
+        a.ep_plan = std::make_shared<moe::DispatchPlan>(dispatcher->prepare(idx_e, etp ? a.wts_g : a.wts));
         dropped_assignments += a.ep_plan->n_dropped;
       } else {
         a.offsets = keep_.alloc({E + 1}, DType::I64);
         a.assign_of_row = keep_.alloc({R}, DType::I32);
-        a.row_of_assign = keep_.alloc({T, K}, DType::I32);
-        ops::make_dispatch_plan(a.idx, E, a.offsets, a.assign_of_row, a.row_of_assign);
+        a.row_of_assign = keep_.alloc({Tr, K}, DType::I32);
+        ops::make_dispatch_plan(idx_e, E, a.offsets, a.assign_of_row, a.row_of_assign);
       }
     }
+    const Tensor& wts_e = etp ? a.wts_g : a.wts;
+    Tensor xe = a.xn2;
+    if (etp) xe = a.xg2 = tp_gather(a.xn2, A);
+    // etp: the F slices' partial outputs of all T rows, summed over tp into the local rows.
+    Tensor oute = etp ? work_.alloc({T, D}, DType::F32) : out;
     if (dispatcher) {
       // Tokens travel to the ranks that own their experts (one all_to_all_v), this rank's experts run
       // on what arrived, and the outputs come back weighted (one all_to_all_v).
       const moe::DispatchPlan& pl = *a.ep_plan;
       const int64_t Rr = pl.rows_received;
-      a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, a.xn2, a.wts) : dispatcher->dispatch(pl, a.xn2);
+      a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
       a.yp = A.alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
       // The combine's phases, finishing straight into the f32 residual-stream output.
       a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
-      dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK() : a.wts, out);
+      dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK(Tr) : wts_e, oute);
     } else {
       a.xp = A.alloc({R, D}, act_);
       if (score_before_experts)
-        ops::permute_weighted_fwd(a.xn2, a.row_of_assign, a.wts, a.xp);
+        ops::permute_weighted_fwd(xe, a.row_of_assign, wts_e, a.xp);
       else
-        ops::permute_fwd(a.xn2, a.assign_of_row, K, a.xp);
+        ops::permute_fwd(xe, a.assign_of_row, K, a.xp);
       a.gu = A.alloc({R, 2 * F}, act_);
       a.hh = A.alloc({R, F}, act_);
       a.yp = A.alloc({R, D}, act_);
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      ops::unpermute_fwd(a.yp, a.row_of_assign, score_before_experts ? ones_TK() : a.wts, out);
+      ops::unpermute_fwd(a.yp, a.row_of_assign, score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
+    if (etp && need_out) tp_reduce_scatter(oute, out);
   } else {
     const int64_t I = cfg_.intermediate_size;
+    a.xg2 = tp_gather(a.xn2, A);  // column-parallel gate/up, row-parallel down
     a.gu = A.alloc({T, 2 * I}, act_);
     a.hh = A.alloc({T, I}, act_);
-    ops::linear_fwd(a.xn2, w.mlp_gate_up, a.gu);
+    ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
     ops::swiglu_fwd(a.gu, a.hh);
-    ops::linear_fwd(a.hh, w.mlp_down, out);
+    if (tp) {
+      Tensor part = work_.alloc({T, D}, DType::F32);
+      ops::linear_fwd(a.hh, w.mlp_down, part);
+      if (need_out) tp_reduce_scatter(part, out);
+    } else {
+      ops::linear_fwd(a.hh, w.mlp_down, out);
+    }
   }
   ops::add_(out, a.h1);
 }
@@ -268,67 +315,85 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
 void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale) {
   const LayerWeights& w = w_.layers[size_t(l)];
   LayerWeights& g = g_.layers[size_t(l)];
-  const int64_t T = T_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
+  const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float theta = float(cfg_.rope_theta);
   Arena& W = work_;
   const bool acc = !first_micro_batch;  // parameter gradients: = on a step's first micro-batch
 
   // FFN: out = h1 + ffn(norm2(h1))
-  Tensor dxn2 = W.zeros({T, D}, act_);
+  Tensor dxn2 = W.zeros({Tl, D}, act_);
   if (w.sparse) {
-    const int64_t R = T * K;
+    // etp = tp: the experts' backward reads the output gradient of all T rows; their input and
+    // routing-weight gradients are partial sums over the F slices, reduce-scattered to the local rows.
+    const bool etp = tp && expert_tp;
+    const int64_t Tr = etp ? T : Tl, R = Tr * K;
+    const Tensor& wts_e = etp ? a.wts_g : a.wts;
+    Tensor dout_e = etp ? tp_gather(dout, W) : dout;
+    Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
     Tensor dwts;
     if (dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
-      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout, a.ys, score_before_experts ? ones_TK() : a.wts);
+      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout_e, a.ys, score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
       ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
                        g.experts_gate_up, g.experts_down, acc);
-      if (score_before_experts)
-        dwts = dispatcher->dispatch_weighted_bwd(pl, dxp, a.xn2, a.wts, dxn2);  // the weights' gradient is here
+      if (score_before_experts)  // the weights' gradient comes from the input side
+        dwts = dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
       else
-        dispatcher->dispatch_bwd(pl, dxp, dxn2);
+        dispatcher->dispatch_bwd(pl, dxp, dxe);
     } else {
       Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
-      dwts = W.alloc({T, K});
-      if (score_before_experts) {  // y = sum_k expert_k(w_k x): the output side is unweighted
-        Tensor no_dots;
-        ops::unpermute_bwd(dout, no_dots, a.row_of_assign, ones_TK(), dyp, dwts);
-      } else {
-        ops::unpermute_bwd(dout, a.yp, a.row_of_assign, a.wts, dyp, dwts);
-      }
+      dwts = W.alloc({Tr, K});
+      if (score_before_experts)  // y = sum_k expert_k(w_k x): the output side is unweighted
+        ops::permute_weighted_fwd(dout_e, a.row_of_assign, ones_TK(Tr), dyp);
+      else
+        ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
       ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
                        g.experts_down, acc);
       if (score_before_experts)
-        ops::permute_weighted_bwd(dxp, a.xn2, a.row_of_assign, a.wts, dxn2, dwts);
+        ops::permute_weighted_bwd(dxp, etp ? a.xg2 : a.xn2, a.row_of_assign, wts_e, dxe, dwts);
       else
-        ops::permute_bwd(dxp, a.assign_of_row, K, dxn2);
+        ops::permute_bwd(dxp, a.assign_of_row, K, dxe);
+    }
+    if (etp) {
+      tp_reduce_scatter(dxe, dxn2);
+      Tensor dw_local = W.alloc({Tl, K});
+      tp_reduce_scatter(dwts, dw_local);
+      dwts = dw_local;
     }
     Tensor dprobs;
     if (aux_scale != 0) {
-      dprobs = W.zeros({T, E});
+      dprobs = W.zeros({Tl, E});
       ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
     }
-    Tensor dlogits = W.alloc({T, E});
+    Tensor dlogits = W.alloc({Tl, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
     if (z_loss_scale != 0) ops::router_z_loss_bwd(a.zlse, a.probs, float(z_loss_scale), dlogits);
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
   } else {
     const int64_t I = cfg_.intermediate_size;
+    Tensor dout_g = tp_gather(dout, W);
     Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
-    ops::linear_bwd(dout, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
+    ops::linear_bwd(dout_g, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
     ops::swiglu_bwd(dhh, a.gu, dgu);
-    ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
+    if (tp) {  // partial input gradients of this rank's columns, summed into the local rows
+      Tensor dxg = W.alloc({T, D}, act_);
+      ops::linear_bwd(dgu, a.xg2, w.mlp_gate_up, &dxg, false, g.mlp_gate_up, acc);
+      tp_reduce_scatter(dxg, dxn2);
+    } else {
+      ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
+    }
   }
-  Tensor dh1 = W.alloc({T, D}, DType::F32);
+  Tensor dh1 = W.alloc({Tl, D}, DType::F32);
   ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm, acc);
   ops::add_(dh1, dout);
 
   // Attention: h1 = x + o_proj(attn(rope(qn), rope(kn), v))
+  Tensor dh1_g = tp_gather(dh1, W);
   Tensor datt = W.alloc({T, H * Hd}, act_);
-  ops::linear_bwd(dh1, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
+  ops::linear_bwd(dh1_g, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
   ops::rope_bwd(dqr, pos_T_, theta);
@@ -336,10 +401,15 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor dq = W.alloc({T * H, Hd}, act_), dk = W.alloc({T * G, Hd}, act_);
   ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm, acc);
   ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm, acc);
-  Tensor dxn1 = W.alloc({T, D}, act_);
-  ops::linear_bwd(dq.view({T, H * Hd}), a.xn1, w.q, &dxn1, false, g.q, acc);
-  ops::linear_bwd(dk.view({T, G * Hd}), a.xn1, w.k, &dxn1, true, g.k, acc);
-  ops::linear_bwd(dv.view({T, G * Hd}), a.xn1, w.v, &dxn1, true, g.v, acc);
+  Tensor dxg1 = W.alloc({T, D}, act_);
+  ops::linear_bwd(dq.view({T, H * Hd}), a.xg1, w.q, &dxg1, false, g.q, acc);
+  ops::linear_bwd(dk.view({T, G * Hd}), a.xg1, w.k, &dxg1, true, g.k, acc);
+  ops::linear_bwd(dv.view({T, G * Hd}), a.xg1, w.v, &dxg1, true, g.v, acc);
+  Tensor dxn1 = dxg1;
+  if (tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
+    dxn1 = W.alloc({Tl, D}, act_);
+    tp_reduce_scatter(dxg1, dxn1);
+  }
   ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
   ops::add_(dx, dh1);
 }
@@ -366,12 +436,20 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   B_ = ids.size(0);
   S_ = ids.size(1);
   T_ = B_ * S_;
-  const int64_t T = T_, D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
+  // Tensor parallelism: this rank's rows of the flattened micro-batch.
+  const int64_t ntp = tp ? tp->size() : 1;
+  if (T_ % ntp != 0)
+    MT_THROW("micro-batch of ", B_, " x ", S_, " = ", T_, " tokens cannot be split evenly over tp (", ntp,
+             ") ranks; use a token count divisible by ", ntp);
+  if (tp && !replay_.empty()) MT_THROW("routing replay is not supported with tensor parallelism (tp ", ntp, ")");
+  Tl_ = T_ / ntp;
+  const int64_t row0 = tp ? int64_t(tp->rank()) * Tl_ : 0;
+  const int64_t T = Tl_, D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
   const bool cpu = device_ == Device::CPU;
 
   // Planned before any layer runs: positions and shifted labels (HF: label of t is labels[t+1]).
-  Tensor pos_host = Tensor::empty({T}, DType::I32);
-  Tensor lab_host = Tensor::empty({T}, DType::I64);
+  Tensor pos_host = Tensor::empty({T_}, DType::I32);  // all T_ rows: RoPE runs on the gathered rows
+  Tensor lab_host = Tensor::empty({T_}, DType::I64);
   Tensor ids_host = ids.to(Device::CPU), labels_host = has_labels ? mb.labels.to(Device::CPU) : Tensor();
   for (int64_t b = 0; b < B_; ++b)
     for (int64_t s = 0; s < S_; ++s) {
@@ -380,8 +458,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
           has_labels && s + 1 < S_ ? labels_host.data<int64_t>()[b * S_ + s + 1] : int64_t(-100);
     }
   pos_T_ = cpu ? pos_host : pos_host.to(device_);
+  lab_host = lab_host.rows(row0, T);  // from here on: this rank's rows (all of them without tp)
   Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
-  Tensor ids_T = ids.to(device_).view({T});
+  Tensor ids_T = ids.to(device_).view({T_}).rows(row0, T);
 
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;

@@ -100,6 +100,15 @@ class Qwen3MoeModel {
   // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
   // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
   moe::ExpertDispatcher* dispatcher = nullptr;
+  // Tensor parallelism (parallel/tensor_parallel.h): the tp group, in tp order; the model's config is
+  // then the tp-local one (H / tp heads, ...). tp rank r holds rows [r T / tp, (r + 1) T / tp) of the
+  // flattened micro-batch (T = B S) between the blocks' column- and row-parallel parts: embedding,
+  // norms, residual, router, head and loss run on those rows; attention and the dense MLPs gather all
+  // T rows over tp and reduce-scatter their partial outputs back. expert_tp (etp = tp): the experts are
+  // F slices too, run on all T rows (inputs and routing gathered), outputs reduce-scattered; otherwise
+  // (etp = 1) they run on the local rows. LossParts and logits then cover the local rows. Null: no tp.
+  comm::Communicator* tp = nullptr;
+  bool expert_tp = false;
   // Assignments this rank's forwards dropped at the experts' capacity (dispatcher with a capacity
   // factor); the caller resets it.
   int64_t dropped_assignments = 0;
@@ -140,8 +149,12 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
   void replay_routing(int64_t l, LayerActs& a);
-  const Tensor& ones_TK();  // f32 [T, K] of ones on the device: unit weights for the output side
+  const Tensor& ones_TK(int64_t rows);  // f32 [rows, K] of ones on the device: unit weights (output side)
   int64_t sparse_index(int64_t l) const;  // position of sparse layer l among the sparse layers
+  // Tensor parallelism: rows [Tl, ...] of every tp rank -> [T, ...] (x itself without tp), and the
+  // sum over tp of partial [T, D] into this rank's rows [Tl, D] (=).
+  Tensor tp_gather(const Tensor& x, Arena& A);
+  void tp_reduce_scatter(const Tensor& partial, Tensor& out);
 
   ModelConfig cfg_;
   Device device_;
@@ -161,6 +174,7 @@ class Qwen3MoeModel {
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.
   int64_t B_ = 0, S_ = 0, T_ = 0;
+  int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
   Tensor pos_T_;                 // i32 positions (t % S)
   Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
   int64_t aux_rows_ = 0;         // N = T * sparse layers

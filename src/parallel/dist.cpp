@@ -11,6 +11,7 @@ DistContext::DistContext(const MeshSpec& spec, int world) : world_(world), mesh_
 DistContext::~DistContext() {
   // The watchdog goes first so that tearing the communicators down is not reported as a hang.
   watchdog_.reset();
+  adopted_.clear();
   expert_dp_reduce_.reset();
   shard_reduce_.reset();
   expert_dp_.reset();
@@ -54,6 +55,13 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   return d;
 }
 
+comm::Communicator* DistContext::adopt(std::unique_ptr<comm::Communicator> c) {
+  MT_CHECK(c != nullptr, "adopt(nullptr)");
+  if (watchdog_) watchdog_->watch(c.get());
+  adopted_.push_back(std::move(c));
+  return adopted_.back().get();
+}
+
 int DistContext::dp_rank() const {
   return mesh_.coord(Axis::DpReplicate, rank_) * mesh_.size(Axis::DpShard) + mesh_.coord(Axis::DpShard, rank_);
 }
@@ -72,8 +80,10 @@ void DistContext::check_schedules() {
 }
 
 std::vector<comm::Communicator*> DistContext::all_comms() {
-  return {world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
-          ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get()};
+  std::vector<comm::Communicator*> v{world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
+                                     ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get()};
+  for (auto& c : adopted_) v.push_back(c.get());
+  return v;
 }
 
 std::string DistContext::describe() const { return mesh_.describe(); }

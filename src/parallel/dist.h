@@ -44,6 +44,10 @@ class DistContext {
   // run beside the next block's weight all-gathers instead of queueing behind them.
   comm::Communicator* dp_shard_reduce() { return shard_reduce_.get(); }
   comm::Communicator* expert_dp_reduce() { return expert_dp_reduce_.get(); }
+  // Takes ownership of a communicator made from this context's (e.g. the tensor-parallel groups, built
+  // by parallel/tensor_parallel.h from the model's shape): the watchdog watches it and check_schedules
+  // covers it. Returns it.
+  comm::Communicator* adopt(std::unique_ptr<comm::Communicator> c);
   int dp_rank() const;
   int dp_size() const;
   // A clean end of a run: a barrier of every rank through the store, so that rank 0 (which serves
@@ -62,6 +66,7 @@ class DistContext {
   std::unique_ptr<comm::Store> store_;
   std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_, shard_reduce_,
       expert_dp_reduce_;
+  std::vector<std::unique_ptr<comm::Communicator>> adopted_;
   std::unique_ptr<comm::Watchdog> watchdog_;
 };
 

@@ -55,19 +55,23 @@ std::pair<int64_t, int64_t> dp_rows(int64_t batch_rows, int dp_rank, int dp_size
 }
 
 FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
-                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg,
-                       const ReduceComms& rc)
+                       comm::Communicator* replicate, FsdpOptions opt, const ExpertGroups& eg, const ReduceComms& rc,
+                       const TpGroups& tg)
     : device_(device),
       shard_(shard),
       replicate_(replicate && replicate->size() > 1 ? replicate : nullptr),
       expert_shard_(eg.expert_shard),
       ep_comm_(eg.ep),
       reduce_(rc),
+      tp_(tg),
       opt_(opt),
-      plan_(plan_units(c, t, eg.ep ? eg.ep->size() : 1, eg.ep ? eg.ep->rank() : 0)),
+      plan_(plan_units(c, t, eg.ep ? eg.ep->size() : 1, eg.ep ? eg.ep->rank() : 0, tg.placement)),
       compute_dt_(device == Device::CUDA ? DType::BF16 : DType::F32) {
   MT_CHECK(shard.device() == device, "dp_shard communicator is on ", device_name(shard.device()), ", the model on ",
            device_name(device));
+  if (tg.placement.on)
+    MT_CHECK(tg.split && (tg.kv || !tg.placement.kv_replicated),
+             "tensor parallelism needs the tp-split (and kv) communicators");
   if (plan_.ep > 1) {
     MT_CHECK(expert_shard_, "expert parallelism needs the expert data-parallel communicator");
     if (replicate_) MT_THROW("expert parallelism with dp_replicate ", replicate_->size(), " > 1 is not supported yet");
@@ -88,11 +92,19 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
 FsdpParams::~FsdpParams() = default;
 
 comm::Communicator& FsdpParams::comm_of(int u) const {
-  return units_[size_t(u)].local_experts ? *expert_shard_ : shard_;
+  const ParamUnit& pu = units_[size_t(u)];
+  if (pu.local_experts) return *expert_shard_;
+  if (pu.tp_group == 1) return *tp_.split;
+  if (pu.tp_group == 2) return *tp_.kv;
+  return shard_;
 }
 
 comm::Communicator& FsdpParams::reduce_comm_of(int u) const {
-  comm::Communicator* c = units_[size_t(u)].local_experts ? reduce_.expert_shard : reduce_.shard;
+  const ParamUnit& pu = units_[size_t(u)];
+  comm::Communicator* c = pu.local_experts   ? reduce_.expert_shard
+                          : pu.tp_group == 1 ? tp_.split_reduce
+                          : pu.tp_group == 2 ? tp_.kv_reduce
+                                             : reduce_.shard;
   if (!c) return comm_of(u);
   MT_CHECK(c->size() == comm_of(u).size() && c->rank() == comm_of(u).rank(), "unit ", u,
            ": the reduction communicator (rank ", c->rank(), " of ", c->size(), ") is not over the shard group (rank ",
@@ -320,8 +332,13 @@ namespace mt {
 
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer) {
+  save_sharded_hf_checkpoint(
+      dir, c, t, [&p](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); }, writer);
+}
+
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t,
+                                const std::function<Tensor(const ParamEntry&)>& fetch, bool writer) {
   // One parameter at a time: every rank takes part in its gather, the writer streams it to disk.
-  auto fetch = [&](const ParamEntry& e) { return p.gather_param_host(e, /*grads=*/false); };
   std::vector<PendingTensor> tensors = pending_hf_tensors(c, t, ExpertLayout::PerExpert, fetch);
   if (writer) {
     write_safetensors_sharded_lazy(dir, tensors, size_t(5) << 30);

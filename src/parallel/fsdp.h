@@ -23,6 +23,7 @@
 // fixed order (recompute happens inside acquire/release of the same unit) and the trainer makes
 // every decision (clip, skip, last micro-batch) from values all ranks share.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -56,12 +57,25 @@ struct ReduceComms {
   comm::Communicator* expert_shard = nullptr;
 };
 
+// Tensor parallelism (parallel/tensor_parallel.h): which parameters are tp slices, and the groups
+// their units are sharded over: `split` the ranks with the same tp coordinate (dp_shard × sp), `kv`
+// the ranks holding the same replicated kv head (dp_shard × sp × tp / G); the *_reduce twins are over
+// the same ranks, for the gradient reductions. The shard communicator is then the dense group
+// (dp_shard × sp × tp), over which the tp-replicated units are sharded.
+struct TpGroups {
+  TpPlacement placement;
+  comm::Communicator* split = nullptr;
+  comm::Communicator* kv = nullptr;
+  comm::Communicator* split_reduce = nullptr;
+  comm::Communicator* kv_reduce = nullptr;
+};
+
 class FsdpParams final : public ParamSource {
  public:
   // shard: the dp_shard communicator; replicate: the dp_replicate communicator (null or size 1: FSDP).
   FsdpParams(const ModelConfig& c, const ParamTable& t, Device device, comm::Communicator& shard,
              comm::Communicator* replicate, FsdpOptions opt = {}, const ExpertGroups& eg = {},
-             const ReduceComms& rc = {});
+             const ReduceComms& rc = {}, const TpGroups& tg = {});
   ~FsdpParams() override;
   const UnitPlan& plan() const override { return plan_; }
 
@@ -118,6 +132,7 @@ class FsdpParams final : public ParamSource {
   comm::Communicator* expert_shard_;
   comm::Communicator* ep_comm_;
   ReduceComms reduce_;
+  TpGroups tp_;
   FsdpOptions opt_;
   UnitPlan plan_;
   std::vector<ParamUnit>& units_ = plan_.units;
@@ -157,4 +172,8 @@ namespace mt {
 // Collective over the dp_shard ranks: units are gathered one at a time.
 void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t, FsdpParams& p,
                                 bool writer);
+// The same with each parameter (global table t) produced by `fetch` (e.g. ParallelModel::gather_param_host,
+// which also reassembles tensor-parallel slices); every rank calls fetch in the same order.
+void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, const ParamTable& t,
+                                const std::function<Tensor(const ParamEntry&)>& fetch, bool writer);
 }  // namespace mt

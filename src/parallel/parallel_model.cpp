@@ -16,8 +16,22 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   }
   if (!dist.distributed()) return pm;
   const DeviceMesh& m = dist.mesh();
-  if (m.size(Axis::Tp) > 1 || m.size(Axis::Sp) > 1)
-    MT_THROW("tp ", m.size(Axis::Tp), " and sp ", m.size(Axis::Sp), ": tensor and sequence parallelism are not implemented yet");
+  if (m.size(Axis::Sp) > 1) MT_THROW("sp ", m.size(Axis::Sp), ": sequence parallelism is not implemented yet");
+  const int tp = m.size(Axis::Tp), etp = m.size(Axis::Etp);
+  TpGroups tg;
+  comm::Communicator* shard = dist.dp_shard();
+  ReduceComms rc{dist.dp_shard_reduce(), dist.expert_dp_reduce()};
+  if (tp > 1) {
+    // Every tp rank holds the tp-local layout; tp-replicated units are sharded over the dense ranks.
+    pm.tp = std::make_shared<TpLayout>(c, tp, etp);
+    pm.tp_comms = make_tp_comms(dist, *pm.tp);
+    tg = TpGroups{pm.tp->placement(), pm.tp_comms.split, pm.tp_comms.kv, pm.tp_comms.split_reduce,
+                  pm.tp_comms.kv_reduce};
+    shard = pm.tp_comms.dense;
+    rc.shard = pm.tp_comms.dense_reduce;
+  }
+  const ModelConfig& lc = pm.model_config(c);
+  const ParamTable& lt = pm.tp ? pm.tp->local_table() : t;
   ExpertGroups eg;
   if (m.size(Axis::Ep) > 1) {
     m.check_experts(int(c.num_experts));
@@ -25,15 +39,14 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
     eg.expert_shard = dist.expert_dp();
     pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts, dopt);
   }
-  ReduceComms rc{dist.dp_shard_reduce(), dist.expert_dp_reduce()};
-  pm.fsdp = std::make_unique<FsdpParams>(c, t, device, *dist.dp_shard(), dist.dp_replicate(), opt, eg, rc);
+  pm.fsdp = std::make_unique<FsdpParams>(lc, lt, device, *shard, dist.dp_replicate(), opt, eg, rc, tg);
   return pm;
 }
 
 void ParallelModel::init_weights(Qwen3MoeModel& m, const ParamTable& t, uint64_t seed) const {
   Tensor& dst = master(m);
   Tensor host = Tensor::zeros({dst.numel()});
-  init_weights_ranges(m.config(), t, pieces(t), host, seed);
+  init_weights_ranges(tp ? tp->global_config() : m.config(), t, pieces(t), host, seed);
   dst.copy_from(host.to(dst.device()));
 }
 
@@ -43,11 +56,22 @@ std::function<double()> ParallelModel::global_grad_sq() const {
   return [f] { return f->global_grad_sq(); };
 }
 
+Tensor ParallelModel::gather_param_host(const ParamEntry& e, bool grads) const {
+  MT_CHECK(fsdp, "gather_param_host needs a sharded model");
+  if (!tp) return fsdp->gather_param_host(e, grads);
+  FsdpParams* f = fsdp.get();
+  return tp->gather_global(e, tp_comms.tp,
+                           [f, grads](const ParamEntry& le) { return f->gather_param_host(le, grads); });
+}
+
 void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
   model.dispatcher = dispatcher.get();
+  model.tp = tp ? tp_comms.tp : nullptr;
+  model.expert_tp = tp && tp->etp() > 1;
   if (!dist.distributed() || !model.aux_enabled()) return;
-  const int n = dist.dp_size();
-  comm::Communicator* dp = dist.dp();
+  // Under tp every rank routes rows of its own: the statistics are summed over the world.
+  const int n = tp ? dist.world_size() : dist.dp_size();
+  comm::Communicator* dp = tp ? dist.world() : dist.dp();
   model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
     dp->all_reduce(counts)->wait();
     dp->all_reduce(sums)->wait();

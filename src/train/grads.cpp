@@ -27,12 +27,14 @@ GradsResult run_grads(const GradsOptions& opt) {
   dopt.mesh.dp_shard = opt.dp_shard;
   dopt.mesh.dp_replicate = opt.dp_replicate;
   dopt.mesh.ep = opt.ep;
+  dopt.mesh.tp = opt.tp;
+  dopt.mesh.etp = opt.etp;
   std::unique_ptr<DistContext> dist = DistContext::create(Device::CPU, dopt);
   const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
   ParamTable table(cfg);
   ParallelModel pm = make_parallel_model(*dist, cfg, table, Device::CPU);
   FsdpParams* fsdp = pm.fsdp.get();
-  Qwen3MoeModel model(cfg, Device::CPU, fsdp);
+  Qwen3MoeModel model(pm.model_config(cfg), Device::CPU, fsdp);
   pm.attach(model, *dist);
   model.recompute = opt.recompute;
   LoadReport rep = load_hf_weights_ranges(opt.model_dir, cfg, table, pm.pieces(table), pm.master(model));
@@ -62,17 +64,20 @@ GradsResult run_grads(const GradsOptions& opt) {
   LossParts lp = model.forward_backward(local, 1.0 / double(n_valid), aux_scale, &logits);
   Tensor all_logits = logits;
   double ce_sum = lp.ce_sum;
-  if (dp_size > 1) {
+  // The ranks with rows of their own: dp, and under tp every rank (tp rank order is row order within
+  // a dp rank's rows, and the world's rank order is dp-major).
+  comm::Communicator* rows_comm = pm.tp ? dist->world() : dist->dp();
+  if (rows_comm && rows_comm->size() > 1) {
     all_logits = Tensor::empty({B * S, cfg.vocab_size});
-    dist->dp()->all_gather(logits, all_logits)->wait();  // dp rank order is row order
+    rows_comm->all_gather(logits, all_logits)->wait();
     ce_sum = 0;
-    for (double v : comm::all_gather_doubles(*dist->dp(), {lp.ce_sum})) ce_sum += v;
+    for (double v : comm::all_gather_doubles(*rows_comm, {lp.ce_sum})) ce_sum += v;
   }
   // Full gradients: gathered one parameter at a time (every rank takes part), written by rank 0.
   Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();
   if (fsdp)
     for (const ParamEntry& e : table.entries())
-      view_at(grads, e.offset, e.shape).copy_from(fsdp->gather_param_host(e, /*grads=*/true));
+      view_at(grads, e.offset, e.shape).copy_from(pm.gather_param_host(e, /*grads=*/true));
 
   GradsResult res{ce_sum / double(n_valid) + lp.aux * aux_scale, lp.aux, n_valid};
   struct Finish {  // every rank waits until rank 0 has written the file
@@ -127,10 +132,12 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--dp-shard") opt.dp_shard = parse_degree(a, value(), 0);
     else if (a == "--dp-replicate") opt.dp_replicate = parse_degree(a, value(), 1);
     else if (a == "--ep") opt.ep = parse_degree(a, value(), 1);
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N]");
+    else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
+    else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

@@ -19,6 +19,8 @@ struct GradsOptions {
   int dp_shard = 0;  // 0 = the rest of the world
   int dp_replicate = 1;
   int ep = 1;  // expert parallelism: experts split over ep ranks, tokens moved by all-to-all
+  int tp = 1;   // tensor parallelism: tp ranks share samples and split heads / MLP columns
+  int etp = 1;  // expert tensor parallelism: 1 or tp (experts' F split over the tp ranks)
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the

@@ -17,6 +17,7 @@
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "parallel/equivalence_util.h"
 #include "parallel/launch_test_util.h"
 
 using namespace mt;
@@ -35,57 +36,11 @@ using test::sh;
 using test::ShellRun;
 std::string tmp(const std::string& name) { return test::tmp_path("fsdp", name); }
 
-// A batch of 4 sequences (divisible by 1, 2 and 4 data-parallel ranks) for the model in `dir`.
 std::string make_batch(const std::string& dir) {
-  std::ifstream f(dir + "/config.json");
-  const int64_t V = nlohmann::json::parse(f)["vocab_size"].get<int64_t>();
-  const int64_t B = 4, S = 12;
-  Tensor ids = Tensor::empty({B, S}, DType::I64), labels = Tensor::empty({B, S}, DType::I64);
-  Rng rng(42);
-  for (int64_t i = 0; i < B * S; ++i) {
-    ids.data<int64_t>()[i] = rng.randint(0, V);
-    labels.data<int64_t>()[i] = i % 5 == 3 ? -100 : ids.data<int64_t>()[i];
-  }
-  std::string path = tmp(fs::path(dir).filename().string() + "_batch.safetensors");
-  write_safetensors(path, {{"input_ids", ids}, {"labels", labels}});
-  return path;
+  return test::make_batch(dir, tmp(fs::path(dir).filename().string() + "_batch.safetensors"));
 }
-
-double rel_l2(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  const float* x = a.data<float>();
-  const float* y = b.data<float>();
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    num += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-    den += double(y[i]) * y[i];
-  }
-  return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
-}
-
-// Loss, logits and all gradients together within 1e-6 (DESIGN's fp32 tolerance for layouts). Each
-// gradient tensor within 2e-6: a data-parallel gradient is the sum of per-rank partial sums that the
-// ops round to f32, and where those partials cancel (norm weights, rarely routed experts) the
-// rounding shows up to ~1.1e-6 relative in single tensors (measured: aux model, 4 ranks).
-void expect_same(const std::string& got_path, const std::string& ref_path, const std::string& what) {
-  SafetensorsFile got(got_path), ref(ref_path);
-  ASSERT_EQ(got.names().size(), ref.names().size()) << what;
-  double num = 0, den = 0;
-  for (const std::string& n : ref.names()) {
-    ASSERT_TRUE(got.has(n)) << what << ": missing " << n;
-    Tensor g = got.read_f32(n), r = ref.read_f32(n);
-    ASSERT_EQ(g.shape(), r.shape()) << what << ": " << n;
-    for (int64_t i = 0; i < g.numel(); ++i) ASSERT_FALSE(std::isnan(g.data<float>()[i])) << what << ": NaN in " << n;
-    const bool grad = n.rfind("grad.", 0) == 0;
-    EXPECT_LE(rel_l2(g, r), grad ? 2e-6 : 1e-6) << what << ": " << n;
-    if (grad)
-      for (int64_t i = 0; i < g.numel(); ++i) {
-        const double d = double(g.data<float>()[i]) - r.data<float>()[i];
-        num += d * d;
-        den += double(r.data<float>()[i]) * r.data<float>()[i];
-      }
-  }
-  EXPECT_LE(std::sqrt(num / den), 1e-6) << what << ": all gradients together";
-}
+using test::expect_same;
+using test::rel_l2;
 
 }  // namespace
 

@@ -42,10 +42,24 @@ TEST(TrainConfig, DefaultsAreValid) {
   EXPECT_EQ(metrics_path(c), "runs/demo/metrics.jsonl");
   c.metrics_file = "m.jsonl";
   EXPECT_EQ(metrics_path(c), "m.jsonl");
-  EXPECT_EQ(train_config_keys().size(), 39u);
+  EXPECT_EQ(train_config_keys().size(), 41u);
   std::string help = train_config_help();
   EXPECT_NE(help.find("--micro-batch-size"), std::string::npos);
   EXPECT_NE(help.find("default 16"), std::string::npos);
+}
+
+TEST(TrainConfig, EtpMustBeOneOrTp) {
+  TrainConfig c;
+  c.tp = 2;
+  c.etp = 2;
+  EXPECT_NO_THROW(validate_train_config(c));
+  c.etp = 3;
+  try {
+    validate_train_config(c);
+    ADD_FAILURE() << "etp 3 with tp 2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must be 1 or tp (2)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainConfig, JsonLoadAndRoundTrip) {
