@@ -16,7 +16,7 @@ static const char* kUsage =
     "usage: moetrain <command> [options]\n"
     "commands:\n"
     "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
-    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective]\n"
+    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective] [--score-before-experts]\n"
     "          [--dp-shard N --dp-replicate N --ep N --tp N --etp 1|N] (under launch: the batch split over the ranks)\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
     "  launch  --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- <command> [args]\n"

@@ -37,6 +37,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   Qwen3MoeModel model(pm.model_config(cfg), Device::CPU, fsdp);
   pm.attach(model, *dist);
   model.recompute = opt.recompute;
+  model.score_before_experts = opt.score_before_experts;
   LoadReport rep = load_hf_weights_ranges(opt.model_dir, cfg, table, pm.pieces(table), pm.master(model));
   pm.refresh_compute_weights(model);
   log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes read, ", expert_layout_name(rep.layout),
@@ -129,15 +130,16 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--batch") opt.batch_path = value();
     else if (a == "--out") opt.out_path = value();
     else if (a == "--recompute") opt.recompute = parse_recompute(value());
+    else if (a == "--score-before-experts") opt.score_before_experts = true;
     else if (a == "--dp-shard") opt.dp_shard = parse_degree(a, value(), 0);
     else if (a == "--dp-replicate") opt.dp_replicate = parse_degree(a, value(), 1);
     else if (a == "--ep") opt.ep = parse_degree(a, value(), 1);
     else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
     else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

@@ -115,6 +115,11 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) {
          return one_of(c.recompute, {"none", "full", "selective"});
        }},
+      {"score_before_experts", &TrainConfig::score_before_experts,
+       "1: y = sum_k expert_k(w_k x) (routing weights on the experts' input); 0 (Qwen3-MoE): y = sum_k w_k expert_k(x)",
+       [](const TrainConfig& c) {
+         return c.score_before_experts == 0 || c.score_before_experts == 1 ? "" : std::string("must be 0 or 1");
+       }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},
       {"router_z_loss_coef", &TrainConfig::router_z_loss_coef,

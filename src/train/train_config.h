@@ -41,6 +41,7 @@ struct TrainConfig {
   int64_t log_every = 1;                    // steps between log lines
   int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
   std::string recompute = "none";           // activation recompute per block: none | full
+  int64_t score_before_experts = 0;        // 1: routing weights multiply the experts' input, not their output
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
   // MoE load balancing beside the config.json aux loss (docs/model.md). 0 = off for both.
   double router_z_loss_coef = 0;       // ST-MoE router z-loss: coef * mean over router rows of lse(logits)^2

@@ -109,6 +109,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   FsdpParams* fsdp = pm.fsdp.get();
   Qwen3MoeModel model(pm.model_config(mc), device, fsdp);
   model.recompute = parse_recompute(cfg.recompute);
+  model.score_before_experts = cfg.score_before_experts != 0;
   pm.attach(model, *dist);
   // Load balancing beside the aux loss (docs/model.md): both need MoE layers.
   int64_t n_sparse = 0;
