@@ -19,6 +19,7 @@ struct GradsOptions {
   int dp_shard = 0;  // 0 = the rest of the world
   int dp_replicate = 1;
   int ep = 1;  // expert parallelism: experts split over ep ranks, tokens moved by all-to-all
+  int sp = 1;  // sequence parallelism (Ulysses): every sequence split over sp ranks
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the
