@@ -111,8 +111,9 @@ class Qwen3MoeModel {
   // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
   // the aux loss is the one of the global batch. Under sequence parallelism the counts and sums are
   // this rank's real tokens only, and the row count is already that of the whole sequences of its
-  // micro-batch (B × S × sparse layers), so the hook sums counts over dp × sp and rows over dp. Called once per micro-batch between the forward and
-  // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
+  // micro-batch (B × S × sparse layers), so the hook sums counts over dp × sp and rows over dp.
+  // Called once per micro-batch between the forward and the loss, only when the aux loss is enabled
+  // (the same on every rank). Unset = one device.
   std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
   // Router z-loss (ST-MoE): forward_backward also differentiates z_loss_scale * LossParts::z. The
   // trainer passes coef / (router rows of the whole step on all ranks: tokens x sparse layers), so

@@ -21,7 +21,8 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
     // Ulysses: dense parameters see different tokens on every sp rank, so they are sharded (and their
     // gradients summed) over dp_shard × sp (dist.dense_shard()).
     check_sp_heads(c, m.size(Axis::Sp));
-    pm.ulysses = std::make_unique<UlyssesExchange>(*dist.sp(), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+    pm.ulysses =
+        std::make_unique<UlyssesExchange>(*dist.sp(), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
   }
   ExpertGroups eg;
   if (m.size(Axis::Ep) > 1) {

@@ -21,8 +21,7 @@ MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int 
   if (ids_BS.dim() != 2 || ids_BS.dtype() != DType::I64) MT_THROW("input_ids must be i64 [B, S], got ", ids_BS.desc());
   const bool labels = labels_BS.defined();
   if (labels && (labels_BS.shape() != ids_BS.shape() || labels_BS.dtype() != DType::I64))
-    MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids_BS.shape()), ", got ",
-             labels_BS.desc());
+    MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids_BS.shape()), ", got ", labels_BS.desc());
   MT_CHECK(sp_rank >= 0 && sp_rank < sp, "sp rank ", sp_rank, " of ", sp);
   auto sh = std::make_shared<SeqShard>();
   const int64_t B = ids_BS.size(0), S = ids_BS.size(1);
@@ -43,7 +42,8 @@ MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int 
       sh->positions.data<int32_t>()[t] = int32_t(s);
       // HF shift over the whole sequence: the target of position s is labels[s + 1], which for the
       // last token of a chunk lies in the next rank's chunk (every rank has the whole batch).
-      if (labels) sh->shifted_labels.data<int64_t>()[t] = s + 1 < S ? lab.data<int64_t>()[b * S + s + 1] : int64_t(-100);
+      if (labels)
+        sh->shifted_labels.data<int64_t>()[t] = s + 1 < S ? lab.data<int64_t>()[b * S + s + 1] : int64_t(-100);
     }
   MicroBatch mb{local_ids.to(ids_BS.device()), Tensor()};
   mb.shard = std::move(sh);
@@ -58,12 +58,16 @@ UlyssesExchange::UlyssesExchange(comm::Communicator& sp, int64_t heads, int64_t 
   Gl_ = G_ >= n ? G_ / n : 1;
 }
 
-int64_t UlyssesExchange::kv_lo(int j) const { return int64_t(j) * Hl_ / (H_ / G_); }
+int64_t UlyssesExchange::kv_lo(int j) const {
+  return int64_t(j) * Hl_ / (H_ / G_);
+}
 
 namespace {
 
 // Host copies for packing (the tensor itself on the CPU).
-Tensor on_host(const Tensor& t) { return t.is_cpu() ? t : t.to(Device::CPU); }
+Tensor on_host(const Tensor& t) {
+  return t.is_cpu() ? t : t.to(Device::CPU);
+}
 
 // A host tensor to unpack into, copied to `out` by finish() when `out` lives on a device.
 struct HostOut {
@@ -93,7 +97,8 @@ void add_elems(char* dst, const char* src, int64_t n, DType dt) {
 
 // Token side: X [BC, N, Hd]; the block of heads [lo, lo + n) is [BC, n, Hd]. `row` = Hd elements in bytes.
 void pack_tokens(const char* X, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* dst) {
-  for (int64_t t = 0; t < BC; ++t) std::memcpy(dst + size_t(t * n) * row, X + size_t(t * N + lo) * row, size_t(n) * row);
+  for (int64_t t = 0; t < BC; ++t)
+    std::memcpy(dst + size_t(t * n) * row, X + size_t(t * N + lo) * row, size_t(n) * row);
 }
 void unpack_tokens(const char* src, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* X, bool add,
                    DType dt) {
@@ -101,8 +106,10 @@ void unpack_tokens(const char* src, int64_t BC, int64_t N, int64_t lo, int64_t n
   for (int64_t t = 0; t < BC; ++t) {
     char* d = X + size_t(t * N + lo) * row;
     const char* s = src + size_t(t * n) * row;
-    if (add) add_elems(d, s, n * per_row, dt);
-    else std::memcpy(d, s, size_t(n) * row);
+    if (add)
+      add_elems(d, s, n * per_row, dt);
+    else
+      std::memcpy(d, s, size_t(n) * row);
   }
 }
 // Head side: Y [B, sp C, n, Hd]; chunk i's block is [B, C, n, Hd] (one contiguous run per sequence).
@@ -125,9 +132,9 @@ void UlyssesExchange::to_heads(const Tensor& q, const Tensor& k, const Tensor& v
                                Tensor& vf) {
   const int n = sp_.size();
   const int64_t BC = q.size(0), C = BC / B;
-  MT_CHECK(q.shape() == Shape({BC, H_, Hd_}) && k.shape() == Shape({BC, G_, Hd_}) && v.shape() == k.shape() &&
-               BC % B == 0,
-           "Ulysses to_heads: q ", q.desc(), ", k ", k.desc(), ", v ", v.desc(), ", B ", B);
+  MT_CHECK(
+      q.shape() == Shape({BC, H_, Hd_}) && k.shape() == Shape({BC, G_, Hd_}) && v.shape() == k.shape() && BC % B == 0,
+      "Ulysses to_heads: q ", q.desc(), ", k ", k.desc(), ", v ", v.desc(), ", B ", B);
   MT_CHECK(qf.shape() == Shape({B * C * n, Hl_, Hd_}) && kf.shape() == Shape({B * C * n, Gl_, Hd_}) &&
                vf.shape() == kf.shape(),
            "Ulysses to_heads: qf ", qf.desc(), ", kf ", kf.desc(), ", vf ", vf.desc());

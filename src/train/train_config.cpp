@@ -149,7 +149,7 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.moe_capacity_factor < 0 ? std::string("must be >= 0 (0 = dropless)") : ""; }},
       {"ep", &TrainConfig::ep, "expert parallelism: experts split over ep ranks (tokens move by all-to-all)",
        [](const TrainConfig& c) { return c.ep < 1 ? std::string("must be >= 1") : ""; }},
-      {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (attention by all-to-all)",
+      {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
        [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",

@@ -32,7 +32,9 @@ const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens
 
 using test::sh;
 using test::ShellRun;
-std::string tmp(const std::string& name) { return test::tmp_path("sp", name); }
+std::string tmp(const std::string& name) {
+  return test::tmp_path("sp", name);
+}
 
 }  // namespace
 
@@ -54,12 +56,11 @@ TEST(SpShard, PositionsLabelsAndPaddingComeFromTheWholeSequence) {
     int64_t valid;
     std::vector<int64_t> ids, lab;
   };
-  for (const Want& w : std::vector<Want>{
-           {2, 0, 3, {10, 11, 12, 15, 16, 17}, {101, -100, 103, 106, 107, 108}},
-           {2, 1, 2, {13, 14, 0, 18, 19, 0}, {104, -100, -100, 109, -100, -100}},
-           {4, 1, 2, {12, 13, 17, 18}, {103, 104, 108, 109}},
-           {4, 2, 1, {14, 0, 19, 0}, {-100, -100, -100, -100}},
-           {4, 3, 0, {0, 0, 0, 0}, {-100, -100, -100, -100}}}) {
+  for (const Want& w : std::vector<Want>{{2, 0, 3, {10, 11, 12, 15, 16, 17}, {101, -100, 103, 106, 107, 108}},
+                                         {2, 1, 2, {13, 14, 0, 18, 19, 0}, {104, -100, -100, 109, -100, -100}},
+                                         {4, 1, 2, {12, 13, 17, 18}, {103, 104, 108, 109}},
+                                         {4, 2, 1, {14, 0, 19, 0}, {-100, -100, -100, -100}},
+                                         {4, 3, 0, {0, 0, 0, 0}, {-100, -100, -100, -100}}}) {
     SCOPED_TRACE("sp " + std::to_string(w.sp) + " rank " + std::to_string(w.rank));
     MicroBatch mb = shard_micro_batch(ids, labels, w.sp, w.rank);
     ASSERT_NE(mb.shard, nullptr);
@@ -97,9 +98,9 @@ TEST_P(SpGrads, EveryLayoutEqualsOneProcess) {
         int nproc;
         std::string flags, name;
       };
-      for (const Layout& l : {Layout{2, "--sp 2", "sp 2"}, Layout{4, "--sp 2", "dp_shard 2 x sp 2"},
-                              Layout{4, "--sp 4", "sp 4 (kv heads replicated)"},
-                              Layout{4, "--ep 2 --sp 2", "ep 2 x sp 2 on 4 ranks"}}) {
+      for (const Layout& l :
+           {Layout{2, "--sp 2", "sp 2"}, Layout{4, "--sp 2", "dp_shard 2 x sp 2"},
+            Layout{4, "--sp 4", "sp 4 (kv heads replicated)"}, Layout{4, "--ep 2 --sp 2", "ep 2 x sp 2 on 4 ranks"}}) {
         const std::string what = GetParam() + ", S " + std::to_string(S) + ", " + l.name + ", recompute " + rc;
         const std::string out = tmp(GetParam() + "_got.safetensors");
         ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
