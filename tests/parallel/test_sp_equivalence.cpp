@@ -5,7 +5,8 @@
 // aux-loss and tied models, with a sequence length divisible by sp and one that is not (padded
 // internally); a 20-step training run (z-loss and aux-loss-free bias on) has the same loss curve,
 // z-loss, expert load and final weights as one process; an sp that does not divide the heads is an
-// error naming both numbers. The sequence planning (shard_micro_batch) is checked on its own.
+// error naming both numbers; greedy evaluation under sp equals one process. The sequence planning
+// (shard_micro_batch) is checked on its own.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -181,4 +182,27 @@ TEST(SpTrain, TwentyStepCurveIsTheSameAsOneProcess) {
     }
     EXPECT_LE(std::sqrt(num / den), 1e-6) << flags;
   }
+}
+
+// Greedy evaluation under sp runs whole sequences on every rank (no shard, no all-to-all) and must
+// agree with one process; the ranks agree on when to stop.
+TEST(SpTrain, EvaluationUnderSpEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  auto cmd = [&](const std::string& dir) {
+    return " train --device cpu --model tiny --steps 4 --warmup-steps 1 --micro-batch-size 4 --seq-len 31"
+           " --eval-problems 12 --out-dir " +
+           dir;
+  };
+  ShellRun one = sh(kBin + cmd(tmp("eval1")));
+  ASSERT_EQ(one.code, 0) << one.out;
+  ShellRun two = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval2")) + " --sp 2");
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto summary = [](const std::string& out) {  // "tiny: loss a -> b, exact-match p% on n held-out problems"
+    size_t e = out.find(" held-out problems");
+    if (e == std::string::npos) return std::string();
+    size_t b = out.rfind("tiny: loss", e);
+    return b == std::string::npos ? std::string() : out.substr(b, e - b);
+  };
+  ASSERT_FALSE(summary(one.out).empty()) << one.out;
+  EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
 }
