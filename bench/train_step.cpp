@@ -12,7 +12,8 @@
 // draws the same global batch and trains on its rows, and rank 0 prints the line with the global
 // and per-GPU tokens/s and the loss of every step (to compare layouts on the same global batch).
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
-// first_micro_batch contract (an A/B of that change in one build).
+// first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
+// how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, sp = 1;
+  int64_t prefetch_depth = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
     else if (a == "--ep") ep = std::stoi(next());
     else if (a == "--sp") sp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
+    else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -129,6 +132,8 @@ int main(int argc, char** argv) {
     Qwen3MoeModel m(mc, dev, fsdp);
     pm.attach(m, *dist);
     m.recompute = parse_recompute(rc);
+    if (prefetch_depth < 1) MT_THROW("--prefetch-depth ", prefetch_depth, " must be >= 1");
+    m.prefetch_depth = prefetch_depth;
     Tensor& master = pm.master(m);
     Tensor& grads = pm.grads(m);
     Tensor* compute = pm.compute(m);
@@ -214,6 +219,7 @@ int main(int argc, char** argv) {
                      {"batch_per_gpu", batch},
                      {"world_size", dist->world_size()},
                      {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
+                     {"prefetch_depth", prefetch_depth},
                      {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},

@@ -1,5 +1,6 @@
 #include "model/qwen3_moe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -440,8 +441,15 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   // head (+ 0 when tied); backward head (+ 0 when tied), L..1, then the embedding's gradient.
   const int head = plan_->head, embed = plan_->embed;
   const bool tied = cfg_.tie_word_embeddings;
+  // Units are announced prefetch_depth ahead of their use: position l < L is block l, L the head.
+  auto fwd_prefetch = [&](int64_t pos) {
+    if (pos < L)
+      for (int u : block_units(pos)) src_->prefetch(u);
+    else if (pos == L)
+      src_->prefetch(head);
+  };
   acquire(embed);
-  for (int u : block_units(0)) src_->prefetch(u);
+  for (int64_t p = 0; p < prefetch_depth; ++p) fwd_prefetch(p);
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   release(embed);
@@ -452,10 +460,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     Tensor out = keep_.alloc({T, D}, DType::F32);
     if (recompute != Recompute::None) work_.reset();
     for (int u : block_units(l)) acquire(u);
-    if (l + 1 < L)
-      for (int u : block_units(l + 1)) src_->prefetch(u);
-    else
-      src_->prefetch(head);
+    fwd_prefetch(l + prefetch_depth);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
     if (recompute != Recompute::None) {  // rebuilt by the recompute (EP keeps them off the arenas)
@@ -476,7 +481,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   acquire(head);
   if (tied) acquire(embed);
   if (backward)
-    for (int u : block_units(L - 1)) src_->prefetch(u);
+    for (int64_t l = L - 1; l >= std::max<int64_t>(0, L - prefetch_depth); --l)
+      for (int u : block_units(l)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
 
@@ -533,8 +539,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     work_.reset();
     const std::vector<int> us = block_units(l);
     for (int u : us) acquire(u);
-    if (l > 0)
-      for (int u : block_units(l - 1)) src_->prefetch(u);
+    if (l - prefetch_depth >= 0)
+      for (int u : block_units(l - prefetch_depth)) src_->prefetch(u);
     for (int u : us) grads_for(u);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);

@@ -41,9 +41,10 @@ comm::CommOptions opt_per_op() {
   return o;
 }
 
-void skip_without_gloo(int ep) {
-  if (ep > 1 && !comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo";
-}
+// A macro, not a function: GTEST_SKIP() returns from the function it is in, and must end the test.
+#define MT_SKIP_WITHOUT_GLOO(ep) \
+  if ((ep) > 1 && !comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo"
+
 
 // Deterministic routing of source rank `src`: K distinct experts per token, never one of `avoid`.
 Tensor routing(int src, int64_t T, int64_t K, int64_t E, const std::set<int64_t>& avoid, uint64_t seed = 1) {
@@ -107,7 +108,7 @@ class DispatcherRouting : public ::testing::TestWithParam<Layout> {};
 TEST_P(DispatcherRouting, SelfDescribingRowsLandInTheirExpertBlockInOrder) {
   const int ep = GetParam().ep;
   const int64_t E = GetParam().E, K = 2, L = E / ep;
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   // Experts 1, E-2 and E-1 receive nothing from anyone; with L = 2 the last rank receives nothing.
   const std::set<int64_t> avoid = {1, E - 2, E - 1};
   auto errors = run_ranks(
@@ -281,7 +282,7 @@ class DispatcherGrads : public ::testing::TestWithParam<Layout> {};
 TEST_P(DispatcherGrads, OutputAndGradientsEqualTheSingleDeviceOpsBitForBit) {
   const int ep = GetParam().ep;
   const int64_t E = GetParam().E, K = 2, D = 5;
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   auto T_of = [](int s) { return int64_t(4 + 2 * s); };
   // The reference: one device, all sources' tokens concatenated, the ops the model runs today.
   std::vector<Tensor> idxs, xs, ws, dys;
@@ -341,7 +342,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DispatcherGrads, ::testing::Values(Layout{2, 4
 TEST(Dispatcher, WorksOnTheEpGroupsOfADeviceMesh) {
   const int world = 4;
   const int64_t E = 4, K = 2, D = 3, T = 5;
-  skip_without_gloo(world);
+  MT_SKIP_WITHOUT_GLOO(world);
   const DeviceMesh mesh(MeshSpec{.ep = 2}, world);  // expert_dp 2 × ep 2: ep groups {0, 1} and {2, 3}
   mesh.check_experts(int(E));
   auto errors = run_ranks(
@@ -386,7 +387,7 @@ TEST_P(DispatcherFiniteDiff, GradientsOfXAndWeightsMatchFiniteDifferences) {
   const double cf = GetParam();
   const int ep = 2;
   const int64_t E = 4, K = 2, D = 3, T = 5;
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   auto errors = run_ranks(
       ep,
       [&](int rank, Communicator& comm) {
@@ -466,7 +467,7 @@ TEST(Dispatcher, CapacityDropsExactlyTheLowestWeightAssignmentsBeyondCapacity) {
   const int ep = 2;
   const int64_t E = 4, K = 2, T = 8, L = E / ep;
   const double cf = 0.5;  // capacity ceil(8 * 2 / 4 * 0.5) = 2 per expert per source
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   // Weights on a coarse grid so that ties happen (the lower assignment index wins a tie).
   auto weights = [&](int s) {
     Tensor w = Tensor::empty({T, K});
@@ -563,7 +564,7 @@ TEST(Dispatcher, CapacityDropsExactlyTheLowestWeightAssignmentsBeyondCapacity) {
 TEST(Dispatcher, LargeCapacityDropsNothingAndEqualsDropless) {
   const int ep = 2;
   const int64_t E = 4, K = 2, T = 6;
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   auto errors = run_ranks(
       ep,
       [&](int rank, Communicator& comm) {
@@ -584,7 +585,7 @@ TEST(Dispatcher, LargeCapacityDropsNothingAndEqualsDropless) {
 TEST(Dispatcher, PlanIsReusedWithoutNewDecisions) {
   const int ep = 2;
   const int64_t E = 4, K = 2, T = 5;
-  skip_without_gloo(ep);
+  MT_SKIP_WITHOUT_GLOO(ep);
   auto errors = run_ranks(
       ep,
       [&](int rank, Communicator& comm) {
@@ -610,7 +611,7 @@ TEST(Dispatcher, PlanIsReusedWithoutNewDecisions) {
 // ---- errors ----
 
 TEST(Dispatcher, ExpertsNotDivisibleByEpNamesBothNumbers) {
-  skip_without_gloo(4);
+  MT_SKIP_WITHOUT_GLOO(4);
   auto errors = run_ranks(
       4,
       [&](int, Communicator& comm) {
