@@ -7,7 +7,8 @@
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
 //                   [--recompute none|full] [--device cuda|cpu] [--no-profile] [--zero-grads]
 // Under `moetrain launch` (or any launcher setting WORLD_SIZE > 1) the model is FSDP-sharded over
-// the ranks (--dp-shard, --dp-replicate as in training); --batch is the per-GPU batch, every rank
+// the ranks (--dp-shard, --dp-replicate, --ep, --sp as in training); --batch is the batch per
+// data-parallel rank (with --sp N, N GPUs share those rows, each a chunk of every sequence); every rank
 // draws the same global batch and trains on its rows, and rank 0 prints the line with the global
 // and per-GPU tokens/s and the loss of every step (to compare layouts on the same global batch).
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
   int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
   bool profile = true, zero_grads = false;
-  int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1;
+  int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
@@ -101,6 +102,7 @@ int main(int argc, char** argv) {
     else if (a == "--ep") ep = std::stoi(next());
     else if (a == "--tp") tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
     else if (a == "--etp") etp = std::stoi(next());
+    else if (a == "--sp") sp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else {
@@ -117,6 +119,7 @@ int main(int argc, char** argv) {
     dopt.mesh.ep = ep;
     dopt.mesh.tp = tp;
     dopt.mesh.etp = etp;
+    dopt.mesh.sp = sp;
     std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
     const int dp = dist->dp_size();
     double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
@@ -151,7 +154,10 @@ int main(int argc, char** argv) {
     MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};
     for (int64_t i = 0; i < global * seq; ++i)
       all.input_ids.data<int64_t>()[i] = all.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
-    MicroBatch mb{all.input_ids.rows(dist->dp_rank() * batch, batch), all.labels.rows(dist->dp_rank() * batch, batch)};
+    // --sp: each of the sp ranks of a data-parallel rank takes its chunk of every sequence.
+    MicroBatch mb = shard_micro_batch(all.input_ids.rows(dist->dp_rank() * batch, batch),
+                                      all.labels.rows(dist->dp_rank() * batch, batch), dist->mesh().size(Axis::Sp),
+                                      dist->sp_rank());
     const int64_t targets = global * (seq - 1), tokens = global * seq;
     std::vector<double> losses;
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/ops.h"
+#include "parallel/ulysses.h"
 
 namespace mt {
 
@@ -32,7 +33,18 @@ struct Qwen3MoeModel::LayerActs {
   Tensor ys;                                      // expert parallelism: outputs back at the source
   Tensor xg1, xg2;                                // tensor parallelism: xn1, xn2 of all T rows (else xn1, xn2)
   Tensor idx_g, wts_g;                            // etp = tp: the routing of all T rows (i32, f32 [T, K])
+  Tensor qf, kf, vf, attf;                        // sequence parallelism: whole sequences, this rank's heads
 };
+
+template <class F>
+void Qwen3MoeModel::for_valid_rows(F&& f) const {
+  if (valid_ == S_) {
+    f(int64_t(0), Tl_);  // every local row (under tp this rank's T_ / tp rows; sp and tp are exclusive)
+    return;
+  }
+  if (valid_ > 0)
+    for (int64_t b = 0; b < B_; ++b) f(b * S_, valid_);
+}
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
     : cfg_(config),
@@ -211,7 +223,23 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
   ops::rope_fwd(a.qr, pos_T_, theta);
   ops::rope_fwd(a.kr, pos_T_, theta);
-  if (!attention_known) {
+  if (sp_) {
+    // Ulysses: whole sequences for this rank's heads, attention, and back to this rank's tokens. The
+    // recompute re-issues the same exchanges (selective: only the first; the backward needs q, k, v).
+    const int64_t Tf = B_ * S_full_, Hl = ulysses->local_heads(), Gl = ulysses->local_kv_heads();
+    a.qf = A.alloc({Tf, Hl, Hd}, act_);
+    a.kf = A.alloc({Tf, Gl, Hd}, act_);
+    a.vf = A.alloc({Tf, Gl, Hd}, act_);
+    ulysses->to_heads(a.qr, a.kr, a.v.view({T, G, Hd}), B_, a.qf, a.kf, a.vf);
+    if (!attention_known) {
+      Arena& Att = keep_attention ? keep_ : work_;
+      a.att = Att.alloc({T, H, Hd}, act_);
+      a.attf = Att.alloc({Tf, Hl, Hd}, act_);
+      a.lse = Att.alloc({Tf, Hl});
+      ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse);
+      ulysses->to_tokens(a.attf, B_, a.att);
+    }
+  } else if (!attention_known) {
     Arena& Att = keep_attention ? keep_ : work_;
     a.att = Att.alloc({T, H, Hd}, act_);
     a.lse = Att.alloc({T, H});
@@ -244,7 +272,13 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts, bias_E.defined() ? &bias_E : nullptr);
       a.zlse = keep_.alloc({Tl});
-      ops::router_z_loss_fwd(logits, a.zlse, zsum_);
+      if (sp_)
+        for_valid_rows([&](int64_t r0, int64_t n) {  // padding adds nothing to the z-loss
+          Tensor zlse = a.zlse.rows(r0, n);
+          ops::router_z_loss_fwd(logits.rows(r0, n), zlse, zsum_);
+        });
+      else
+        ops::router_z_loss_fwd(logits, a.zlse, zsum_);
       if (!replay_.empty()) replay_routing(l, a);
       if (etp) {  // the routing of every row of the tp group, kept with the decision
         a.idx_g = tp_gather(a.idx, keep_);
@@ -366,11 +400,21 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dprobs;
     if (aux_scale != 0) {
       dprobs = W.zeros({Tl, E});
-      ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
+      if (sp_)
+        for_valid_rows([&](int64_t r0, int64_t n) {  // padding rows are not part of the aux loss
+          Tensor d = dprobs.rows(r0, n);
+          ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), d);
+        });
+      else
+        ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
     }
     Tensor dlogits = W.alloc({Tl, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
-    if (z_loss_scale != 0) ops::router_z_loss_bwd(a.zlse, a.probs, float(z_loss_scale), dlogits);
+    if (z_loss_scale != 0)
+      for_valid_rows([&](int64_t r0, int64_t n) {
+        Tensor d = dlogits.rows(r0, n);
+        ops::router_z_loss_bwd(a.zlse.rows(r0, n), a.probs.rows(r0, n), float(z_loss_scale), d);
+      });
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
   } else {
     const int64_t I = cfg_.intermediate_size;
@@ -395,7 +439,16 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor datt = W.alloc({T, H * Hd}, act_);
   ops::linear_bwd(dh1_g, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
-  ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
+  if (sp_) {
+    const int64_t Tf = B_ * S_full_, Hl = ulysses->local_heads(), Gl = ulysses->local_kv_heads();
+    Tensor dattf = W.alloc({Tf, Hl, Hd}, act_), dqf = W.alloc({Tf, Hl, Hd}, act_), dkf = W.alloc({Tf, Gl, Hd}, act_),
+           dvf = W.alloc({Tf, Gl, Hd}, act_);
+    ulysses->to_heads_q(datt.view({T, H, Hd}), B_, dattf);
+    ops::attention_bwd(dattf, a.qf, a.kf, a.vf, a.attf, a.lse, B_, S_full_, dqf, dkf, dvf);
+    ulysses->grads_to_tokens(dqf, dkf, dvf, B_, dqr, dkr, dv);
+  } else {
+    ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
+  }
   ops::rope_bwd(dqr, pos_T_, theta);
   ops::rope_bwd(dkr, pos_T_, theta);
   Tensor dq = W.alloc({T * H, Hd}, act_), dk = W.alloc({T * G, Hd}, act_);
@@ -419,8 +472,16 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   const Tensor& ids = mb.input_ids;
   if (ids.dim() != 2 || ids.dtype() != DType::I64)
     MT_THROW("input_ids must be i64 [B, S], got ", ids.desc());
-  const bool has_labels = mb.labels.defined();
-  if (has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
+  const SeqShard* shard = mb.shard.get();
+  if (shard) {
+    if (!ulysses || ulysses->size() != shard->sp)
+      MT_THROW("a micro-batch sharded over sp ", shard->sp, " needs the model's Ulysses exchange over as many ranks (",
+               ulysses ? ulysses->size() : 0, ")");
+    MT_CHECK(ids.size(1) == shard->chunk && shard->positions.numel() == ids.numel(), "sequence shard of chunk ",
+             shard->chunk, " for input_ids ", ids.desc());
+  }
+  const bool has_labels = shard ? shard->shifted_labels.defined() : mb.labels.defined();
+  if (!shard && has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
     MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids.shape()), ", got ", mb.labels.desc());
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
   if (aux_scale != 0 && !aux_enabled())
@@ -447,16 +508,29 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   const int64_t T = Tl_, D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
   const bool cpu = device_ == Device::CPU;
 
-  // Planned before any layer runs: positions and shifted labels (HF: label of t is labels[t+1]).
-  Tensor pos_host = Tensor::empty({T_}, DType::I32);  // all T_ rows: RoPE runs on the gathered rows
+  // Planned before any layer runs: positions and shifted labels (HF: label of t is labels[t+1]); a
+  // sequence shard brings them, planned over the whole sequences. All T_ rows: under tp RoPE runs on
+  // the gathered rows.
+  Tensor pos_host = Tensor::empty({T_}, DType::I32);
   Tensor lab_host = Tensor::empty({T_}, DType::I64);
-  Tensor ids_host = ids.to(Device::CPU), labels_host = has_labels ? mb.labels.to(Device::CPU) : Tensor();
-  for (int64_t b = 0; b < B_; ++b)
-    for (int64_t s = 0; s < S_; ++s) {
-      pos_host.data<int32_t>()[b * S_ + s] = int32_t(s);
-      lab_host.data<int64_t>()[b * S_ + s] =
-          has_labels && s + 1 < S_ ? labels_host.data<int64_t>()[b * S_ + s + 1] : int64_t(-100);
-    }
+  Tensor ids_host = ids.to(Device::CPU);
+  sp_ = shard != nullptr;
+  S_full_ = shard ? shard->padded_len : S_;
+  valid_ = shard ? shard->valid : S_;
+  if (shard) {
+    pos_host = shard->positions;
+    if (has_labels) lab_host = shard->shifted_labels;
+    else
+      for (int64_t t = 0; t < T_; ++t) lab_host.data<int64_t>()[t] = -100;
+  } else {
+    Tensor labels_host = has_labels ? mb.labels.to(Device::CPU) : Tensor();
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t s = 0; s < S_; ++s) {
+        pos_host.data<int32_t>()[b * S_ + s] = int32_t(s);
+        lab_host.data<int64_t>()[b * S_ + s] =
+            has_labels && s + 1 < S_ ? labels_host.data<int64_t>()[b * S_ + s + 1] : int64_t(-100);
+      }
+  }
   pos_T_ = cpu ? pos_host : pos_host.to(device_);
   lab_host = lab_host.rows(row0, T);  // from here on: this rank's rows (all of them without tp)
   Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
@@ -464,7 +538,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
 
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
-  aux_rows_ = T * n_sparse;
+  // The aux loss's N: router rows of the whole sequences (under sequence parallelism the sp ranks'
+  // real tokens together, which reduce_aux_stats then does not sum again).
+  aux_rows_ = (shard ? B_ * shard->seq_len : T) * n_sparse;
   if (n_sparse > 0) {
     counts_E_ = keep_.zeros({E}, DType::I64);
     sums_E_ = keep_.zeros({E});
@@ -503,12 +579,12 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
       a.ys = Tensor();
     }
     if (cfg_.is_sparse_layer(l)) {
-      ops::expert_counts(a.idx, E, counts_E_);
-      ops::prob_column_sums(a.probs, sums_E_);
-      if (backward) {
-        Tensor load_E = load_LE_.rows(sparse_index(l), 1).view({E});
-        ops::expert_counts(a.idx, E, load_E);
-      }
+      Tensor load_E = load_LE_.rows(sparse_index(l), 1).view({E});
+      for_valid_rows([&](int64_t r0, int64_t n) {  // real tokens only: padding is not part of any statistic
+        ops::expert_counts(a.idx.rows(r0, n), E, counts_E_);
+        ops::prob_column_sums(a.probs.rows(r0, n), sums_E_);
+        if (backward) ops::expert_counts(a.idx.rows(r0, n), E, load_E);
+      });
     }
     h = out;
   }

@@ -23,9 +23,12 @@
 #include "model/config.h"
 #include "model/param_source.h"
 #include "model/params.h"
+#include "model/seq_shard.h"
 #include "moe/dispatcher.h"
 
 namespace mt {
+
+class UlyssesExchange;  // parallel/ulysses.h
 
 // none: keep every activation. full: keep each block's input and routing decision, recompute the
 // rest before the block's backward. selective: as full, but also keep the attention output and its
@@ -35,8 +38,15 @@ Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selectiv
 const char* recompute_name(Recompute r);
 
 struct MicroBatch {
+  MicroBatch() = default;
+  MicroBatch(Tensor ids, Tensor labels_, std::shared_ptr<const SeqShard> shard_ = nullptr)
+      : input_ids(std::move(ids)), labels(std::move(labels_)), shard(std::move(shard_)) {}
   Tensor input_ids;  // i64 (B, S)
   Tensor labels;     // i64 (B, S), HF semantics (shifted inside), -100 = ignore; may be undefined for forward()
+  // Sequence parallelism: input_ids are this rank's chunk [B, C] of each sequence and the shard
+  // carries positions and shifted labels (labels unused); made by shard_micro_batch
+  // (parallel/ulysses.h). Null: the micro-batch is whole sequences.
+  std::shared_ptr<const SeqShard> shard;
 };
 
 struct LossParts {
@@ -109,13 +119,20 @@ class Qwen3MoeModel {
   // (etp = 1) they run on the local rows. LossParts and logits then cover the local rows. Null: no tp.
   comm::Communicator* tp = nullptr;
   bool expert_tp = false;
+  // Sequence parallelism (Ulysses): attention's all-to-alls over the sp group, used for micro-batches
+  // that carry a SeqShard (others, e.g. evaluation, run whole sequences on every rank without it).
+  // Must outlive the model's calls.
+  UlyssesExchange* ulysses = nullptr;
   // Assignments this rank's forwards dropped at the experts' capacity (dispatcher with a capacity
   // factor); the caller resets it.
   int64_t dropped_assignments = 0;
   // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
   // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
-  // the aux loss is the one of the global batch. Called once per micro-batch between the forward and
-  // the loss, only when the aux loss is enabled (the same on every rank). Unset = one device.
+  // the aux loss is the one of the global batch. Under sequence parallelism the counts and sums are
+  // this rank's real tokens only, and the row count is already that of the whole sequences of its
+  // micro-batch (B × S × sparse layers), so the hook sums counts over dp × sp and rows over dp.
+  // Called once per micro-batch between the forward and the loss, only when the aux loss is enabled
+  // (the same on every rank). Unset = one device.
   std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
   // Router z-loss (ST-MoE): forward_backward also differentiates z_loss_scale * LossParts::z. The
   // trainer passes coef / (router rows of the whole step on all ranks: tokens x sparse layers), so
@@ -175,7 +192,14 @@ class Qwen3MoeModel {
   // Per micro-batch state planned before the layers run.
   int64_t B_ = 0, S_ = 0, T_ = 0;
   int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
-  Tensor pos_T_;                 // i32 positions (t % S)
+  Tensor pos_T_;                 // i32 positions (t % S, or the shard's global positions)
+  // Sequence parallelism: the padded whole-sequence length S' (= S_ without a shard) and the real
+  // tokens at the start of each local sequence chunk (= S_ without a shard).
+  int64_t S_full_ = 0, valid_ = 0;
+  bool sp_ = false;  // this micro-batch is a sequence chunk (attention through ulysses)
+  // Calls f(first_row, rows) for each run of real (not padding) local token rows.
+  template <class F>
+  void for_valid_rows(F&& f) const;
   Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
   int64_t aux_rows_ = 0;         // N = T * sparse layers
   std::vector<LayerActs> acts_;

@@ -12,6 +12,10 @@ DistContext::~DistContext() {
   // The watchdog goes first so that tearing the communicators down is not reported as a hang.
   watchdog_.reset();
   adopted_.clear();
+  shard_sp_reduce_.reset();
+  shard_sp_.reset();
+  dp_sp_.reset();
+  sp_.reset();
   expert_dp_reduce_.reset();
   shard_reduce_.reset();
   expert_dp_.reset();
@@ -48,6 +52,15 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
     d->expert_dp_reduce_ = d->expert_dp_->split(0, d->expert_dp_->rank(), "expert_dp.reduce");
   }
   d->shard_reduce_ = d->shard_->split(0, d->shard_->rank(), "dp_shard.reduce");
+  if (m.size(Axis::Sp) > 1) {
+    using A = Axis;
+    d->sp_ = d->world_comm_->split(m.group_color(A::Sp, r), m.coord(A::Sp, r), "sp");
+    d->dp_sp_ = d->world_comm_->split(m.group_color({A::DpReplicate, A::DpShard, A::Sp}, r),
+                                      m.group_coord({A::DpReplicate, A::DpShard, A::Sp}, r), "dp_sp");
+    d->shard_sp_ = d->world_comm_->split(m.group_color({A::DpShard, A::Sp}, r), m.group_coord({A::DpShard, A::Sp}, r),
+                                         "dp_shard_sp");
+    d->shard_sp_reduce_ = d->shard_sp_->split(0, d->shard_sp_->rank(), "dp_shard_sp.reduce");
+  }
   d->watchdog_ = std::make_unique<comm::Watchdog>(*d->store_, r, opt.comm.timeout);
   for (comm::Communicator* c : d->all_comms())
     if (c) d->watchdog_->watch(c);
@@ -81,7 +94,8 @@ void DistContext::check_schedules() {
 
 std::vector<comm::Communicator*> DistContext::all_comms() {
   std::vector<comm::Communicator*> v{world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
-                                     ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get()};
+                                     ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get(),
+                                     sp_.get(),         dp_sp_.get(),     shard_sp_.get(),     shard_sp_reduce_.get()};
   for (auto& c : adopted_) v.push_back(c.get());
   return v;
 }

@@ -48,6 +48,15 @@ class DistContext {
   // by parallel/tensor_parallel.h from the model's shape): the watchdog watches it and check_schedules
   // covers it. Returns it.
   comm::Communicator* adopt(std::unique_ptr<comm::Communicator> c);
+  // Sequence parallelism (sp > 1): the sp group (rank order is chunk order), the ranks that see
+  // different tokens (dp × sp: dp_rank × sp + sp coordinate), and the group dense parameters are
+  // sharded over (dp_shard × sp: every rank of it sees different tokens), with its reduction twin.
+  // With sp = 1: sp() is null and the others are dp(), dp_shard() and dp_shard_reduce().
+  comm::Communicator* sp() { return sp_.get(); }
+  comm::Communicator* dp_sp() { return dp_sp_ ? dp_sp_.get() : dp_.get(); }
+  comm::Communicator* dense_shard() { return shard_sp_ ? shard_sp_.get() : shard_.get(); }
+  comm::Communicator* dense_shard_reduce() { return shard_sp_ ? shard_sp_reduce_.get() : shard_reduce_.get(); }
+  int sp_rank() const { return mesh_.coord(Axis::Sp, rank_); }
   int dp_rank() const;
   int dp_size() const;
   // A clean end of a run: a barrier of every rank through the store, so that rank 0 (which serves
@@ -67,6 +76,7 @@ class DistContext {
   std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_, shard_reduce_,
       expert_dp_reduce_;
   std::vector<std::unique_ptr<comm::Communicator>> adopted_;
+  std::unique_ptr<comm::Communicator> sp_, dp_sp_, shard_sp_, shard_sp_reduce_;
   std::unique_ptr<comm::Watchdog> watchdog_;
 };
 

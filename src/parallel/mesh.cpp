@@ -99,6 +99,39 @@ int DeviceMesh::group_color(Axis a, int rank) const {
 
 int DeviceMesh::dp_color(int rank) const { return rank % stride_of(*this, Axis::DpShard); }
 
+namespace {
+constexpr Axis kDenseAxes[] = {Axis::DpReplicate, Axis::DpShard, Axis::Sp, Axis::Tp};  // slowest first
+bool has_axis(std::initializer_list<Axis> axes, Axis a) {
+  for (Axis x : axes) {
+    MT_CHECK(x == Axis::DpReplicate || x == Axis::DpShard || x == Axis::Sp || x == Axis::Tp,
+             "multi-axis groups are over dense axes; got ", axis_name(x));
+    if (x == a) return true;
+  }
+  return false;
+}
+}  // namespace
+
+int DeviceMesh::group_color(std::initializer_list<Axis> axes, int rank) const {
+  int c = 0;
+  for (Axis a : kDenseAxes)
+    if (!has_axis(axes, a)) c = c * size(a) + coord(a, rank);
+  return c;
+}
+
+int DeviceMesh::group_coord(std::initializer_list<Axis> axes, int rank) const {
+  int c = 0;
+  for (Axis a : kDenseAxes)
+    if (has_axis(axes, a)) c = c * size(a) + coord(a, rank);
+  return c;
+}
+
+int DeviceMesh::group_size(std::initializer_list<Axis> axes) const {
+  int n = 1;
+  for (Axis a : kDenseAxes)
+    if (has_axis(axes, a)) n *= size(a);
+  return n;
+}
+
 void DeviceMesh::check_experts(int num_experts) const {
   if (num_experts % s_.ep != 0) MT_THROW("num_experts (", num_experts, ") must be divisible by ep (", s_.ep, ")");
 }

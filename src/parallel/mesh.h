@@ -3,6 +3,7 @@
 // expert_dp × ep × etp (etp fastest), where etp is 1 or tp (DESIGN.md, "parallel folding"). "axis"
 // is a mesh axis; "dim" is a tensor dimension. Invalid layouts are rejected naming every degree.
 #pragma once
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,13 @@ class DeviceMesh {
   // color for Communicator::split).
   int group_color(Axis a, int rank) const;
   int dp_color(int rank) const;
+  // Groups over several dense axes (dp_replicate, dp_shard, sp, tp), e.g. {DpShard, Sp}: the ranks
+  // that differ from `rank` only along those axes. group_color is equal within a group and differs
+  // between groups; group_coord is rank's index in its group, the axes taken in folding order
+  // (dp_replicate slowest, tp fastest), so {DpReplicate, DpShard, Sp} gives dp_rank × sp + sp coord.
+  int group_color(std::initializer_list<Axis> axes, int rank) const;
+  int group_coord(std::initializer_list<Axis> axes, int rank) const;
+  int group_size(std::initializer_list<Axis> axes) const;
   // Checks the experts split: num_experts divisible by ep.
   void check_experts(int num_experts) const;
   std::string describe() const;  // "world 8 = dp_replicate 1 × dp_shard 4 × sp 1 × tp 2; experts: ..."

@@ -16,11 +16,20 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   }
   if (!dist.distributed()) return pm;
   const DeviceMesh& m = dist.mesh();
-  if (m.size(Axis::Sp) > 1) MT_THROW("sp ", m.size(Axis::Sp), ": sequence parallelism is not implemented yet");
   const int tp = m.size(Axis::Tp), etp = m.size(Axis::Etp);
+  if (tp > 1 && m.size(Axis::Sp) > 1)
+    MT_THROW("tp ", tp, " with sp ", m.size(Axis::Sp), ": tensor and sequence parallelism together are not supported yet; "
+             "use one of them (with dp_shard, dp_replicate and ep)");
+  if (m.size(Axis::Sp) > 1) {
+    // Ulysses: dense parameters see different tokens on every sp rank, so they are sharded (and their
+    // gradients summed) over dp_shard × sp (dist.dense_shard()).
+    check_sp_heads(c, m.size(Axis::Sp));
+    pm.ulysses =
+        std::make_unique<UlyssesExchange>(*dist.sp(), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+  }
   TpGroups tg;
-  comm::Communicator* shard = dist.dp_shard();
-  ReduceComms rc{dist.dp_shard_reduce(), dist.expert_dp_reduce()};
+  comm::Communicator* shard = dist.dense_shard();
+  ReduceComms rc{dist.dense_shard_reduce(), dist.expert_dp_reduce()};
   if (tp > 1) {
     // Every tp rank holds the tp-local layout; tp-replicated units are sharded over the dense ranks.
     pm.tp = std::make_shared<TpLayout>(c, tp, etp);
@@ -68,10 +77,13 @@ void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
   model.dispatcher = dispatcher.get();
   model.tp = tp ? tp_comms.tp : nullptr;
   model.expert_tp = tp && tp->etp() > 1;
+  model.ulysses = ulysses.get();
   if (!dist.distributed() || !model.aux_enabled()) return;
-  // Under tp every rank routes rows of its own: the statistics are summed over the world.
+  // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
+  // counts and sums come from every rank with other samples or other tokens (dp × sp); the model's row
+  // count already covers its whole sequences, so only the data-parallel ranks multiply it.
   const int n = tp ? dist.world_size() : dist.dp_size();
-  comm::Communicator* dp = tp ? dist.world() : dist.dp();
+  comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
   model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
     dp->all_reduce(counts)->wait();
     dp->all_reduce(sums)->wait();

@@ -9,12 +9,14 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/ulysses.h"
 
 namespace mt {
 
 struct ParallelModel {
   std::unique_ptr<FsdpParams> fsdp;                // null in a single process
   std::unique_ptr<moe::ExpertDispatcher> dispatcher;  // null without expert parallelism and capacity
+  std::unique_ptr<UlyssesExchange> ulysses;           // null without sequence parallelism
   // A capacity factor without expert parallelism: the dispatcher runs over a one-rank group of its own.
   std::unique_ptr<comm::Store> self_store;
   std::unique_ptr<comm::Communicator> self_comm;
@@ -25,8 +27,8 @@ struct ParallelModel {
   TpComms tp_comms;
   // The config to build the Qwen3MoeModel with: the tp-local one under tensor parallelism.
   const ModelConfig& model_config(const ModelConfig& global) const { return tp ? tp->local_config() : global; }
-  // Connects a model built on `fsdp` to the dispatcher and to the data-parallel statistics
-  // (aux-loss counts summed over the ranks that hold other samples).
+  // Connects a model built on `fsdp` to the dispatcher, the Ulysses exchange and to the data-parallel
+  // statistics (aux-loss counts summed over the ranks that hold other samples or other tokens).
   void attach(Qwen3MoeModel& model, DistContext& dist) const;
 
   // This rank's parameter buffers, whether the model holds them all (one process) or FSDP shards

@@ -9,6 +9,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
+#include "parallel/ulysses.h"
 
 namespace mt {
 
@@ -29,8 +30,9 @@ GradsResult run_grads(const GradsOptions& opt) {
   dopt.mesh.ep = opt.ep;
   dopt.mesh.tp = opt.tp;
   dopt.mesh.etp = opt.etp;
+  dopt.mesh.sp = opt.sp;
   std::unique_ptr<DistContext> dist = DistContext::create(Device::CPU, dopt);
-  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
+  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank(), sp = dist->mesh().size(Axis::Sp);
   ParamTable table(cfg);
   ParallelModel pm = make_parallel_model(*dist, cfg, table, Device::CPU);
   FsdpParams* fsdp = pm.fsdp.get();
@@ -54,10 +56,13 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (n_valid == 0) MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
   double aux_scale = model.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
   MicroBatch local = mb;
+  const int64_t rows = B / dp_size;
   if (dp_size > 1) {
     auto [r0, n] = dp_rows(B, dp_rank, dp_size);
     local = MicroBatch{mb.input_ids.rows(r0, n), mb.labels.rows(r0, n)};
   }
+  // Sequence parallelism: this rank's chunk of every sequence, planned here from the whole batch.
+  local = shard_micro_batch(local.input_ids, local.labels, sp, dist->sp_rank());
 
   if (fsdp) fsdp->zero_grads();
   else model.zero_grads();
@@ -68,11 +73,29 @@ GradsResult run_grads(const GradsOptions& opt) {
   // The ranks with rows of their own: dp, and under tp every rank (tp rank order is row order within
   // a dp rank's rows, and the world's rank order is dp-major).
   comm::Communicator* rows_comm = pm.tp ? dist->world() : dist->dp();
-  if (rows_comm && rows_comm->size() > 1) {
+  if (rows_comm && rows_comm->size() > 1 && sp == 1) {
     all_logits = Tensor::empty({B * S, cfg.vocab_size});
     rows_comm->all_gather(logits, all_logits)->wait();
     ce_sum = 0;
     for (double v : comm::all_gather_doubles(*rows_comm, {lp.ce_sum})) ce_sum += v;
+  } else if (sp > 1) {
+    // Every rank's [rows, C] chunk logits (padding included); dp_sp rank k holds rows of dp rank
+    // k / sp, chunk k % sp. Reassembled into [B, S] without the padding.
+    const int64_t C = local.shard->chunk, V = cfg.vocab_size;
+    comm::Communicator& g = *dist->dp_sp();
+    Tensor gathered = Tensor::empty({int64_t(g.size()) * rows * C * V});
+    g.all_gather(logits, gathered)->wait();
+    all_logits = Tensor::empty({B * S, V});
+    for (int k = 0; k < g.size(); ++k)
+      for (int64_t b = 0; b < rows; ++b)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t s = int64_t(k % sp) * C + c;
+          if (s >= S) continue;
+          all_logits.rows((int64_t(k / sp) * rows + b) * S + s, 1)
+              .copy_from(gathered.rows((int64_t(k) * rows * C + b * C + c) * V, V).view({1, V}));
+        }
+    ce_sum = 0;
+    for (double v : comm::all_gather_doubles(g, {lp.ce_sum})) ce_sum += v;
   }
   // Full gradients: gathered one parameter at a time (every rank takes part), written by rank 0.
   Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();
@@ -136,10 +159,11 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--ep") opt.ep = parse_degree(a, value(), 1);
     else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
     else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
+    else if (a == "--sp") opt.sp = parse_degree(a, value(), 1);
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

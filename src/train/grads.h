@@ -22,6 +22,7 @@ struct GradsOptions {
   int ep = 1;  // expert parallelism: experts split over ep ranks, tokens moved by all-to-all
   int tp = 1;   // tensor parallelism: tp ranks share samples and split heads / MLP columns
   int etp = 1;  // expert tensor parallelism: 1 or tp (experts' F split over the tp ranks)
+  int sp = 1;  // sequence parallelism (Ulysses): every sequence split over sp ranks
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the

@@ -158,6 +158,8 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.tp < 1 ? std::string("must be >= 1") : ""; }},
       {"etp", &TrainConfig::etp, "expert tensor parallelism: 1 (experts whole) or tp (experts' F split over the tp ranks)",
        [](const TrainConfig& c) { return c.etp != 1 && c.etp != c.tp ? str("must be 1 or tp (", c.tp, ")") : ""; }},
+      {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
+       [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",
        [](const TrainConfig& c) { return one_of(c.grad_reduce_dtype, {"f32", "bf16"}); }},

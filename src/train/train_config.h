@@ -53,6 +53,7 @@ struct TrainConfig {
   int64_t ep = 1;                 // expert parallelism: num_experts / ep experts per rank
   int64_t tp = 1;                 // tensor parallelism (the tp ranks share samples)
   int64_t etp = 1;                // expert tensor parallelism: 1 or tp
+  int64_t sp = 1;                 // sequence parallelism (Ulysses): each sequence split over sp ranks
   double moe_capacity_factor = 0;  // > 0: per-expert capacity per rank (Megatron's rule), drops lowest weights
   std::string grad_reduce_dtype = "f32";  // FSDP gradient reduction: f32 | bf16 (bf16 on the wire, fp32 sums)
   std::string grad_sync = "every";  // FSDP gradient reduce-scatter: every micro-batch | last (full-size grads meanwhile)

@@ -21,6 +21,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
 #include "parallel/sharded_load.h"
+#include "parallel/ulysses.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
@@ -91,13 +92,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
   dopt.mesh.ep = int(cfg.ep);
   dopt.mesh.tp = int(cfg.tp);
   dopt.mesh.etp = int(cfg.etp);
+  dopt.mesh.sp = int(cfg.sp);
   dopt.comm.timeout = std::chrono::seconds(cfg.comm_timeout_s);
   dopt.comm.schedule_check = cfg.schedule_check == "off"      ? comm::ScheduleCheck::Off
                              : cfg.schedule_check == "per_op" ? comm::ScheduleCheck::PerOp
                                                               : comm::ScheduleCheck::Periodic;
   std::unique_ptr<DistContext> dist = DistContext::create(device, dopt);
   const bool lead = dist->rank() == 0;
-  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank();
+  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank(), sp = dist->mesh().size(Axis::Sp);
   if (cfg.micro_batch_size % dp_size != 0)
     MT_THROW("micro_batch_size ", cfg.micro_batch_size, " cannot be split evenly over ", dp_size,
              " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp_size);
@@ -253,18 +255,20 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (debug_hit("MOETRAIN_DEBUG_KILL", dist->rank(), step + 1)) std::raise(SIGKILL);
     double t_data = 0, t_fwd = 0, t_bwd = 0;
     // The loss is normalised by the target tokens of the whole step, counted before any forward.
-    std::vector<Batch> batches;
+    std::vector<MicroBatch> batches;
     int64_t targets = 0, tokens = 0;
     auto td = Clock::now();
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      batches.push_back(data->next());
-      targets += count_target_tokens(batches.back().labels);
-      tokens += batches.back().input_ids.numel();
+      Batch b = data->next();
+      targets += count_target_tokens(b.labels);
+      tokens += b.input_ids.numel();
       if (dp_size > 1) {  // this rank's rows of the global micro-batch
-        auto [r0, n] = dp_rows(batches.back().input_ids.size(0), dp_rank, dp_size);
-        batches.back().input_ids = batches.back().input_ids.rows(r0, n);
-        batches.back().labels = batches.back().labels.rows(r0, n);
+        auto [r0, n] = dp_rows(b.input_ids.size(0), dp_rank, dp_size);
+        b.input_ids = b.input_ids.rows(r0, n);
+        b.labels = b.labels.rows(r0, n);
       }
+      // Sequence parallelism: this rank's chunk of every sequence, planned from the whole rows.
+      batches.push_back(shard_micro_batch(b.input_ids, b.labels, sp, dist->sp_rank()));
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
@@ -280,8 +284,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       // gets fresh unit gradient buffers unless they stay unreduced until the last one.
       model.first_micro_batch = m == 0 || (fsdp && cfg.grad_sync == "every");
       if (fsdp) fsdp->set_last_micro_batch(m + 1 == cfg.grad_accum);
-      LossParts lp = model.forward_backward(MicroBatch{batches[size_t(m)].input_ids, batches[size_t(m)].labels},
-                                            1.0 / double(targets), aux_scale);
+      LossParts lp = model.forward_backward(batches[size_t(m)], 1.0 / double(targets), aux_scale);
       ce_sum += lp.ce_sum;
       aux_sum += lp.aux;
       z_sum += lp.z;
@@ -311,8 +314,9 @@ TrainSummary run_training(const TrainConfig& cfg) {
     Tensor load;
     if (n_sparse > 0) {
       load = model.expert_load();
-      // (Under tp every rank routes rows of its own: the world.)
-      if (dist->distributed()) (pm.tp ? dist->world() : dist->dp())->all_reduce(load)->wait();
+      // (Under tp every rank routes rows of its own: the world; under sp the ranks with other samples
+      // or tokens.)
+      if (dist->distributed()) (pm.tp ? dist->world() : dist->dp_sp())->all_reduce(load)->wait();
       if (cfg.router_bias_update_rate > 0 && !os.skipped)
         ops::router_bias_update(load, float(cfg.router_bias_update_rate), model.router_bias());
     }
@@ -329,7 +333,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       z_sum = 0;
       for (int r = 0; r < dist->world_size(); ++r) {
         const double* v = all.data() + kVals * size_t(r);
-        if (dist->mesh().coord(Axis::Sp, r) == 0) {  // tp ranks hold rows of their own
+        {  // every rank's sums add up: tp and sp ranks hold rows or tokens of their own (not both at once)
           ce_sum += v[0];
           z_sum += v[1];
         }

@@ -1,0 +1,32 @@
+// A micro-batch's sequence chunk under sequence parallelism (Ulysses): what the model needs to know
+// about the whole sequence to run on its chunk of it, planned before the forward from the full
+// micro-batch (parallel/ulysses.h, shard_micro_batch) and passed in, so that nothing inside the
+// model (recompute included) issues a collective to learn positions, labels or validity.
+//
+// Layout: every sequence of the micro-batch (B rows, real length S) is padded to S' = a multiple of
+// sp, and rank r of the sp group holds positions [r C, (r + 1) C) of each (C = S' / sp), so the
+// model's local tokens are [B, C], row-major. Padding (positions >= S) has token id 0 and label
+// -100; it sits at the end of each sequence, so under causal attention no real query sees it, and
+// the model keeps it out of every statistic (router counts, probability sums, z-loss, expert load).
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt {
+
+struct SeqShard {
+  int sp = 1;              // ranks of the sequence-parallel group
+  int rank = 0;            // this rank's chunk
+  int64_t seq_len = 0;     // S: the real length of every sequence
+  int64_t padded_len = 0;  // S' = ceil(S / sp) × sp
+  int64_t chunk = 0;       // C = S' / sp: local tokens per sequence
+  // Real (not padding) tokens at the start of each local sequence chunk: clamp(S − rank C, 0, C).
+  // Padding is always a suffix of a chunk, so this count is the whole validity mask.
+  int64_t valid = 0;
+  Tensor positions;       // i32 [B C] (host): the global position of each local token
+  Tensor shifted_labels;  // i64 [B C] (host): the target of each local token (HF shift done over
+                          // the whole sequence); -100 for padding; undefined without labels
+};
+
+}  // namespace mt

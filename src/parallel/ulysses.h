@@ -1,0 +1,61 @@
+// Ulysses sequence parallelism: the sp ranks of a group each hold a chunk of every sequence
+// (model/seq_shard.h); attention needs whole sequences, so q, k and v go through one all-to-all
+// from sequence-sharded / all heads to whole-sequence / head-sharded, attention runs on the whole
+// sequences for this rank's heads, and the output comes back with a second all-to-all. The
+// backward reverses both (dout to heads; dq, dk, dv back to tokens).
+//
+// Heads: rank j gets query heads [j H/sp, (j+1) H/sp) and the kv heads those use. With G % sp == 0
+// that is G/sp kv heads of its own; with sp % G == 0 (G < sp) each kv head is replicated to the
+// sp/G ranks whose query heads use it, and in the backward their gradients are summed at the
+// source. Other head counts are refused (check_sp_heads names them).
+//
+// Rows travel as contiguous blocks packed and unpacked by host loops (memcpy per token row), so
+// the exchange works for any element size; on CUDA tensors the data goes through the host for the
+// packing (correct, not fast: a device pack kernel is the next step). Every rank sends the same
+// number of elements to every rank, so the all-to-alls need no count exchange and recompute
+// re-issues exactly the same ones.
+#pragma once
+#include <memory>
+
+#include "comm/communicator.h"
+#include "model/config.h"
+#include "model/qwen3_moe.h"
+
+namespace mt {
+
+// Throws unless sp divides num_attention_heads and sp and num_key_value_heads divide one another,
+// naming the numbers.
+void check_sp_heads(const ModelConfig& c, int sp);
+
+// This rank's piece of a micro-batch (ids, labels: i64 [B, S], HF semantics) for sequence chunk
+// sp_rank of sp (see SeqShard). labels may be undefined (forward only). sp = 1 returns the batch
+// as it is (no shard). Host computation only: no collective.
+MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank);
+
+class UlyssesExchange {
+ public:
+  // sp: the sequence-parallel group (its rank order is chunk order).
+  UlyssesExchange(comm::Communicator& sp, int64_t heads, int64_t kv_heads, int64_t head_dim);
+  int size() const { return sp_.size(); }
+  int64_t local_heads() const { return Hl_; }
+  int64_t local_kv_heads() const { return Gl_; }
+
+  // Forward. q [B C, H, Hd], k and v [B C, G, Hd] (this rank's tokens) -> qf [B S', Hl, Hd],
+  // kf and vf [B S', Gl, Hd] (whole sequences, this rank's heads). One all_to_all_v.
+  void to_heads(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, Tensor& qf, Tensor& kf, Tensor& vf);
+  // of [B S', Hl, Hd] -> o [B C, H, Hd]. One all_to_all_v. Also the backward's dq (without k, v).
+  void to_tokens(const Tensor& of, int64_t B, Tensor& o);
+  // Backward. d [B C, H, Hd] -> df [B S', Hl, Hd] (the query part of to_heads). One all_to_all_v.
+  void to_heads_q(const Tensor& d, int64_t B, Tensor& df);
+  // dqf [B S', Hl, Hd], dkf and dvf [B S', Gl, Hd] -> dq [B C, H, Hd], dk and dv [B C, G, Hd] (=);
+  // the gradients of a replicated kv head are summed over its replicas. One all_to_all_v.
+  void grads_to_tokens(const Tensor& dqf, const Tensor& dkf, const Tensor& dvf, int64_t B, Tensor& dq, Tensor& dk,
+                       Tensor& dv);
+
+ private:
+  int64_t kv_lo(int j) const;  // the first kv head rank j's query heads use
+  comm::Communicator& sp_;
+  int64_t H_, G_, Hd_, Hl_, Gl_;
+};
+
+}  // namespace mt

@@ -1,0 +1,208 @@
+// Ulysses sequence parallelism on the CPU through the real launcher: `moetrain grads --sp N` under
+// `moetrain launch` writes the same loss, logits and every gradient as one process (≤ 1e-6
+// relative, fp32) for sp 2, sp 2 × dp_shard 2, sp 4 (the models have 2 kv heads: replicated over
+// the 4 ranks) and ep 2 × sp 2 on 4 ranks, with recompute none, full and selective, on the plain,
+// aux-loss and tied models, with a sequence length divisible by sp and one that is not (padded
+// internally); a 20-step training run (z-loss and aux-loss-free bias on) has the same loss curve,
+// z-loss, expert load and final weights as one process; an sp that does not divide the heads is an
+// error naming both numbers; greedy evaluation under sp equals one process. The sequence planning
+// (shard_micro_batch) is checked on its own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "comm/communicator.h"
+#include "io/safetensors.h"
+#include "model/hf_checkpoint.h"
+#include "parallel/grads_compare.h"
+#include "parallel/launch_test_util.h"
+#include "parallel/ulysses.h"
+
+using namespace mt;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string& kBin = test::kMoetrainBin;
+const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";
+
+#define MT_SKIP_WITHOUT_GLOO() \
+  if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)"
+
+using test::sh;
+using test::ShellRun;
+std::string tmp(const std::string& name) {
+  return test::tmp_path("sp", name);
+}
+
+}  // namespace
+
+// Chunks of [B 2, S 5] over sp 2 (S' 6, C 3) and sp 4 (S' 8, C 2): positions are global, labels
+// are shifted over the whole sequence (a chunk's last target comes from the next chunk), padding
+// has id 0 and label -100, and `valid` counts the real tokens at the start of each chunk.
+TEST(SpShard, PositionsLabelsAndPaddingComeFromTheWholeSequence) {
+  Tensor ids = Tensor::empty({2, 5}, DType::I64), labels = Tensor::empty({2, 5}, DType::I64);
+  for (int64_t i = 0; i < 10; ++i) {
+    ids.data<int64_t>()[i] = 10 + i;
+    labels.data<int64_t>()[i] = i == 2 ? -100 : 100 + i;
+  }
+  MicroBatch whole = shard_micro_batch(ids, labels, 1, 0);
+  EXPECT_EQ(whole.shard, nullptr);
+  EXPECT_EQ(whole.input_ids.raw(), ids.raw());
+
+  struct Want {
+    int sp, rank;
+    int64_t valid;
+    std::vector<int64_t> ids, lab;
+  };
+  for (const Want& w : std::vector<Want>{{2, 0, 3, {10, 11, 12, 15, 16, 17}, {101, -100, 103, 106, 107, 108}},
+                                         {2, 1, 2, {13, 14, 0, 18, 19, 0}, {104, -100, -100, 109, -100, -100}},
+                                         {4, 1, 2, {12, 13, 17, 18}, {103, 104, 108, 109}},
+                                         {4, 2, 1, {14, 0, 19, 0}, {-100, -100, -100, -100}},
+                                         {4, 3, 0, {0, 0, 0, 0}, {-100, -100, -100, -100}}}) {
+    SCOPED_TRACE("sp " + std::to_string(w.sp) + " rank " + std::to_string(w.rank));
+    MicroBatch mb = shard_micro_batch(ids, labels, w.sp, w.rank);
+    ASSERT_NE(mb.shard, nullptr);
+    const SeqShard& s = *mb.shard;
+    const int64_t C = int64_t(w.ids.size()) / 2;
+    EXPECT_EQ(s.seq_len, 5);
+    EXPECT_EQ(s.padded_len, C * w.sp);
+    EXPECT_EQ(s.chunk, C);
+    EXPECT_EQ(s.valid, w.valid);
+    ASSERT_EQ(mb.input_ids.shape(), Shape({2, C}));
+    EXPECT_FALSE(mb.labels.defined());
+    for (size_t t = 0; t < w.ids.size(); ++t) {
+      EXPECT_EQ(mb.input_ids.data<int64_t>()[t], w.ids[t]) << "token " << t;
+      // Positions count within each sequence: every row starts at rank × C.
+      EXPECT_EQ(s.positions.data<int32_t>()[t], int32_t(w.rank * C + int64_t(t) % C)) << "token " << t;
+      EXPECT_EQ(s.shifted_labels.data<int64_t>()[t], w.lab[t]) << "token " << t;
+    }
+  }
+}
+
+class SpGrads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpGrads, EveryLayoutEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string model = kGoldens + "/" + GetParam();
+  double worst = 0, worst_all = 0;
+  for (int64_t S : {12, 13}) {  // 13: padded to 14 under sp 2 and to 16 under sp 4
+    const std::string batch = tmp(GetParam() + "_batch" + std::to_string(S) + ".safetensors");
+    test::write_grads_batch(model, 4, S, batch);
+    for (const char* rc : {"none", "full", "selective"}) {
+      const std::string ref = tmp(GetParam() + "_ref.safetensors");
+      ShellRun r = sh(kBin + " grads --model " + model + " --batch " + batch + " --out " + ref + " --recompute " + rc);
+      ASSERT_EQ(r.code, 0) << r.out;
+      struct Layout {
+        int nproc;
+        std::string flags, name;
+      };
+      for (const Layout& l :
+           {Layout{2, "--sp 2", "sp 2"}, Layout{4, "--sp 2", "dp_shard 2 x sp 2"},
+            Layout{4, "--sp 4", "sp 4 (kv heads replicated)"}, Layout{4, "--ep 2 --sp 2", "ep 2 x sp 2 on 4 ranks"}}) {
+        const std::string what = GetParam() + ", S " + std::to_string(S) + ", " + l.name + ", recompute " + rc;
+        const std::string out = tmp(GetParam() + "_got.safetensors");
+        ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
+                        " --batch " + batch + " --out " + out + " --recompute " + rc + " " + l.flags);
+        ASSERT_EQ(p.code, 0) << what << "\n" << p.out;
+        auto [w, a] = test::expect_same(out, ref, what);
+        worst = std::max(worst, w);
+        worst_all = std::max(worst_all, a);
+      }
+    }
+  }
+  std::printf("[ measured ] %s: worst single tensor %.3g, worst all-gradients %.3g\n", GetParam().c_str(), worst,
+              worst_all);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SpGrads, ::testing::Values("tiny", "aux", "tied"));
+
+TEST(SpGradsErrors, SpMustDivideTheHeads) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string model = kGoldens + "/tiny", batch = tmp("err_batch.safetensors");
+  test::write_grads_batch(model, 3, 12, batch);
+  ShellRun p = sh(kBin + " launch --nproc-per-node 3 -- grads --model " + model + " --batch " + batch + " --out " +
+                  tmp("err.safetensors") + " --sp 3");
+  EXPECT_NE(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("num_attention_heads (4) must be divisible by sp (3)"), std::string::npos) << p.out;
+}
+
+namespace {
+// seq-len 30: divisible by sp 2, padded to 32 under sp 4. z-loss and the balancing bias are on, so
+// the router statistics (expert load, z) must also equal one process's.
+std::string train_cmd(const std::string& out_dir) {
+  return " train --device cpu --model tiny --steps 20 --micro-batch-size 4 --grad-accum 2 --seq-len 30 --lr 3e-3"
+         " --warmup-steps 2 --eval-problems 0 --log-every 5 --router-z-loss-coef 1e-3"
+         " --router-bias-update-rate 1e-3 --out-dir " +
+         out_dir;
+}
+}  // namespace
+
+TEST(SpTrain, TwentyStepCurveIsTheSameAsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string ref_dir = tmp("curve_ref");
+  ShellRun r = sh(kBin + train_cmd(ref_dir));
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl");
+  ASSERT_EQ(ref.size(), 20u);
+  for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
+           {2, " --sp 2"}, {4, " --sp 4"}, {4, " --sp 2 --ep 2 --recompute full"}}) {
+    const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
+    ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir) + flags);
+    ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
+    auto got = test::read_step_metrics(dir + "/metrics.jsonl");
+    ASSERT_EQ(got.size(), 20u) << flags;
+    double worst = 0;
+    for (size_t i = 0; i < 20; ++i) {
+      SCOPED_TRACE(flags + ", step " + std::to_string(i + 1));
+      const double a = got[i]["loss"].get<double>(), b = ref[i]["loss"].get<double>();
+      EXPECT_NEAR(a, b, 1e-6 * std::abs(b));
+      worst = std::max(worst, std::abs(a - b) / std::abs(b));
+      const double za = got[i]["z_loss"].get<double>(), zb = ref[i]["z_loss"].get<double>();
+      EXPECT_NEAR(za, zb, 1e-6 * zb);
+      const double ga = got[i]["grad_norm"].get<double>(), gb = ref[i]["grad_norm"].get<double>();
+      EXPECT_NEAR(ga, gb, 1e-5 * std::abs(gb));
+      EXPECT_EQ(got[i]["experts"]["max"], ref[i]["experts"]["max"]);
+      EXPECT_EQ(got[i]["experts"]["min"], ref[i]["experts"]["min"]);
+    }
+    std::printf("[ measured ] curve%s: worst step loss relative difference %.3g\n", flags.c_str(), worst);
+    CheckpointReader a(dir + "/checkpoint-20"), b(ref_dir + "/checkpoint-20");
+    ASSERT_EQ(a.names(), b.names()) << flags;
+    double num = 0, den = 0;
+    for (const std::string& name : b.names()) {
+      Tensor x = a.read_f32(name), y = b.read_f32(name);
+      ASSERT_EQ(x.shape(), y.shape()) << name;
+      EXPECT_LE(test::rel_l2(x, y), 1e-5) << flags << ": " << name;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        num += (double(x.data<float>()[i]) - y.data<float>()[i]) * (double(x.data<float>()[i]) - y.data<float>()[i]);
+        den += double(y.data<float>()[i]) * y.data<float>()[i];
+      }
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-6) << flags;
+  }
+}
+
+// Greedy evaluation under sp runs whole sequences on every rank (no shard, no all-to-all) and must
+// agree with one process; the ranks agree on when to stop.
+TEST(SpTrain, EvaluationUnderSpEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  auto cmd = [&](const std::string& dir) {
+    return " train --device cpu --model tiny --steps 4 --warmup-steps 1 --micro-batch-size 4 --seq-len 31"
+           " --eval-problems 12 --out-dir " +
+           dir;
+  };
+  ShellRun one = sh(kBin + cmd(tmp("eval1")));
+  ASSERT_EQ(one.code, 0) << one.out;
+  ShellRun two = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval2")) + " --sp 2");
+  ASSERT_EQ(two.code, 0) << two.out;
+  auto summary = [](const std::string& out) {  // "tiny: loss a -> b, exact-match p% on n held-out problems"
+    size_t e = out.find(" held-out problems");
+    if (e == std::string::npos) return std::string();
+    size_t b = out.rfind("tiny: loss", e);
+    return b == std::string::npos ? std::string() : out.substr(b, e - b);
+  };
+  ASSERT_FALSE(summary(one.out).empty()) << one.out;
+  EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
+}
