@@ -108,11 +108,7 @@ TEST(ScoreBeforeExperts, ExpertAndTensorParallelEqualOneProcess) {
   if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)";
   const std::string model = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
   const std::string bpath = test::tmp_path("score_before", "batch.safetensors");
-  {
-    ModelConfig c = load_model_config(model);
-    MicroBatch mb = batch(c, 4, 12, 9);
-    write_safetensors(bpath, {{"input_ids", mb.input_ids}, {"labels", mb.labels}});
-  }
+  test::make_batch(model, bpath);
   const std::string& bin = test::kMoetrainBin;
   for (const char* rc : {"none", "full"}) {
     const std::string ref = test::tmp_path("score_before", std::string("ref_") + rc + ".safetensors");

@@ -16,14 +16,14 @@
 
 namespace mt::test {
 
-// A batch of 4 sequences of 12 tokens (divisible by 1, 2 and 4 data-parallel ranks) for the model in
-// `dir`, written to `path`.
-inline std::string make_batch(const std::string& dir, const std::string& path) {
+// A batch file (input_ids, labels i64 [B, S], every fifth label -100) for the model in `dir`, written
+// to `path`. The default 4 × 12 divides over 1, 2 and 4 data-parallel ranks.
+inline std::string make_batch(const std::string& dir, const std::string& path, int64_t B = 4, int64_t S = 12,
+                              uint64_t seed = 42) {
   std::ifstream f(dir + "/config.json");
   const int64_t V = nlohmann::json::parse(f)["vocab_size"].get<int64_t>();
-  const int64_t B = 4, S = 12;
   Tensor ids = Tensor::empty({B, S}, DType::I64), labels = Tensor::empty({B, S}, DType::I64);
-  Rng rng(42);
+  Rng rng(seed);
   for (int64_t i = 0; i < B * S; ++i) {
     ids.data<int64_t>()[i] = rng.randint(0, V);
     labels.data<int64_t>()[i] = i % 5 == 3 ? -100 : ids.data<int64_t>()[i];
