@@ -39,11 +39,16 @@ struct Qwen3MoeModel::LayerActs {
 template <class F>
 void Qwen3MoeModel::for_valid_rows(F&& f) const {
   if (valid_ == S_) {
-    f(int64_t(0), Tl_);  // every local row (under tp this rank's T_ / tp rows; sp and tp are exclusive)
+    f(int64_t(0), Tl_);  // every local row (under tp this rank's T_ / tp rows)
     return;
   }
-  if (valid_ > 0)
-    for (int64_t b = 0; b < B_; ++b) f(b * S_, valid_);
+  // Valid rows of sequence b are [b S_, b S_ + valid_) of the T_ rows; this rank holds rows
+  // [lo, lo + Tl_) of them (all of them without tp), and f gets the overlap in local row numbers.
+  const int64_t lo = tp ? int64_t(tp->rank()) * Tl_ : 0;
+  for (int64_t b = 0; b < B_ && valid_ > 0; ++b) {
+    const int64_t r0 = std::max(b * S_, lo), r1 = std::min(b * S_ + valid_, lo + Tl_);
+    if (r1 > r0) f(r0 - lo, r1 - r0);
+  }
 }
 
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)

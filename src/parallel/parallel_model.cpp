@@ -17,16 +17,6 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   if (!dist.distributed()) return pm;
   const DeviceMesh& m = dist.mesh();
   const int tp = m.size(Axis::Tp), etp = m.size(Axis::Etp);
-  if (tp > 1 && m.size(Axis::Sp) > 1)
-    MT_THROW("tp ", tp, " with sp ", m.size(Axis::Sp), ": tensor and sequence parallelism together are not supported yet; "
-             "use one of them (with dp_shard, dp_replicate and ep)");
-  if (m.size(Axis::Sp) > 1) {
-    // Ulysses: dense parameters see different tokens on every sp rank, so they are sharded (and their
-    // gradients summed) over dp_shard × sp (dist.dense_shard()).
-    check_sp_heads(c, m.size(Axis::Sp));
-    pm.ulysses =
-        std::make_unique<UlyssesExchange>(*dist.sp(), c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-  }
   TpGroups tg;
   comm::Communicator* shard = dist.dense_shard();
   ReduceComms rc{dist.dense_shard_reduce(), dist.expert_dp_reduce()};
@@ -41,6 +31,18 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   }
   const ModelConfig& lc = pm.model_config(c);
   const ParamTable& lt = pm.tp ? pm.tp->local_table() : t;
+  if (m.size(Axis::Sp) > 1) {
+    // Ulysses: dense parameters see different tokens on every sp rank, so they are sharded (and their
+    // gradients summed) over dp_shard × sp (dist.dense_shard(), or the tp groups, which include sp).
+    // Under tp the exchange moves this tp rank's heads (the tp-local config): attention heads are
+    // split over tp first, then over sp.
+    if (tp > 1 && lc.num_attention_heads % m.size(Axis::Sp) != 0)
+      MT_THROW("num_attention_heads (", c.num_attention_heads, ") must be divisible by tp × sp (", tp, " × ",
+               m.size(Axis::Sp), "): each tp rank's ", lc.num_attention_heads, " heads are split over the sp ranks");
+    check_sp_heads(lc, m.size(Axis::Sp));
+    pm.ulysses =
+        std::make_unique<UlyssesExchange>(*dist.sp(), lc.num_attention_heads, lc.num_key_value_heads, lc.head_dim);
+  }
   ExpertGroups eg;
   if (m.size(Axis::Ep) > 1) {
     m.check_experts(int(c.num_experts));
@@ -80,9 +82,10 @@ void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
   model.ulysses = ulysses.get();
   if (!dist.distributed() || !model.aux_enabled()) return;
   // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
-  // counts and sums come from every rank with other samples or other tokens (dp × sp); the model's row
-  // count already covers its whole sequences, so only the data-parallel ranks multiply it.
-  const int n = tp ? dist.world_size() : dist.dp_size();
+  // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with tp);
+  // the model's row count already covers its whole sequences, so only the data-parallel ranks multiply
+  // it. Under tp alone the row count is this rank's T / tp rows, multiplied by every rank.
+  const int n = ulysses || !tp ? dist.dp_size() : dist.world_size();
   comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
   model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
     dp->all_reduce(counts)->wait();

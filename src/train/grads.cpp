@@ -80,11 +80,14 @@ GradsResult run_grads(const GradsOptions& opt) {
     for (double v : comm::all_gather_doubles(*rows_comm, {lp.ce_sum})) ce_sum += v;
   } else if (sp > 1) {
     // Every rank's [rows, C] chunk logits (padding included); dp_sp rank k holds rows of dp rank
-    // k / sp, chunk k % sp. Reassembled into [B, S] without the padding.
+    // k / sp, chunk k % sp. Under tp each rank holds 1 / tp of its chunk's rows and tp varies fastest
+    // in the world's rank order, so the world gather lays the chunks out the same way. Reassembled
+    // into [B, S] without the padding.
     const int64_t C = local.shard->chunk, V = cfg.vocab_size;
     comm::Communicator& g = *dist->dp_sp();
-    Tensor gathered = Tensor::empty({int64_t(g.size()) * rows * C * V});
-    g.all_gather(logits, gathered)->wait();
+    comm::Communicator& src = pm.tp ? *dist->world() : g;
+    Tensor gathered = Tensor::empty({int64_t(src.size()) * logits.numel()});
+    src.all_gather(logits, gathered)->wait();
     all_logits = Tensor::empty({B * S, V});
     for (int k = 0; k < g.size(); ++k)
       for (int64_t b = 0; b < rows; ++b)
@@ -95,7 +98,7 @@ GradsResult run_grads(const GradsOptions& opt) {
               .copy_from(gathered.rows((int64_t(k) * rows * C + b * C + c) * V, V).view({1, V}));
         }
     ce_sum = 0;
-    for (double v : comm::all_gather_doubles(g, {lp.ce_sum})) ce_sum += v;
+    for (double v : comm::all_gather_doubles(src, {lp.ce_sum})) ce_sum += v;
   }
   // Full gradients: gathered one parameter at a time (every rank takes part), written by rank 0.
   Tensor grads = fsdp ? Tensor::empty({table.total()}) : model.grads();

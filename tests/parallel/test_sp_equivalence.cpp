@@ -101,7 +101,9 @@ TEST_P(SpGrads, EveryLayoutEqualsOneProcess) {
       };
       for (const Layout& l :
            {Layout{2, "--sp 2", "sp 2"}, Layout{4, "--sp 2", "dp_shard 2 x sp 2"},
-            Layout{4, "--sp 4", "sp 4 (kv heads replicated)"}, Layout{4, "--ep 2 --sp 2", "ep 2 x sp 2 on 4 ranks"}}) {
+            Layout{4, "--sp 4", "sp 4 (kv heads replicated)"}, Layout{4, "--ep 2 --sp 2", "ep 2 x sp 2 on 4 ranks"},
+            Layout{4, "--tp 2 --sp 2", "tp 2 x sp 2 (kv heads replicated over sp)"},
+            Layout{8, "--tp 2 --etp 2 --sp 2 --ep 2", "tp 2 etp 2 x sp 2 x ep 2 on 8 ranks"}}) {
         const std::string what = GetParam() + ", S " + std::to_string(S) + ", " + l.name + ", recompute " + rc;
         const std::string out = tmp(GetParam() + "_got.safetensors");
         ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(l.nproc) + " -- grads --model " + model +
@@ -130,6 +132,17 @@ TEST(SpGradsErrors, SpMustDivideTheHeads) {
   EXPECT_NE(p.out.find("num_attention_heads (4) must be divisible by sp (3)"), std::string::npos) << p.out;
 }
 
+// Under tp the sp ranks split each tp rank's heads: tiny's 4 heads over tp 2 leave 2, which sp 4 cannot split.
+TEST(SpGradsErrors, TpTimesSpMustDivideTheHeads) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string model = kGoldens + "/tiny", batch = tmp("err_batch8.safetensors");
+  test::make_batch(model, batch, 1, 16);
+  ShellRun p = sh(kBin + " launch --nproc-per-node 8 -- grads --model " + model + " --batch " + batch + " --out " +
+                  tmp("err8.safetensors") + " --tp 2 --sp 4");
+  EXPECT_NE(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find("num_attention_heads (4) must be divisible by tp × sp (2 × 4)"), std::string::npos) << p.out;
+}
+
 namespace {
 // seq-len 30: divisible by sp 2, padded to 32 under sp 4. z-loss and the balancing bias are on, so
 // the router statistics (expert load, z) must also equal one process's.
@@ -149,7 +162,7 @@ TEST(SpTrain, TwentyStepCurveIsTheSameAsOneProcess) {
   auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
-           {2, " --sp 2"}, {4, " --sp 4"}, {4, " --sp 2 --ep 2 --recompute full"}}) {
+           {2, " --sp 2"}, {4, " --sp 4"}, {4, " --sp 2 --ep 2 --recompute full"}, {4, " --tp 2 --sp 2"}}) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
     ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
