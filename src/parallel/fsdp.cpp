@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -346,6 +348,140 @@ void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, co
   } else {
     for (const PendingTensor& pt : tensors) pt.produce();  // the same gathers, in the same order
   }
+}
+
+}  // namespace mt
+
+namespace mt {
+
+uint64_t shard_digest(const Tensor& t) {
+  const Tensor h = t.device() == Device::CPU ? t : t.to(Device::CPU);
+  const auto* p = static_cast<const unsigned char*>(h.raw());
+  const size_t n = h.nbytes();
+  constexpr uint64_t kPrime = 0x100000001b3ull;  // FNV-1a's 64-bit prime
+  // Four lanes so that the multiplies of neighbouring words run in parallel (a few GB/s, not the
+  // byte-serial FNV-1a's one); each starts from FNV's offset basis, perturbed by the lane number.
+  uint64_t lane[4] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull ^ 1, 0xcbf29ce484222325ull ^ 2,
+                      0xcbf29ce484222325ull ^ 3};
+  auto step = [](uint64_t x, uint64_t w) {
+    x = (x ^ w) * kPrime;
+    return x ^ (x >> 32);
+  };
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      lane[k] = step(lane[k], w);
+    }
+  for (int k = 0; i < n; ++k) {  // the tail: whole words, then the last bytes zero-padded
+    uint64_t w = 0;
+    const size_t m = std::min<size_t>(8, n - i);
+    std::memcpy(&w, p + i, m);
+    lane[k % 4] = step(lane[k % 4], w);
+    i += m;
+  }
+  // murmur3's 64-bit finaliser over the lanes and the length.
+  auto fmix = [](uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+  };
+  uint64_t d = fmix(uint64_t(n));
+  for (uint64_t x : lane) d = fmix(d ^ fmix(x)) * kPrime;
+  return d;
+}
+
+Tensor FsdpParams::local_shard(int u, bool grads) {
+  MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  auto [lo, hi] = owned_elements(u);
+  // Rank r's elements start at r × chunk, which is where its chunk of the local buffer starts.
+  return (grads ? grads_ : params_).rows(offset_[size_t(u)], hi - lo);
+}
+
+std::string FsdpParams::unit_name(int u) const {
+  MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  const ParamUnit& pu = units_[size_t(u)];
+  if (u == plan_.embed) return "embedding";
+  if (u == plan_.head) return "head";
+  const std::string block = "block " + std::to_string(pu.layer);
+  if (pu.local_experts)
+    return "experts " + std::to_string(pu.expert_begin) + ".." + std::to_string(pu.expert_end - 1) + " of " + block;
+  if (pu.tp_group == 1) return "tp slices of " + block;
+  if (pu.tp_group == 2) return "kv slices of " + block;
+  return block;
+}
+
+std::vector<uint64_t> FsdpParams::replica_digests(bool grads) {
+  device_mem::synchronize(device_);
+  std::vector<uint64_t> d;
+  for (int u = 0; u < num_units(); ++u) d.push_back(shard_digest(local_shard(u, grads)));
+  return d;
+}
+
+FsdpParams::ReplicaReport FsdpParams::check_replicas(bool grads, int world_rank, comm::Communicator* world) {
+  if (!replicate_) return {};
+  if (grads) {
+    MT_CHECK(pending_.empty(), "check_replicas with ", pending_.size(), " gradient reductions still pending");
+    check_grads_complete();
+  }
+  const std::vector<uint64_t> mine = replica_digests(grads);
+  const int64_t n = 1 + int64_t(mine.size()), R = replicate_->size();
+  auto gather_i64 = [&](comm::Communicator& c, const Tensor& row) {
+    Tensor all = Tensor::empty({row.numel() * c.size()}, DType::I64, c.device());
+    {
+      CommTimer t{comm_s_};
+      c.all_gather(row.to(c.device()), all)->wait();
+    }
+    device_mem::synchronize(c.device());
+    return all.to(Device::CPU);
+  };
+  Tensor row = Tensor::empty({n}, DType::I64);
+  row.data<int64_t>()[0] = world_rank;
+  std::memcpy(row.data<int64_t>() + 1, mine.data(), mine.size() * sizeof(uint64_t));
+  const Tensor table = gather_i64(*replicate_, row);
+  const int64_t* v = table.data<int64_t>();
+  // The verdict of this replica group: how many units differ, and the first one with the two ranks
+  // and their digests. Every replica of the group walks the same table, so they agree.
+  Tensor verdict = Tensor::zeros({6}, DType::I64);
+  int64_t* d = verdict.data<int64_t>();
+  for (int u = 0; u < num_units(); ++u)
+    for (int64_t r = 1; r < R; ++r) {
+      const int64_t a = v[1 + u], b = v[r * n + 1 + u];
+      if (a == b) continue;
+      if (d[0]++ == 0) {
+        d[1] = u;
+        d[2] = v[0];
+        d[3] = v[r * n];
+        d[4] = a;
+        d[5] = b;
+      }
+      break;  // one pair per unit is enough to name it
+    }
+  // With `world`, the groups share their verdicts, so that every rank stops (or goes on) together and
+  // reports the same unit, even a rank whose own group agrees.
+  if (world) {
+    const Tensor all = gather_i64(*world, verdict);
+    for (int64_t k = 0; k < world->size(); ++k)
+      if (all.data<int64_t>()[6 * k] > 0) {
+        std::memcpy(d, all.data<int64_t>() + 6 * k, 6 * sizeof(int64_t));
+        break;
+      }
+  }
+  if (d[0] > 0) {
+    auto hex = [](int64_t x) {
+      char b[24];
+      std::snprintf(b, sizeof b, "%016llx", (unsigned long long)x);
+      return std::string(b);
+    };
+    MT_THROW("replicated ", grads ? "gradients" : "parameters", " differ across the ", R,
+             " dp_replicate replicas (bitwise digests of each rank's shard): ", unit_name(int(d[1])), " (unit ", d[1],
+             ") is ", hex(d[4]), " on rank ", d[2], " and ", hex(d[5]), " on rank ", d[3], "; ", d[0], " of ",
+             num_units(), " units differ between those ranks");
+  }
+  return {num_units(), int(R)};
 }
 
 }  // namespace mt

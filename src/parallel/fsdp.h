@@ -26,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -118,6 +119,31 @@ class FsdpParams final : public ParamSource {
   // same values and are not counted twice): the global squared gradient norm. Collective.
   double global_grad_sq();
 
+  // Replica check (HSDP). The ranks that hold the same gradient (and parameter) elements are exactly
+  // the dp_replicate replicas of a shard: the shard groups (dp_shard, tp slices, kv slices, expert
+  // data parallelism) never hold an element twice. These elements must be bitwise equal on every
+  // replica, since the reduction over dp_replicate hands every replica the same sum and the
+  // optimizer then does the same arithmetic.
+  //
+  // This rank's elements of unit u (owned_elements(u)) in the local buffer: gradients or f32 masters.
+  Tensor local_shard(int u, bool grads);
+  // What the unit is, for messages: "embedding", "block 3", "tp slices of block 3", "kv slices of
+  // block 3", "experts 0..3 of block 3", "head".
+  std::string unit_name(int u) const;
+  // Per unit, a 64-bit digest (shard_digest) of this rank's elements of it.
+  std::vector<uint64_t> replica_digests(bool grads);
+  struct ReplicaReport {
+    int units = 0;     // units compared (0: there are no replicas, nothing was compared)
+    int replicas = 1;  // dp_replicate size
+  };
+  // Compares every unit's digest across the dp_replicate ranks: one all-gather over dp_replicate, then,
+  // when `world` is given, one of each group's verdict over it, so that all ranks stop together (a
+  // no-op returning an empty report without replicas; collective over dp_replicate and `world`).
+  // Throws on every replica alike (every rank of the world with `world`), naming the first unit that
+  // differs, the global ranks (world_rank: this rank's, gathered with the digests), both digests and
+  // how many units differ.
+  ReplicaReport check_replicas(bool grads, int world_rank, comm::Communicator* world = nullptr);
+
  private:
   Tensor take(int64_t numel, DType dt);
   void give(Tensor t);
@@ -160,6 +186,12 @@ class FsdpParams final : public ParamSource {
   std::vector<char> written_;  // per unit: its shard holds a gradient of this step
   double comm_s_ = 0;
 };
+
+// A 64-bit digest of a tensor's raw bytes (copied to the host when on CUDA): FNV-1a-style multiply and
+// xor-shift steps over 8-byte words in four interleaved lanes, mixed at the end with the byte count.
+// Each step is a bijection of the lane state for a fixed word, so a change to any single word (one
+// ulp of one element) always changes the digest; not a cryptographic hash.
+uint64_t shard_digest(const Tensor& t);
 
 // Each rank's share of a global micro-batch of B rows: rows [rank × B / n, (rank + 1) × B / n).
 // B must be divisible by n (the error names both).

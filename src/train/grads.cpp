@@ -1,5 +1,7 @@
 #include "train/grads.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <exception>
 
 #include "core/log.h"
@@ -20,6 +22,27 @@ static Tensor read_batch_tensor(const SafetensorsFile& f, const char* name) {
     MT_THROW("batch tensor '", name, "' in ", f.path(), " is ", dtype_name(e.dtype), shape_str(e.shape),
              "; expected i64 [B, T]");
   return f.view(name).clone();
+}
+
+// Fault injection for the replica check's tests: MOETRAIN_DEBUG_PERTURB_GRAD=RANK makes that rank add
+// one ulp to the first element it holds of the last block's gradient before the check.
+static void debug_perturb_grad(FsdpParams& fsdp, int rank) {
+  const char* v = std::getenv("MOETRAIN_DEBUG_PERTURB_GRAD");
+  if (!v) return;
+  char* end = nullptr;
+  const long r = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || r < 0)
+    MT_THROW("MOETRAIN_DEBUG_PERTURB_GRAD='", v, "' must be a rank (an integer >= 0)");
+  if (r != rank) return;
+  const int u = fsdp.plan().block.back();
+  Tensor shard = fsdp.local_shard(u, /*grads=*/true);
+  if (shard.numel() == 0)
+    MT_THROW("MOETRAIN_DEBUG_PERTURB_GRAD: rank ", rank, " holds no element of ", fsdp.unit_name(u));
+  Tensor x = shard.rows(0, 1).to(Device::CPU);
+  x.data<float>()[0] = std::nextafter(x.data<float>()[0], INFINITY);
+  shard.rows(0, 1).copy_from(x.to(shard.device()));
+  log_info("grads: MOETRAIN_DEBUG_PERTURB_GRAD: added one ulp to the first element of this rank's ", fsdp.unit_name(u),
+           " gradient shard");
 }
 
 GradsResult run_grads(const GradsOptions& opt) {
@@ -68,6 +91,14 @@ GradsResult run_grads(const GradsOptions& opt) {
   else model.zero_grads();
   Tensor logits;
   LossParts lp = model.forward_backward(local, 1.0 / double(n_valid), aux_scale, &logits);
+  // HSDP: the replicas of every gradient shard must hold the same bits (the all-reduce over
+  // dp_replicate gives them one sum); checked here, before anything is gathered or written.
+  if (fsdp && dist->mesh().size(Axis::DpReplicate) > 1) {
+    debug_perturb_grad(*fsdp, dist->rank());
+    const FsdpParams::ReplicaReport rr = fsdp->check_replicas(/*grads=*/true, dist->rank(), dist->world());
+    if (dist->rank() == 0)
+      log_info("grads: replicated gradients identical on ", rr.replicas, " replicas (", rr.units, " units, bitwise)");
+  }
   Tensor all_logits = logits;
   double ce_sum = lp.ce_sum;
   // The ranks with rows of their own: dp, and under tp every rank (tp rank order is row order within
