@@ -4,7 +4,8 @@
 // `moetrain launch` for dp_replicate 2 alone, × dp_shard 2 and × tp 2 (which also write the same
 // results as one process), and the failure path through fault injection (MOETRAIN_DEBUG_PERTURB_GRAD:
 // one rank adds one ulp to one element of its shard), whose error must name the unit, the ranks and
-// stop the run. The digest itself is tested in-process: it sees a one-ulp change anywhere.
+// stop the run. The digest itself is tested in-process: it sees a one-ulp change anywhere. The trainer
+// compares the replicas' master weights at the schedule check's cadence.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -113,5 +114,24 @@ TEST(Replicas, OneUlpOnOneReplicaStopsTheRunNamingUnitAndRanks) {
     EXPECT_NE(p.out.find("; 1 of "), std::string::npos) << "exactly one unit differs\n" << p.out;
     // No rank claims the replicas agree: the verdict is shared over the world before anyone logs.
     EXPECT_EQ(p.out.find("replicated gradients identical"), std::string::npos) << c.flags << "\n" << p.out;
+  }
+}
+
+// The trainer compares the replicas' master weights at the schedule check's cadence (drift detection);
+// off with the schedule check.
+TEST(Replicas, TrainerChecksMasterWeightsAtTheScheduleCadence) {
+  MT_SKIP_WITHOUT_GLOO();
+  for (const char* check : {"periodic", "off"}) {
+    const std::string dir = tmp(std::string("train_") + check);
+    test::ShellRun p = test::sh(test::kMoetrainBin +
+                                " launch --nproc-per-node 4 -- train --device cpu --model tiny --steps 4"
+                                " --micro-batch-size 4 --seq-len 32 --warmup-steps 1 --eval-problems 0 --out-dir " +
+                                dir + " --dp-replicate 2 --schedule-check-every 2 --schedule-check " + check);
+    ASSERT_EQ(p.code, 0) << check << "\n" << p.out;
+    const bool logged =
+        p.out.find(
+            "replicas: master weights identical on 2 replicas (4 units, bitwise) at step 2; checked every 2 "
+            "steps") != std::string::npos;
+    EXPECT_EQ(logged, std::string(check) == "periodic") << p.out;
   }
 }
