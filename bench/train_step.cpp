@@ -14,6 +14,8 @@
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
 // first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
+// --no-reshard-after-forward: FSDP keeps each unit's gathered weights from its forward to its
+// backward (no all-gather in the backward; more memory).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +83,7 @@ int main(int argc, char** argv) {
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
+  bool reshard = true;  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -105,6 +108,7 @@ int main(int argc, char** argv) {
     else if (a == "--sp") sp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
+    else if (a == "--no-reshard-after-forward") reshard = false;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
     if (reduce_dtype != "f32" && reduce_dtype != "bf16")
       MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
     fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+    fo.reshard_after_forward = reshard;
     ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
     FsdpParams* fsdp = pm.fsdp.get();
     Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
@@ -224,6 +229,7 @@ int main(int argc, char** argv) {
                      {"batch_per_gpu", batch},
                      {"world_size", dist->world_size()},
                      {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
+                     {"reshard_after_forward", reshard},
                      {"prefetch_depth", prefetch_depth},
                      {"mesh", dist->describe()},
                      {"seq", seq},
