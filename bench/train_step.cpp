@@ -14,6 +14,9 @@
 // --zero-grads: zero the gradients and accumulate (+=) instead of writing them (=), as before the
 // first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
+// --no-reshard-after-forward: FSDP keeps each unit's gathered weights from its forward to its
+// backward (no all-gather in the backward; more memory). --layers N: the preset with N layers (a
+// half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b --layers 24).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +84,8 @@ int main(int argc, char** argv) {
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
+  bool reshard = true;
+  int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -105,6 +110,8 @@ int main(int argc, char** argv) {
     else if (a == "--sp") sp = std::stoi(next());
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
+    else if (a == "--no-reshard-after-forward") reshard = false;
+    else if (a == "--layers") layers = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -113,6 +120,11 @@ int main(int argc, char** argv) {
   try {
     Device dev = resolve_device(device);
     ModelConfig mc = resolve_model_config(model);
+    if (layers < 0) MT_THROW("--layers ", layers, " must be >= 1 (or 0: the preset's own count)");
+    if (layers > 0) {
+      mc.num_hidden_layers = layers;
+      mc.validate();
+    }
     DistOptions dopt;
     dopt.mesh.dp_shard = dp_shard;
     dopt.mesh.dp_replicate = dp_replicate;
@@ -131,6 +143,7 @@ int main(int argc, char** argv) {
     if (reduce_dtype != "f32" && reduce_dtype != "bf16")
       MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
     fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+    fo.reshard_after_forward = reshard;
     ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
     FsdpParams* fsdp = pm.fsdp.get();
     Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
@@ -218,12 +231,14 @@ int main(int argc, char** argv) {
     double adamw_bytes = 30.0 * double(master.numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
+                     {"layers", mc.num_hidden_layers},
                      {"device", device_name(dev)},
                      {"params", P},
                      {"active_matmul_params", mc.active_matmul_parameters()},
                      {"batch_per_gpu", batch},
                      {"world_size", dist->world_size()},
                      {"grad_reduce_dtype", dist->distributed() ? reduce_dtype : "-"},
+                     {"reshard_after_forward", reshard},
                      {"prefetch_depth", prefetch_depth},
                      {"mesh", dist->describe()},
                      {"seq", seq},

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <deque>
 #include <thread>
 
@@ -18,6 +19,17 @@
 #include "comm/backends.h"
 
 namespace mt::comm::detail {
+
+
+namespace {
+// MOETRAIN_COMM_PRIORITY: high (default) or normal; anything else is an error naming the value.
+bool comm_stream_high_priority() {
+  const char* v = std::getenv("MOETRAIN_COMM_PRIORITY");
+  if (!v || std::string(v) == "high") return true;
+  if (std::string(v) == "normal") return false;
+  MT_THROW("MOETRAIN_COMM_PRIORITY '", v, "' is not supported; allowed: high, normal");
+}
+}  // namespace
 
 namespace {
 
@@ -95,7 +107,13 @@ class NcclComm : public Communicator {
  private:
   void init(ncclComm_t parent, int color, int key) {
     set_device();
-    MT_CUDA_CHECK("NCCL communicator", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The collectives' stream has the device's highest priority (unless MOETRAIN_COMM_PRIORITY=normal):
+    // a gather or reduce-scatter queued beside a GEMM then gets its CTAs onto SMs as soon as any free
+    // up, instead of waiting behind the GEMM's remaining waves, so it finishes under the compute.
+    int least = 0, greatest = 0;
+    MT_CUDA_CHECK("NCCL communicator", cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MT_CUDA_CHECK("NCCL communicator",
+                  cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, comm_stream_high_priority() ? greatest : least));
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     cfg.commName = name().c_str();

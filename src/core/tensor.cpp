@@ -159,6 +159,7 @@ void cuda_free(void* p);
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void cuda_memset0(void* p, size_t bytes);
 void cuda_synchronize();
+void cuda_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
 
 void* alloc(Device d, size_t bytes) {
   if (d == Device::CUDA) return cuda_alloc(bytes);
@@ -179,6 +180,14 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
     return;
   }
   cuda_copy(dst, dst_dev, src, src_dev, bytes);
+}
+
+void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, Device d) {
+  if (width == 0 || height == 0) return;
+  MT_CHECK(dpitch >= width && spitch >= width, "copy_2d: pitches ", dpitch, " and ", spitch, " below width ", width);
+  if (d == Device::CUDA) return cuda_copy_2d(dst, dpitch, src, spitch, width, height);
+  for (size_t i = 0; i < height; ++i)
+    std::memcpy(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch, width);
 }
 
 void synchronize(Device d) {

@@ -102,6 +102,9 @@ namespace device_mem {
 void* alloc(Device d, size_t bytes);
 void free(Device d, void* p);
 void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+// `height` runs of `width` bytes on one device: run i goes from src + i spitch to dst + i dpitch (a
+// strided gather or scatter of rows; on CUDA one cudaMemcpy2DAsync on the compute stream).
+void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, Device d);
 void memset0(void* p, Device d, size_t bytes);
 bool cuda_available();  // true when built with CUDA and a GPU is visible
 int cuda_device_count();  // 0 without CUDA

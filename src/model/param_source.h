@@ -73,6 +73,9 @@ class ParamSource {
   // before grads_done(u) returns the same memory.
   virtual Tensor unit_grads(int u) = 0;
   virtual void grads_done(int u) = 0;
+  // The model starts a forward (with its backward to follow when `backward`). Weights can change only
+  // between passes, so a source that keeps gathered weights across calls drops them here.
+  virtual void begin_pass(bool backward) { (void)backward; }
 };
 
 // Every unit held in full on one device (no expert parallelism): the master weights, the gradients

@@ -564,6 +564,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     else if (pos == L)
       src_->prefetch(head);
   };
+  src_->begin_pass(backward);
   acquire(embed);
   for (int64_t p = 0; p < prefetch_depth; ++p) fwd_prefetch(p);
   Tensor h = keep_.alloc({T, D}, DType::F32);

@@ -86,6 +86,7 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
     local_numel_ += c_u;
   }
   written_.assign(units_.size(), 0);
+  in_backward_.assign(units_.size(), 0);
   params_ = Tensor::zeros({local_numel_}, DType::F32, device);
   grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
   compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
@@ -159,13 +160,35 @@ void FsdpParams::release_weights(int u) {
   auto it = gathered_.find(u);
   MT_CHECK(it != gathered_.end() && it->second.users > 0, "release of unit ", u, " that is not acquired");
   if (--it->second.users == 0) {
+    // Kept after the forward when the backward is to use it again; the backward's release (the
+    // unit's gradient was requested in between) frees it.
+    if (keep_after_forward_ && !in_backward_[size_t(u)]) return;
+    in_backward_[size_t(u)] = 0;
     give(std::move(it->second.buf));
     gathered_.erase(it);
   }
 }
 
+void FsdpParams::begin_pass(bool backward) {
+  drop_kept();
+  keep_after_forward_ = backward && !opt_.reshard_after_forward;
+}
+
+void FsdpParams::drop_kept() {
+  for (auto it = gathered_.begin(); it != gathered_.end();) {
+    if (it->second.users == 0) {
+      give(std::move(it->second.buf));
+      it = gathered_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::fill(in_backward_.begin(), in_backward_.end(), char(0));
+}
+
 Tensor FsdpParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  in_backward_[size_t(u)] = 1;
   auto it = unit_grads_.find(u);
   if (it == unit_grads_.end()) {
     Tensor full = take(comm_of(u).size() * chunk_[size_t(u)], DType::F32);
@@ -206,6 +229,7 @@ void FsdpParams::grads_done(int u) {
   pending_.push_back(std::move(p));
   // The embedding is the last unit of every backward: everything must land before the optimizer.
   finish_pending(/*all=*/u == 0);
+  if (u == 0) drop_kept();  // the backward is over: the embedding (never re-acquired in it) goes too
 }
 
 void FsdpParams::finish_pending(bool all) {
@@ -257,6 +281,7 @@ void FsdpParams::zero_grads() {
 }
 
 void FsdpParams::refresh_compute_weights() {
+  drop_kept();  // kept gathers would hold the old weights
   if (compute_.raw() != params_.raw()) ops::copy_cast(params_, compute_);
 }
 

@@ -41,6 +41,11 @@ struct FsdpOptions {
   // F32: reduce-scatter in fp32. BF16: the gradients travel as bf16 (half the bytes) through an
   // all-to-all and each rank sums the W pieces of its chunk in fp32 (no bf16 partial sums).
   DType reduce_dtype = DType::F32;
+  // true: a unit's gathered weights are freed when the forward releases it and gathered again for
+  // its backward (least memory). false: they stay gathered from the forward until the unit's
+  // backward releases them (FSDP2's reshard_after_forward=False): no all-gather in the backward,
+  // at the cost of holding every unit's full compute-dtype weights between forward and backward.
+  bool reshard_after_forward = true;
 };
 
 // Expert parallelism: the ep group (its rank order is the experts' order) and the ranks that hold
@@ -85,6 +90,7 @@ class FsdpParams final : public ParamSource {
   void prefetch(int u) override;
   Tensor unit_grads(int u) override;
   void grads_done(int u) override;
+  void begin_pass(bool backward) override;
 
   // Local shards (1-D, local_numel() elements).
   Tensor& params() { return params_; }
@@ -171,6 +177,9 @@ class FsdpParams final : public ParamSource {
     std::shared_ptr<comm::Work> work;
     int users = 0;
   };
+  void drop_kept();  // frees the gathers kept from a forward (reshard_after_forward = false)
+  std::vector<char> in_backward_;  // per unit: its gradient was requested in this micro-batch
+  bool keep_after_forward_ = false;  // this pass: !reshard_after_forward and a backward follows
   std::map<int, Gather> gathered_;
   std::map<int, Tensor> unit_grads_;
   struct Pending {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "ops/ops.h"
+
 namespace mt {
 
 void check_sp_heads(const ModelConfig& c, int sp) {
@@ -64,62 +66,29 @@ int64_t UlyssesExchange::kv_lo(int j) const {
 
 namespace {
 
-// Host copies for packing (the tensor itself on the CPU).
-Tensor on_host(const Tensor& t) {
-  return t.is_cpu() ? t : t.to(Device::CPU);
+// Token side: X [BC, N, Hd]; the block of heads [lo, lo + n) is [BC, n, Hd], one strided run per
+// token. `row` = Hd elements in bytes.
+void pack_tokens(const char* X, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* dst, Device d) {
+  device_mem::copy_2d(dst, size_t(n) * row, X + size_t(lo) * row, size_t(N) * row, size_t(n) * row, size_t(BC), d);
 }
-
-// A host tensor to unpack into, copied to `out` by finish() when `out` lives on a device.
-struct HostOut {
-  Tensor& out;
-  Tensor host;
-  explicit HostOut(Tensor& o) : out(o), host(o.is_cpu() ? o : Tensor::empty(o.shape(), o.dtype())) {}
-  char* ptr() const { return static_cast<char*>(host.raw()); }
-  void finish() {
-    if (!out.is_cpu()) out.copy_from(host);
-  }
-};
-
-// dst[i] += src[i] for n elements of dtype dt (the kv-head replicas' gradients).
-void add_elems(char* dst, const char* src, int64_t n, DType dt) {
-  if (dt == DType::F32) {
-    float* d = reinterpret_cast<float*>(dst);
-    const float* s = reinterpret_cast<const float*>(src);
-    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
-  } else if (dt == DType::BF16) {
-    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(bf16_to_f32(d[i]) + bf16_to_f32(s[i]));
-  } else {
-    MT_THROW("Ulysses exchange: summing kv-head gradients in ", dtype_name(dt), " is not supported (f32, bf16)");
-  }
-}
-
-// Token side: X [BC, N, Hd]; the block of heads [lo, lo + n) is [BC, n, Hd]. `row` = Hd elements in bytes.
-void pack_tokens(const char* X, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* dst) {
-  for (int64_t t = 0; t < BC; ++t)
-    std::memcpy(dst + size_t(t * n) * row, X + size_t(t * N + lo) * row, size_t(n) * row);
-}
-void unpack_tokens(const char* src, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* X, bool add,
-                   DType dt) {
-  const int64_t per_row = int64_t(row / dtype_size(dt));
-  for (int64_t t = 0; t < BC; ++t) {
-    char* d = X + size_t(t * N + lo) * row;
-    const char* s = src + size_t(t * n) * row;
-    if (add)
-      add_elems(d, s, n * per_row, dt);
-    else
-      std::memcpy(d, s, size_t(n) * row);
-  }
+void unpack_tokens(const char* src, int64_t BC, int64_t N, int64_t lo, int64_t n, size_t row, char* X, Device d) {
+  device_mem::copy_2d(X + size_t(lo) * row, size_t(N) * row, src, size_t(n) * row, size_t(n) * row, size_t(BC), d);
 }
 // Head side: Y [B, sp C, n, Hd]; chunk i's block is [B, C, n, Hd] (one contiguous run per sequence).
-void pack_heads(const char* Y, int64_t B, int64_t C, int sp, int i, int64_t n, size_t row, char* dst) {
+void pack_heads(const char* Y, int64_t B, int64_t C, int sp, int i, int64_t n, size_t row, char* dst, Device d) {
   const size_t run = size_t(C * n) * row;
-  for (int64_t b = 0; b < B; ++b) std::memcpy(dst + size_t(b) * run, Y + size_t((b * sp + i) * C * n) * row, run);
+  device_mem::copy_2d(dst, run, Y + size_t(i) * run, size_t(sp) * run, run, size_t(B), d);
 }
-void unpack_heads(const char* src, int64_t B, int64_t C, int sp, int i, int64_t n, size_t row, char* Y) {
+void unpack_heads(const char* src, int64_t B, int64_t C, int sp, int i, int64_t n, size_t row, char* Y, Device d) {
   const size_t run = size_t(C * n) * row;
-  for (int64_t b = 0; b < B; ++b) std::memcpy(Y + size_t((b * sp + i) * C * n) * row, src + size_t(b) * run, run);
+  device_mem::copy_2d(Y + size_t(i) * run, size_t(sp) * run, src, run, run, size_t(B), d);
+}
+
+const char* cptr(const Tensor& t) {
+  return static_cast<const char*>(t.raw());
+}
+char* mptr(const Tensor& t) {
+  return static_cast<char*>(t.raw());
 }
 
 void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
@@ -127,6 +96,23 @@ void check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
 }
 
 }  // namespace
+
+// The wire buffers grow to the largest exchange and are reused: every exchange waits for its
+// all-to-all on the compute stream before the next one packs, so reuse needs no extra sync.
+Tensor UlyssesExchange::wire(Tensor& buf, int64_t numel, DType dt) {
+  if (!buf.defined() || buf.dtype() != dt || buf.numel() < numel) buf = Tensor::empty({numel}, dt, sp_.device());
+  return buf.rows(0, numel);
+}
+
+void UlyssesExchange::exchange(const Tensor& send, Tensor& recv, int64_t per) {
+  const std::vector<int64_t> counts(size_t(sp_.size()), per);
+  sp_.all_to_all_v(send, counts, recv, counts)->wait();
+}
+
+void UlyssesExchange::check_device(std::initializer_list<const Tensor*> ts, const char* what) const {
+  for (const Tensor* t : ts)
+    MT_CHECK(t->device() == sp_.device(), "Ulysses ", what, ": ", t->desc(), " is not on the sp communicator's device");
+}
 
 void UlyssesExchange::to_heads(const Tensor& q, const Tensor& k, const Tensor& v, int64_t B, Tensor& qf, Tensor& kf,
                                Tensor& vf) {
@@ -140,57 +126,43 @@ void UlyssesExchange::to_heads(const Tensor& q, const Tensor& k, const Tensor& v
            "Ulysses to_heads: qf ", qf.desc(), ", kf ", kf.desc(), ", vf ", vf.desc());
   check_same_dtype(q, k, "to_heads");
   check_same_dtype(q, v, "to_heads");
+  check_same_dtype(q, qf, "to_heads");
+  check_device({&q, &k, &v, &qf, &kf, &vf}, "to_heads");
   const DType dt = q.dtype();
-  const size_t row = size_t(Hd_) * dtype_size(dt);
+  const Device d = sp_.device();
+  const size_t row = size_t(Hd_) * dtype_size(dt), esz = dtype_size(dt);
   const int64_t qn = BC * Hl_ * Hd_, kn = BC * Gl_ * Hd_, per = qn + 2 * kn;
-  Tensor hq = on_host(q), hk = on_host(k), hv = on_host(v);
-  Tensor send = Tensor::empty({per * n}, dt);
-  char* s = static_cast<char*>(send.raw());
-  const size_t esz = dtype_size(dt);
+  Tensor send = wire(send_, per * n, dt), recv = wire(recv_, per * n, dt);
   for (int j = 0; j < n; ++j) {
-    char* blk = s + size_t(j * per) * esz;
-    pack_tokens(static_cast<const char*>(hq.raw()), BC, H_, j * Hl_, Hl_, row, blk);
-    pack_tokens(static_cast<const char*>(hk.raw()), BC, G_, kv_lo(j), Gl_, row, blk + size_t(qn) * esz);
-    pack_tokens(static_cast<const char*>(hv.raw()), BC, G_, kv_lo(j), Gl_, row, blk + size_t(qn + kn) * esz);
+    char* blk = mptr(send) + size_t(j * per) * esz;
+    pack_tokens(cptr(q), BC, H_, j * Hl_, Hl_, row, blk, d);
+    pack_tokens(cptr(k), BC, G_, kv_lo(j), Gl_, row, blk + size_t(qn) * esz, d);
+    pack_tokens(cptr(v), BC, G_, kv_lo(j), Gl_, row, blk + size_t(qn + kn) * esz, d);
   }
-  Tensor wire_in = send.to(sp_.device()), wire_out = Tensor::empty({per * n}, dt, sp_.device());
-  const std::vector<int64_t> counts(size_t(n), per);
-  sp_.all_to_all_v(wire_in, counts, wire_out, counts)->wait();
-  Tensor recv = on_host(wire_out);
-  const char* r = static_cast<const char*>(recv.raw());
-  HostOut oq(qf), ok(kf), ov(vf);
+  exchange(send, recv, per);
   for (int i = 0; i < n; ++i) {
-    const char* blk = r + size_t(i * per) * esz;
-    unpack_heads(blk, B, C, n, i, Hl_, row, oq.ptr());
-    unpack_heads(blk + size_t(qn) * esz, B, C, n, i, Gl_, row, ok.ptr());
-    unpack_heads(blk + size_t(qn + kn) * esz, B, C, n, i, Gl_, row, ov.ptr());
+    const char* blk = cptr(recv) + size_t(i * per) * esz;
+    unpack_heads(blk, B, C, n, i, Hl_, row, mptr(qf), d);
+    unpack_heads(blk + size_t(qn) * esz, B, C, n, i, Gl_, row, mptr(kf), d);
+    unpack_heads(blk + size_t(qn + kn) * esz, B, C, n, i, Gl_, row, mptr(vf), d);
   }
-  oq.finish();
-  ok.finish();
-  ov.finish();
 }
 
-void UlyssesExchange::to_heads_q(const Tensor& d, int64_t B, Tensor& df) {
+void UlyssesExchange::to_heads_q(const Tensor& dq, int64_t B, Tensor& df) {
   const int n = sp_.size();
-  const int64_t BC = d.size(0), C = BC / B;
-  MT_CHECK(d.shape() == Shape({BC, H_, Hd_}) && df.shape() == Shape({B * C * n, Hl_, Hd_}) && BC % B == 0,
-           "Ulysses to_heads_q: ", d.desc(), " -> ", df.desc(), ", B ", B);
-  check_same_dtype(d, df, "to_heads_q");
-  const DType dt = d.dtype();
+  const int64_t BC = dq.size(0), C = BC / B;
+  MT_CHECK(dq.shape() == Shape({BC, H_, Hd_}) && df.shape() == Shape({B * C * n, Hl_, Hd_}) && BC % B == 0,
+           "Ulysses to_heads_q: ", dq.desc(), " -> ", df.desc(), ", B ", B);
+  check_same_dtype(dq, df, "to_heads_q");
+  check_device({&dq, &df}, "to_heads_q");
+  const DType dt = dq.dtype();
+  const Device d = sp_.device();
   const size_t row = size_t(Hd_) * dtype_size(dt), esz = dtype_size(dt);
   const int64_t per = BC * Hl_ * Hd_;
-  Tensor hd = on_host(d), send = Tensor::empty({per * n}, dt);
-  for (int j = 0; j < n; ++j)
-    pack_tokens(static_cast<const char*>(hd.raw()), BC, H_, j * Hl_, Hl_, row,
-                static_cast<char*>(send.raw()) + size_t(j * per) * esz);
-  Tensor wire_in = send.to(sp_.device()), wire_out = Tensor::empty({per * n}, dt, sp_.device());
-  const std::vector<int64_t> counts(size_t(n), per);
-  sp_.all_to_all_v(wire_in, counts, wire_out, counts)->wait();
-  Tensor recv = on_host(wire_out);
-  HostOut o(df);
-  for (int i = 0; i < n; ++i)
-    unpack_heads(static_cast<const char*>(recv.raw()) + size_t(i * per) * esz, B, C, n, i, Hl_, row, o.ptr());
-  o.finish();
+  Tensor send = wire(send_, per * n, dt), recv = wire(recv_, per * n, dt);
+  for (int j = 0; j < n; ++j) pack_tokens(cptr(dq), BC, H_, j * Hl_, Hl_, row, mptr(send) + size_t(j * per) * esz, d);
+  exchange(send, recv, per);
+  for (int i = 0; i < n; ++i) unpack_heads(cptr(recv) + size_t(i * per) * esz, B, C, n, i, Hl_, row, mptr(df), d);
 }
 
 void UlyssesExchange::to_tokens(const Tensor& of, int64_t B, Tensor& o) {
@@ -199,22 +171,15 @@ void UlyssesExchange::to_tokens(const Tensor& of, int64_t B, Tensor& o) {
   MT_CHECK(o.shape() == Shape({BC, H_, Hd_}) && of.shape() == Shape({B * C * n, Hl_, Hd_}) && BC % B == 0,
            "Ulysses to_tokens: ", of.desc(), " -> ", o.desc(), ", B ", B);
   check_same_dtype(o, of, "to_tokens");
+  check_device({&o, &of}, "to_tokens");
   const DType dt = o.dtype();
+  const Device d = sp_.device();
   const size_t row = size_t(Hd_) * dtype_size(dt), esz = dtype_size(dt);
   const int64_t per = BC * Hl_ * Hd_;
-  Tensor hof = on_host(of), send = Tensor::empty({per * n}, dt);
-  for (int i = 0; i < n; ++i)
-    pack_heads(static_cast<const char*>(hof.raw()), B, C, n, i, Hl_, row,
-               static_cast<char*>(send.raw()) + size_t(i * per) * esz);
-  Tensor wire_in = send.to(sp_.device()), wire_out = Tensor::empty({per * n}, dt, sp_.device());
-  const std::vector<int64_t> counts(size_t(n), per);
-  sp_.all_to_all_v(wire_in, counts, wire_out, counts)->wait();
-  Tensor recv = on_host(wire_out);
-  HostOut out(o);
-  for (int j = 0; j < n; ++j)
-    unpack_tokens(static_cast<const char*>(recv.raw()) + size_t(j * per) * esz, BC, H_, j * Hl_, Hl_, row, out.ptr(),
-                  false, dt);
-  out.finish();
+  Tensor send = wire(send_, per * n, dt), recv = wire(recv_, per * n, dt);
+  for (int i = 0; i < n; ++i) pack_heads(cptr(of), B, C, n, i, Hl_, row, mptr(send) + size_t(i * per) * esz, d);
+  exchange(send, recv, per);
+  for (int j = 0; j < n; ++j) unpack_tokens(cptr(recv) + size_t(j * per) * esz, BC, H_, j * Hl_, Hl_, row, mptr(o), d);
 }
 
 void UlyssesExchange::grads_to_tokens(const Tensor& dqf, const Tensor& dkf, const Tensor& dvf, int64_t B, Tensor& dq,
@@ -228,33 +193,38 @@ void UlyssesExchange::grads_to_tokens(const Tensor& dqf, const Tensor& dkf, cons
   check_same_dtype(dq, dqf, "grads_to_tokens");
   check_same_dtype(dk, dkf, "grads_to_tokens");
   check_same_dtype(dq, dk, "grads_to_tokens");
+  check_device({&dqf, &dkf, &dvf, &dq, &dk, &dv}, "grads_to_tokens");
   const DType dt = dq.dtype();
+  const Device d = sp_.device();
   const size_t row = size_t(Hd_) * dtype_size(dt), esz = dtype_size(dt);
   const int64_t qn = BC * Hl_ * Hd_, kn = BC * Gl_ * Hd_, per = qn + 2 * kn;
-  Tensor hq = on_host(dqf), hk = on_host(dkf), hv = on_host(dvf), send = Tensor::empty({per * n}, dt);
+  Tensor send = wire(send_, per * n, dt), recv = wire(recv_, per * n, dt);
   for (int i = 0; i < n; ++i) {
-    char* blk = static_cast<char*>(send.raw()) + size_t(i * per) * esz;
-    pack_heads(static_cast<const char*>(hq.raw()), B, C, n, i, Hl_, row, blk);
-    pack_heads(static_cast<const char*>(hk.raw()), B, C, n, i, Gl_, row, blk + size_t(qn) * esz);
-    pack_heads(static_cast<const char*>(hv.raw()), B, C, n, i, Gl_, row, blk + size_t(qn + kn) * esz);
+    char* blk = mptr(send) + size_t(i * per) * esz;
+    pack_heads(cptr(dqf), B, C, n, i, Hl_, row, blk, d);
+    pack_heads(cptr(dkf), B, C, n, i, Gl_, row, blk + size_t(qn) * esz, d);
+    pack_heads(cptr(dvf), B, C, n, i, Gl_, row, blk + size_t(qn + kn) * esz, d);
   }
-  Tensor wire_in = send.to(sp_.device()), wire_out = Tensor::empty({per * n}, dt, sp_.device());
-  const std::vector<int64_t> counts(size_t(n), per);
-  sp_.all_to_all_v(wire_in, counts, wire_out, counts)->wait();
-  Tensor recv = on_host(wire_out);
-  HostOut oq(dq), ok(dk), ov(dv);
+  exchange(send, recv, per);
+  // A replicated kv head (G < sp) comes back from each of its sp / G ranks, in rank order: the later
+  // copies are added into the first one's block (k and v together: they are adjacent), which is then
+  // the one unpacked.
+  int first = 0;
   for (int j = 0; j < n; ++j) {
-    const char* blk = static_cast<const char*>(recv.raw()) + size_t(j * per) * esz;
-    // A replicated kv head (G < sp) comes back from each of its sp / G ranks, in rank order: the
-    // first copy is written, the others added.
-    const bool add = j > 0 && kv_lo(j) == kv_lo(j - 1);
-    unpack_tokens(blk, BC, H_, j * Hl_, Hl_, row, oq.ptr(), false, dt);
-    unpack_tokens(blk + size_t(qn) * esz, BC, G_, kv_lo(j), Gl_, row, ok.ptr(), add, dt);
-    unpack_tokens(blk + size_t(qn + kn) * esz, BC, G_, kv_lo(j), Gl_, row, ov.ptr(), add, dt);
+    if (j > 0 && kv_lo(j) == kv_lo(j - 1)) {
+      Tensor acc = recv.rows(int64_t(first) * per + qn, 2 * kn);
+      ops::add_(acc, recv.rows(int64_t(j) * per + qn, 2 * kn));
+    } else {
+      first = j;
+    }
   }
-  oq.finish();
-  ok.finish();
-  ov.finish();
+  for (int j = 0; j < n; ++j) {
+    const char* blk = cptr(recv) + size_t(j * per) * esz;
+    unpack_tokens(blk, BC, H_, j * Hl_, Hl_, row, mptr(dq), d);
+    if (j > 0 && kv_lo(j) == kv_lo(j - 1)) continue;  // summed into the first replica's block
+    unpack_tokens(blk + size_t(qn) * esz, BC, G_, kv_lo(j), Gl_, row, mptr(dk), d);
+    unpack_tokens(blk + size_t(qn + kn) * esz, BC, G_, kv_lo(j), Gl_, row, mptr(dv), d);
+  }
 }
 
 }  // namespace mt

@@ -9,12 +9,12 @@
 // sp/G ranks whose query heads use it, and in the backward their gradients are summed at the
 // source. Other head counts are refused (check_sp_heads names them).
 //
-// Rows travel as contiguous blocks packed and unpacked by host loops (memcpy per token row), so
-// the exchange works for any element size; on CUDA tensors the data goes through the host for the
-// packing (correct, not fast: a device pack kernel is the next step). Every rank sends the same
-// number of elements to every rank, so the all-to-alls need no count exchange and recompute
-// re-issues exactly the same ones.
+// Rows travel as contiguous blocks, packed and unpacked on the tensors' device by strided copies
+// (device_mem::copy_2d: one cudaMemcpy2DAsync per block on CUDA, no host round trip) into wire
+// buffers the exchange keeps and reuses. Every rank sends the same number of elements to every rank,
+// so the all-to-alls need no count exchange and recompute re-issues exactly the same ones.
 #pragma once
+#include <initializer_list>
 #include <memory>
 
 #include "comm/communicator.h"
@@ -54,8 +54,12 @@ class UlyssesExchange {
 
  private:
   int64_t kv_lo(int j) const;  // the first kv head rank j's query heads use
+  Tensor wire(Tensor& buf, int64_t numel, DType dt);  // the first numel elements of a reused buffer
+  void exchange(const Tensor& send, Tensor& recv, int64_t per);  // per elements to and from every rank
+  void check_device(std::initializer_list<const Tensor*> ts, const char* what) const;
   comm::Communicator& sp_;
   int64_t H_, G_, Hd_, Hl_, Gl_;
+  Tensor send_, recv_;
 };
 
 }  // namespace mt

@@ -160,6 +160,12 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.etp != 1 && c.etp != c.tp ? str("must be 1 or tp (", c.tp, ")") : ""; }},
       {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
        [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
+      {"reshard_after_forward", &TrainConfig::reshard_after_forward,
+       "FSDP: 1 frees a unit's gathered weights after its forward and gathers them again for its backward; 0 keeps "
+       "them (no all-gather in the backward, every unit's full weights held from forward to backward)",
+       [](const TrainConfig& c) {
+         return c.reshard_after_forward == 0 || c.reshard_after_forward == 1 ? "" : std::string("must be 0 or 1");
+       }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",
        [](const TrainConfig& c) { return one_of(c.grad_reduce_dtype, {"f32", "bf16"}); }},

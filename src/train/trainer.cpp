@@ -107,6 +107,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   FsdpOptions fo;
   fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
   fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+  fo.reshard_after_forward = cfg.reshard_after_forward != 0;
   ParallelModel pm = make_parallel_model(*dist, mc, table, device, fo, cfg.moe_capacity_factor);
   FsdpParams* fsdp = pm.fsdp.get();
   Qwen3MoeModel model(pm.model_config(mc), device, fsdp);

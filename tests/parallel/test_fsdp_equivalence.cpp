@@ -90,7 +90,8 @@ TEST(FsdpTrain, TwentyStepCurveIsTheSameUnderEveryLayout) {
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
            {2, ""}, {4, ""}, {4, " --dp-replicate 2"}, {2, " --grad-sync last"}, {2, " --recompute full"},
-           {2, " --ep 2"}, {4, " --ep 2 --recompute full"}}) {
+           {2, " --ep 2"}, {4, " --ep 2 --recompute full"}, {2, " --reshard-after-forward 0"},
+           {4, " --ep 2 --reshard-after-forward 0 --recompute full"}}) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
     ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + train_cmd(dir, 20) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
@@ -182,6 +183,10 @@ TEST(FsdpTrain, EvaluationUnderLaunchEqualsOneProcess) {
   ASSERT_EQ(one.code, 0) << one.out;
   ShellRun two = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval2")));
   ASSERT_EQ(two.code, 0) << two.out;
+  // Gathers kept from a forward for its backward must not outlive the step: evaluation after the
+  // optimizer sees the new weights.
+  ShellRun kept = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval3")) + " --reshard-after-forward 0");
+  ASSERT_EQ(kept.code, 0) << kept.out;
   auto summary = [](const std::string& out) {  // "tiny: loss a -> b, exact-match p% on n held-out problems"
     size_t e = out.find(" held-out problems");
     if (e == std::string::npos) return std::string();
@@ -190,6 +195,7 @@ TEST(FsdpTrain, EvaluationUnderLaunchEqualsOneProcess) {
   };
   ASSERT_FALSE(summary(one.out).empty()) << one.out;
   EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
+  EXPECT_EQ(summary(kept.out), summary(one.out)) << kept.out;
 }
 
 // The capacity factor: a capacity no expert reaches changes nothing (bit-identical losses, nothing

@@ -9,6 +9,10 @@
 
 #include "core/tensor.h"
 
+namespace mt::cuda {
+cudaStream_t stream();  // backend/cuda/common.cuh
+}
+
 #define MT_CUDA_CHECK(call)                                                                        \
   do {                                                                                             \
     cudaError_t err_ = (call);                                                                     \
@@ -59,6 +63,11 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
                             ? (src_dev == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                             : cudaMemcpyDeviceToHost;
   MT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+}
+
+// On the compute stream (a blocking stream, so ordered with the kernels and the legacy-stream copies).
+void cuda_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
+  MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, mt::cuda::stream()));
 }
 
 void cuda_memset0(void* p, size_t bytes) { MT_CUDA_CHECK(cudaMemset(p, 0, bytes)); }

@@ -8,6 +8,7 @@ void* cuda_alloc(size_t) { no_cuda(); }
 void cuda_free(void*) {}
 void cuda_copy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_memset0(void*, size_t) { no_cuda(); }
+void cuda_copy_2d(void*, size_t, const void*, size_t, size_t, size_t) { no_cuda(); }
 void cuda_synchronize() {}
 size_t cuda_bytes_in_use() { return 0; }
 size_t cuda_peak_bytes() { return 0; }

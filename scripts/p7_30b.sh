@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The Qwen3-30B-A3B run (issue P7) on all GPUs of one machine: the real shape with random weights
+# (or cut to fewer layers for a rehearsal on fewer GPUs), seq 4096, batch 1 per GPU, through
+# train_step under `moetrain launch`:
+#   fsdp_ep_all   dense FSDP over all N GPUs, experts split N ways (EP N, no expert data parallelism)
+#   fsdp_ep_half  dense FSDP over all N GPUs, experts split N/2 ways, each FSDP-sharded over 2
+#   sp2_ep_all    Ulysses SP 2 at seq 16384 (4 × the tokens per sequence), EP N
+# Each prints train_step's JSON line (tokens/s per GPU, MFU, peak memory, time split, init_s =
+# start-up); the first two have the same global batch, so their per-step losses are compared (bf16
+# tolerance 1e-2). Assumes the build exists (gpu_test.sh or multi_gpu_check.sh made it).
+# usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
+#   RECOMPUTE=none|full (default full) and EXTRA="..." (more train_step flags) from the environment.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+layers=${2:-48}
+steps=${3:-20}
+out=${4:-/tmp/p7_30b}
+rc=${RECOMPUTE:-full}
+mkdir -p "$out"
+n=$(nvidia-smi -L | wc -l)
+if ((n < 2 || n % 2 != 0)); then echo "needs an even number of GPUs (have $n)"; exit 1; fi
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
+base="--model qwen3-30b-a3b --layers $layers --steps $steps --warmup 2 --no-profile --recompute $rc ${EXTRA:-}"
+run() {  # name, then train_step flags
+  local name=$1
+  shift
+  echo "== $name: $*"
+  "$build/moetrain" launch --nproc-per-node "$n" --exe "$build/train_step" -- $base "$@" 2>&1 \
+    | grep -E '^\[rank 0\] \{|error|out of memory' | sed 's/^\[rank 0\] //' | tail -1 | tee "$out/$name.json"
+}
+run fsdp_ep_all --seq 4096 --batch 1 --ep "$n"
+run fsdp_ep_half --seq 4096 --batch 1 --ep $((n / 2))
+run sp2_ep_all --seq 16384 --batch 1 --sp 2 --ep "$n"
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        return json.loads(open(f"{out}/{name}.json").read())
+    except Exception as e:
+        return {"error": f"no result ({e})"}
+rows = {k: load(k) for k in ("fsdp_ep_all", "fsdp_ep_half", "sp2_ep_all")}
+for k, r in rows.items():
+    keys = ("tokens_per_s_per_gpu", "mfu", "model_tflops", "peak_mem_gib", "init_s", "time_s", "mesh")
+    print(json.dumps({"layout": k, **{x: r.get(x) for x in keys}} if "losses" in r else {"layout": k, **r}))
+a, b = rows["fsdp_ep_all"], rows["fsdp_ep_half"]
+if "losses" in a and "losses" in b:
+    d = [abs(x - y) / abs(y) for x, y in zip(a["losses"], b["losses"])]
+    print(json.dumps({"check": "loss_fsdp_ep_all_vs_half", "steps": len(d), "max_rel_diff": max(d),
+                      "within_bf16_tol": max(d) <= 1e-2}))
+PY
