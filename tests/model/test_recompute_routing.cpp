@@ -11,6 +11,7 @@
 // per-tensor report names the expert and router tensors (relative L2 errors of order 1).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,7 +27,7 @@ using namespace mt;
 
 namespace {
 
-// Serves `forward_w` on the first acquire of each unit in a micro-batch and `backward_w` on the second
+// Serves `forward_w` on the first acquire of each unit in a pass and `backward_w` on the second
 // (the backward's, for a block); gradients all go to forward_w's buffer. The embedding of a tied model
 // is acquired twice in the forward (embedding, then with the head): it then gets backward_w's copy of
 // the embedding, which is the same bytes, since only router gates differ between the two.
@@ -43,7 +44,8 @@ class SwitchingSource final : public ParamSource {
   void release_weights(int) override {}
   Tensor unit_grads(int u) override { return fwd_.unit_grads(u); }
   void grads_done(int) override {}
-  void new_micro_batch() { std::fill(acquires_.begin(), acquires_.end(), 0); }
+  // The model starts every forward (and forward_backward) with this: the counts are per pass.
+  void begin_pass(bool) override { std::fill(acquires_.begin(), acquires_.end(), 0); }
   int acquires(int u) const { return acquires_[size_t(u)]; }
 
  private:
@@ -156,7 +158,6 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
     m.recompute = policy;
     m.score_before_experts = v.score_before;
     m.z_loss_scale = z_scale;
-    src.new_micro_batch();
     RunResult r;
     r.lp = m.forward_backward(mb, ce_scale, aux_scale);
     r.grads = original.grads().clone();
