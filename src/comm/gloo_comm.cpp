@@ -17,6 +17,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -305,6 +306,15 @@ std::unique_ptr<Communicator> make_gloo_comm(int rank, int size, const std::stri
                                              const std::string& prefix, CommOptions opt) {
   check_world(rank, size, "Gloo communicator");
   if (size == 1) return make_self_comm(name, root, prefix, opt);
+  // A peer that dies closes its sockets; Gloo's next write to one must fail with EPIPE (an error this
+  // communicator reports with the op and the ranks), not raise SIGPIPE and kill this process
+  // silently. Only the default disposition is replaced: a handler the program installed stays.
+  static const bool pipe_ignored = [] {
+    struct sigaction old {};
+    if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+    return true;
+  }();
+  (void)pipe_ignored;
   auto dev = make_device(rank, size, root, prefix, opt.timeout);
   return std::make_unique<GlooComm>(rank, size, name, root, prefix, opt, std::move(dev));
 }
