@@ -122,25 +122,28 @@ TEST_P(SpGrads, EveryLayoutEqualsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, SpGrads, ::testing::Values("tiny", "aux", "tied"));
 
+namespace {
+// `moetrain grads` on the tiny model over nproc ranks with `flags` fails and says `message`.
+void expect_grads_error(int nproc, int64_t B, int64_t S, const std::string& flags, const std::string& message) {
+  const std::string model = kGoldens + "/tiny", tag = std::to_string(nproc);
+  const std::string batch = tmp("err_batch" + tag + ".safetensors");
+  test::make_batch(model, batch, B, S);
+  ShellRun p = sh(kBin + " launch --nproc-per-node " + tag + " -- grads --model " + model + " --batch " + batch +
+                  " --out " + tmp("err" + tag + ".safetensors") + " " + flags);
+  EXPECT_NE(p.code, 0) << p.out;
+  EXPECT_NE(p.out.find(message), std::string::npos) << p.out;
+}
+}  // namespace
+
 TEST(SpGradsErrors, SpMustDivideTheHeads) {
   MT_SKIP_WITHOUT_GLOO();
-  const std::string model = kGoldens + "/tiny", batch = tmp("err_batch.safetensors");
-  test::make_batch(model, batch, 3, 12);
-  ShellRun p = sh(kBin + " launch --nproc-per-node 3 -- grads --model " + model + " --batch " + batch + " --out " +
-                  tmp("err.safetensors") + " --sp 3");
-  EXPECT_NE(p.code, 0) << p.out;
-  EXPECT_NE(p.out.find("num_attention_heads (4) must be divisible by sp (3)"), std::string::npos) << p.out;
+  expect_grads_error(3, 3, 12, "--sp 3", "num_attention_heads (4) must be divisible by sp (3)");
 }
 
 // Under tp the sp ranks split each tp rank's heads: tiny's 4 heads over tp 2 leave 2, which sp 4 cannot split.
 TEST(SpGradsErrors, TpTimesSpMustDivideTheHeads) {
   MT_SKIP_WITHOUT_GLOO();
-  const std::string model = kGoldens + "/tiny", batch = tmp("err_batch8.safetensors");
-  test::make_batch(model, batch, 1, 16);
-  ShellRun p = sh(kBin + " launch --nproc-per-node 8 -- grads --model " + model + " --batch " + batch + " --out " +
-                  tmp("err8.safetensors") + " --tp 2 --sp 4");
-  EXPECT_NE(p.code, 0) << p.out;
-  EXPECT_NE(p.out.find("num_attention_heads (4) must be divisible by tp × sp (2 × 4)"), std::string::npos) << p.out;
+  expect_grads_error(8, 1, 16, "--tp 2 --sp 4", "num_attention_heads (4) must be divisible by tp × sp (2 × 4)");
 }
 
 namespace {
