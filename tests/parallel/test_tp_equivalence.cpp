@@ -189,7 +189,8 @@ TEST(TpTrain, TwentyStepCurveEqualsOneProcess) {
   auto ref = test::read_step_metrics(ref_dir + "/metrics.jsonl");
   ASSERT_EQ(ref.size(), 20u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
-           {2, " --tp 2"}, {2, " --tp 2 --etp 2 --recompute full"}, {4, " --tp 2 --ep 2"}}) {
+           {2, " --tp 2"}, {2, " --tp 2 --etp 2 --recompute full"}, {4, " --tp 2 --ep 2"},
+           {4, " --tp 2 --sp 2 --reshard-after-forward 0 --recompute full"}}) {
     const std::string dir = tmp("curve_" + std::to_string(n) + std::to_string(std::hash<std::string>{}(flags)));
     ShellRun p = sh(kBin + " launch --nproc-per-node " + std::to_string(n) + " --" + cmd(dir) + flags);
     ASSERT_EQ(p.code, 0) << flags << "\n" << p.out;
