@@ -15,6 +15,7 @@
 
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/hf_checkpoint.h"
 
 namespace mt::test {
 
@@ -78,6 +79,25 @@ inline void expect_same(const std::string& got_path, const std::string& ref_path
   }
   if (all_grads) *all_grads = std::sqrt(num / den);
   EXPECT_LE(std::sqrt(num / den), 1e-6) << what << ": all gradients together";
+}
+
+// The checkpoint a layout's run wrote from its shards (got_dir) holds the same parameters as the one-
+// process run's (ref_dir): after many AdamW steps each tensor within 1e-5, all together within 1e-6.
+inline void expect_same_checkpoint(const std::string& got_dir, const std::string& ref_dir, const std::string& what) {
+  CheckpointReader a(got_dir), b(ref_dir);
+  ASSERT_EQ(a.names(), b.names()) << what;
+  double num = 0, den = 0;
+  for (const std::string& name : b.names()) {
+    Tensor x = a.read_f32(name), y = b.read_f32(name);
+    ASSERT_EQ(x.shape(), y.shape()) << what << ": " << name;
+    EXPECT_LE(rel_l2(x, y), 1e-5) << what << ": " << name;
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double d = double(x.data<float>()[i]) - y.data<float>()[i];
+      num += d * d;
+      den += double(y.data<float>()[i]) * y.data<float>()[i];
+    }
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-6) << what << ": all parameters together";
 }
 
 }  // namespace mt::test

@@ -12,6 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
+
+// CPU ranks talk through Gloo; builds without it (the GPU machines) cannot run the multi-rank tests.
+#define MT_SKIP_WITHOUT_GLOO() \
+  if (!::mt::comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)"
+
 namespace mt::test {
 
 inline const std::string kMoetrainBin = std::string(MT_BINARY_DIR) + "/moetrain";

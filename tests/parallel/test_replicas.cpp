@@ -22,9 +22,6 @@ using namespace mt;
 
 namespace {
 
-#define MT_SKIP_WITHOUT_GLOO() \
-  if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)"
-
 const std::string kModel = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
 std::string tmp(const std::string& name) {
   return test::tmp_path("replicas", name);
