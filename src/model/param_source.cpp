@@ -12,6 +12,27 @@ static ParamUnit one_piece(int64_t begin, int64_t end, int64_t layer) {
   return u;
 }
 
+// This rank's experts of layer l (ep > 1): its rows [e0, e1) of gate_up_proj [E, 2F, D] and of
+// down_proj [E, D, F], back to back in the unit (under tp the tp-local tensors).
+static ParamUnit local_experts_unit(const ModelConfig& c, const ParamTable& t, int64_t l, const UnitPlan& p,
+                                    int tp_group) {
+  const std::string pre = "model.layers." + std::to_string(l) + ".mlp.experts.";
+  const ParamEntry& gu = t.at(pre + "gate_up_proj");
+  const ParamEntry& dn = t.at(pre + "down_proj");
+  const int64_t E = c.num_experts, per = E / p.ep, e0 = int64_t(p.ep_rank) * per, e1 = e0 + per;
+  const int64_t gu_row = gu.numel / E, dn_row = dn.numel / E;
+  ParamUnit x;
+  x.layer = l;
+  x.local_experts = true;
+  x.expert_begin = e0;
+  x.expert_end = e1;
+  x.tp_group = tp_group;
+  x.pieces.push_back({gu.offset + e0 * gu_row, gu.offset + e1 * gu_row, 0});
+  x.pieces.push_back({dn.offset + e0 * dn_row, dn.offset + e1 * dn_row, per * gu_row});
+  x.numel = per * (gu_row + dn_row);
+  return x;
+}
+
 // Under tensor parallelism a block is up to four units, each a list of pieces (runs of adjacent
 // parameters of the same placement): the tp-replicated part (norms, router, experts when etp = 1 and
 // ep = 1), this rank's tp slices, the replicated kv slices, and this rank's experts (ep > 1).
@@ -51,22 +72,9 @@ static void plan_block_tp(const ModelConfig& c, const ParamTable& t, int64_t l, 
   }
   p.experts.push_back(-1);
   if (units[3].pieces.empty()) return;
-  // This rank's experts (ep > 1): its rows of gate_up_proj and down_proj, as without tp.
-  const ParamEntry& gu = t.at(pre + "mlp.experts.gate_up_proj");
-  const ParamEntry& dn = t.at(pre + "mlp.experts.down_proj");
-  const int64_t E = c.num_experts, per = E / p.ep, e0 = int64_t(p.ep_rank) * per, e1 = e0 + per;
-  const int64_t gu_row = gu.numel / E, dn_row = dn.numel / E;
-  ParamUnit x;
-  x.layer = l;
-  x.local_experts = true;
-  x.expert_begin = e0;
-  x.expert_end = e1;
-  x.tp_group = tp.experts ? 1 : 0;
-  x.pieces.push_back({gu.offset + e0 * gu_row, gu.offset + e1 * gu_row, 0});
-  x.pieces.push_back({dn.offset + e0 * dn_row, dn.offset + e1 * dn_row, per * gu_row});
-  x.numel = per * (gu_row + dn_row);
+  // This rank's experts (ep > 1), as without tp.
   p.experts.back() = int(p.units.size());
-  p.units.push_back(x);
+  p.units.push_back(local_experts_unit(c, t, l, p, tp.experts ? 1 : 0));
 }
 
 UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_rank, const TpPlacement& tp) {
@@ -100,18 +108,8 @@ UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_ra
              " are not the end of the block");
     p.block.push_back(int(p.units.size()));
     p.units.push_back(one_piece(b, gu.offset, l));
-    const int64_t per = E / ep, e0 = int64_t(ep_rank) * per, e1 = e0 + per;
-    const int64_t gu_row = gu.numel / E, dn_row = dn.numel / E;
-    ParamUnit x;
-    x.layer = l;
-    x.local_experts = true;
-    x.expert_begin = e0;
-    x.expert_end = e1;
-    x.pieces.push_back({gu.offset + e0 * gu_row, gu.offset + e1 * gu_row, 0});
-    x.pieces.push_back({dn.offset + e0 * dn_row, dn.offset + e1 * dn_row, per * gu_row});
-    x.numel = per * (gu_row + dn_row);
     p.experts.push_back(int(p.units.size()));
-    p.units.push_back(x);
+    p.units.push_back(local_experts_unit(c, t, l, p, 0));
   }
   p.head = int(p.units.size());
   p.units.push_back(one_piece(t.layer_range(L - 1).second, t.total(), -1));
