@@ -10,10 +10,12 @@
 
 #include "core/rng.h"
 #include "model/hf_checkpoint.h"
+#include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
 
 using namespace mt;
+using test::random_batch;
 namespace fs = std::filesystem;
 
 namespace {
@@ -24,17 +26,6 @@ ModelConfig tiny_config(bool aux, bool dense_layer0) {
   c.router_aux_loss_coef = 0.1;
   if (dense_layer0) c.mlp_only_layers = {0};
   return c;
-}
-
-MicroBatch random_batch(const ModelConfig& c, int64_t B, int64_t S, uint64_t seed) {
-  Rng rng(seed);
-  MicroBatch mb{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64)};
-  for (int64_t i = 0; i < B * S; ++i) {
-    int64_t id = rng.randint(0, c.vocab_size);
-    mb.input_ids.data<int64_t>()[i] = id;
-    mb.labels.data<int64_t>()[i] = (i % 5 == 3) ? -100 : id;
-  }
-  return mb;
 }
 
 void init_random(Qwen3MoeModel& m, uint64_t seed) {

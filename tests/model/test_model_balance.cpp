@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
 
@@ -22,16 +23,6 @@ ModelConfig tiny(bool aux) {
   c.output_router_logits = aux;
   c.router_aux_loss_coef = 0.1;
   return c;
-}
-
-MicroBatch batch(const ModelConfig& c, int64_t B, int64_t S, uint64_t seed) {
-  Rng rng(seed);
-  MicroBatch mb{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64)};
-  for (int64_t i = 0; i < B * S; ++i) {
-    mb.input_ids.data<int64_t>()[i] = rng.randint(0, c.vocab_size);
-    mb.labels.data<int64_t>()[i] = i % 4 == 1 ? -100 : mb.input_ids.data<int64_t>()[i];
-  }
-  return mb;
 }
 
 void init(Qwen3MoeModel& m, uint64_t seed) {
@@ -52,7 +43,7 @@ TEST(ModelBalance, ZLossGradientMatchesFiniteDifferences) {
   ModelConfig c = tiny(false);
   Qwen3MoeModel m(c);
   init(m, 5);
-  const MicroBatch mb = batch(c, 2, 16, 3);
+  const MicroBatch mb = test::random_batch(c, 2, 16, 3, 4, 1);
   const double scale = 0.01;
   m.z_loss_scale = scale;
   m.zero_grads();
@@ -106,7 +97,7 @@ TEST(ModelBalance, ZLossGradientMatchesFiniteDifferences) {
 TEST(ModelBalance, OptionsAtZeroAreBitIdenticalToThePlainModel) {
   for (Recompute policy : {Recompute::None, Recompute::Full}) {
     ModelConfig c = tiny(true);
-    const MicroBatch mb = batch(c, 2, 12, 4);
+    const MicroBatch mb = test::random_batch(c, 2, 12, 4, 4, 1);
     Qwen3MoeModel a(c), b(c);
     init(a, 6);
     init(b, 6);
@@ -124,7 +115,7 @@ TEST(ModelBalance, OptionsAtZeroAreBitIdenticalToThePlainModel) {
 
 TEST(ModelBalance, BiasSteersTheTopKUnderRecomputeButNotUnderReplay) {
   ModelConfig c = tiny(false);
-  const MicroBatch mb = batch(c, 2, 12, 7);
+  const MicroBatch mb = test::random_batch(c, 2, 12, 7, 4, 1);
   const int64_t E = c.num_experts, favoured = 6;
   std::vector<Tensor> grads;
   std::vector<double> losses;
@@ -165,14 +156,14 @@ TEST(ModelBalance, ExpertLoadAddsUpTheMicroBatchesOfAStep) {
   const int64_t E = c.num_experts;
   Tensor want = Tensor::zeros({2, E}, DType::I64);
   for (uint64_t s : {11u, 12u}) {
-    m.forward_backward(batch(c, 1, 10, s), 0.1, 0.0);
+    m.forward_backward(test::random_batch(c, 1, 10, s, 4, 1), 0.1, 0.0);
     std::vector<Tensor> r = m.last_routing();
     for (int64_t l = 0; l < 2; ++l) {
       Tensor row = want.rows(l, 1).view({E});
       ops::expert_counts(r[size_t(l)], E, row);
     }
   }
-  m.forward(batch(c, 1, 10, 13), nullptr);  // evaluation does not count
+  m.forward(test::random_batch(c, 1, 10, 13, 4, 1), nullptr);  // evaluation does not count
   ASSERT_TRUE(m.expert_load().defined());
   EXPECT_TRUE(same(m.expert_load(), want));
   int64_t total = 0;

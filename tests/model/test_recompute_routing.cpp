@@ -20,10 +20,12 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
 
 using namespace mt;
+using test::random_batch;
 
 namespace {
 
@@ -69,17 +71,6 @@ ModelConfig config_of(const Variant& v) {
   c.tie_word_embeddings = v.tied;
   if (v.dense_layer0) c.mlp_only_layers = {0};
   return c;
-}
-
-MicroBatch random_batch(const ModelConfig& c, int64_t B, int64_t S, uint64_t seed) {
-  Rng rng(seed);
-  MicroBatch mb{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64)};
-  for (int64_t i = 0; i < B * S; ++i) {
-    const int64_t id = rng.randint(0, c.vocab_size);
-    mb.input_ids.data<int64_t>()[i] = id;
-    mb.labels.data<int64_t>()[i] = i % 5 == 3 ? -100 : id;
-  }
-  return mb;
 }
 
 // The router gate [E, D] of every sparse layer, checked to lie inside that layer's block unit (the unit

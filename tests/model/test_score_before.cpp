@@ -14,6 +14,7 @@
 #include "comm/communicator.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
 #include "parallel/equivalence_util.h"
 #include "parallel/launch_test_util.h"
@@ -21,16 +22,6 @@
 using namespace mt;
 
 namespace {
-
-MicroBatch batch(const ModelConfig& c, int64_t B, int64_t S, uint64_t seed) {
-  Rng rng(seed);
-  MicroBatch mb{Tensor::empty({B, S}, DType::I64), Tensor::empty({B, S}, DType::I64)};
-  for (int64_t i = 0; i < B * S; ++i) {
-    mb.input_ids.data<int64_t>()[i] = rng.randint(0, c.vocab_size);
-    mb.labels.data<int64_t>()[i] = i % 4 == 1 ? -100 : mb.input_ids.data<int64_t>()[i];
-  }
-  return mb;
-}
 
 bool same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   for (size_t i = 0; i < a.size(); ++i)
@@ -45,7 +36,7 @@ TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
   Qwen3MoeModel m(c);
   init_weights(c, m.table(), m.params(), 11);
   m.score_before_experts = true;
-  const MicroBatch mb = batch(c, 2, 16, 5);
+  const MicroBatch mb = test::random_batch(c, 2, 16, 5, 4, 1);
   m.zero_grads();
   const LossParts lp = m.forward_backward(mb, 1.0, 0.0);
   const Tensor analytic = m.grads().clone();

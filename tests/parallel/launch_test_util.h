@@ -21,6 +21,16 @@
 namespace mt::test {
 
 inline const std::string kMoetrainBin = std::string(MT_BINARY_DIR) + "/moetrain";
+inline const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";  // model directories
+
+// The evaluation summary a `train --model tiny` run prints ("tiny: loss a -> b, exact-match p% on n"
+// up to " held-out problems"); empty when the output has none.
+inline std::string eval_summary(const std::string& out) {
+  const size_t e = out.find(" held-out problems");
+  if (e == std::string::npos) return std::string();
+  const size_t b = out.rfind("tiny: loss", e);
+  return b == std::string::npos ? std::string() : out.substr(b, e - b);
+}
 
 struct ShellRun {
   int code;

@@ -22,7 +22,7 @@ using namespace mt;
 
 namespace {
 
-const std::string kModel = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
+const std::string kModel = test::kGoldens + "/aux";
 std::string tmp(const std::string& name) {
   return test::tmp_path("replicas", name);
 }

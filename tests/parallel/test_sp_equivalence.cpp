@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string& kBin = test::kMoetrainBin;
-const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";
+using test::kGoldens;
 
 using test::sh;
 using test::ShellRun;
@@ -199,12 +199,6 @@ TEST(SpTrain, EvaluationUnderSpEqualsOneProcess) {
   ASSERT_EQ(one.code, 0) << one.out;
   ShellRun two = sh(kBin + " launch --nproc-per-node 2 --" + cmd(tmp("eval2")) + " --sp 2");
   ASSERT_EQ(two.code, 0) << two.out;
-  auto summary = [](const std::string& out) {  // "tiny: loss a -> b, exact-match p% on n held-out problems"
-    size_t e = out.find(" held-out problems");
-    if (e == std::string::npos) return std::string();
-    size_t b = out.rfind("tiny: loss", e);
-    return b == std::string::npos ? std::string() : out.substr(b, e - b);
-  };
-  ASSERT_FALSE(summary(one.out).empty()) << one.out;
-  EXPECT_EQ(summary(two.out), summary(one.out)) << two.out;
+  ASSERT_FALSE(test::eval_summary(one.out).empty()) << one.out;
+  EXPECT_EQ(test::eval_summary(two.out), test::eval_summary(one.out)) << two.out;
 }

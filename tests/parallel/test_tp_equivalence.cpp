@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string& kBin = test::kMoetrainBin;
-const std::string kGoldens = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens";
+using test::kGoldens;
 
 using test::sh;
 using test::ShellRun;
