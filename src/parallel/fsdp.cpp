@@ -281,7 +281,6 @@ void FsdpParams::zero_grads() {
 }
 
 void FsdpParams::refresh_compute_weights() {
-  drop_kept();  // kept gathers would hold the old weights
   if (compute_.raw() != params_.raw()) ops::copy_cast(params_, compute_);
 }
 
@@ -460,8 +459,7 @@ FsdpParams::ReplicaReport FsdpParams::check_replicas(bool grads, int world_rank,
       CommTimer t{comm_s_};
       c.all_gather(row.to(c.device()), all)->wait();
     }
-    device_mem::synchronize(c.device());
-    return all.to(Device::CPU);
+    return all.to(Device::CPU);  // the copy waits for the compute stream, which waits for the gather
   };
   Tensor row = Tensor::empty({n}, DType::I64);
   row.data<int64_t>()[0] = world_rank;
