@@ -9,7 +9,9 @@
 # start-up); the first two have the same global batch, so their per-step losses are compared (bf16
 # tolerance 1e-2). Assumes the build exists (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
-#   RECOMPUTE=none|full (default full) and EXTRA="..." (more train_step flags) from the environment.
+#   RECOMPUTE=none|full|selective (default full), BATCH (per-GPU batch, default 1), LAYOUTS (default
+#   "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per layout, default 420) and EXTRA="..."
+#   (more train_step flags) from the environment. Each layout's whole log is kept in OUT/NAME.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -17,6 +19,9 @@ layers=${2:-48}
 steps=${3:-20}
 out=${4:-/tmp/p7_30b}
 rc=${RECOMPUTE:-full}
+batch=${BATCH:-1}
+layouts=${LAYOUTS:-fsdp_ep_all fsdp_ep_half sp2_ep_all}
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the shared machines
 mkdir -p "$out"
 n=$(nvidia-smi -L | wc -l)
 if ((n < 2 || n % 2 != 0)); then echo "needs an even number of GPUs (have $n)"; exit 1; fi
@@ -25,13 +30,21 @@ base="--model qwen3-30b-a3b --layers $layers --steps $steps --warmup 2 --no-prof
 run() {  # name, then train_step flags
   local name=$1
   shift
-  echo "== $name: $*"
-  "$build/moetrain" launch --nproc-per-node "$n" --exe "$build/train_step" -- $base "$@" 2>&1 \
-    | grep -E '^\[rank 0\] \{|error|out of memory' | sed 's/^\[rank 0\] //' | tail -1 | tee "$out/$name.json"
+  [[ " $layouts " == *" $name "* ]] || return 0
+  echo "== $name: $base $*"
+  timeout "${TIMEOUT:-420}" "$build/moetrain" launch --nproc-per-node "$n" --exe "$build/train_step" -- $base "$@" \
+    > "$out/$name.log" 2>&1
+  local code=$?
+  grep -E '^\[rank 0\] \{' "$out/$name.log" | sed 's/^\[rank 0\] //' | tail -1 > "$out/$name.json"
+  if [[ ! -s "$out/$name.json" ]]; then
+    echo "$name failed (exit $code):"
+    grep -iE 'error|out of memory|what\(\)|terminate|timed out' "$out/$name.log" | head -8
+    tail -5 "$out/$name.log"
+  fi
 }
-run fsdp_ep_all --seq 4096 --batch 1 --ep "$n"
-run fsdp_ep_half --seq 4096 --batch 1 --ep $((n / 2))
-run sp2_ep_all --seq 16384 --batch 1 --sp 2 --ep "$n"
+run fsdp_ep_all --seq 4096 --batch "$batch" --ep "$n"
+run fsdp_ep_half --seq 4096 --batch "$batch" --ep $((n / 2))
+run sp2_ep_all --seq 16384 --batch "$batch" --sp 2 --ep "$n"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -42,7 +55,7 @@ def load(name):
         return {"error": f"no result ({e})"}
 rows = {k: load(k) for k in ("fsdp_ep_all", "fsdp_ep_half", "sp2_ep_all")}
 for k, r in rows.items():
-    keys = ("tokens_per_s_per_gpu", "mfu", "model_tflops", "peak_mem_gib", "init_s", "time_s", "mesh")
+    keys = ("tokens_per_s_per_gpu", "batch_per_gpu", "step_s", "mfu", "model_tflops", "peak_mem_gib", "init_s", "time_s", "mesh")
     print(json.dumps({"layout": k, **{x: r.get(x) for x in keys}} if "losses" in r else {"layout": k, **r}))
 a, b = rows["fsdp_ep_all"], rows["fsdp_ep_half"]
 if "losses" in a and "losses" in b:
