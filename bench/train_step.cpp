@@ -252,6 +252,7 @@ int main(int argc, char** argv) {
                      {"gemm_bf16_tflops_measured", gemm_tflops},
                      {"mfu", gemm_tflops > 0 ? tflops / gemm_tflops : 0.0},
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
+                     {"peak_reserved_gib", double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30)},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},
                      {"split_s", split},

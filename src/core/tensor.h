@@ -117,6 +117,9 @@ void synchronize(Device d);  // waits for all work queued on the device (no-op o
 size_t cuda_bytes_in_use();
 size_t cuda_peak_bytes();
 void cuda_reset_peak();
+// The most device memory the allocator's pool has held since the last reset: the tensors' bytes plus
+// what it keeps cached for reuse (0 without CUDA).
+size_t cuda_reserved_peak_bytes();
 }  // namespace device_mem
 
 }  // namespace mt

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cctype>
 #include <string>
 #include <mutex>
@@ -25,10 +26,39 @@ static size_t g_current = 0, g_peak = 0;
 static std::unordered_map<void*, size_t> g_sizes;
 static std::mutex g_mu;
 
+// Tensors take their memory from CUDA's stream-ordered pool on the compute stream (cudaMallocAsync /
+// cudaFreeAsync), which keeps freed memory for reuse (release threshold: never). A plain cudaFree
+// waits for the whole device, every NCCL stream included, so a temporary freed in the middle of a
+// layer used to stall the GPU behind the in-flight all-gathers and all-to-alls. Ordering: every
+// kernel runs on the compute stream, the memcpy/memset calls on the legacy stream (which the
+// blocking compute stream is ordered with), and a communicator's stream waits for the compute
+// stream before each op and keeps the op's tensors alive until the op has completed; so memory
+// freed here is reused only after its last use.
+static cudaMemPool_t pool() {
+  static cudaMemPool_t p = [] {
+    int dev = 0;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaMemPool_t mp = nullptr;
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&mp, dev));
+    uint64_t keep_all = UINT64_MAX;
+    MT_CUDA_CHECK(cudaMemPoolSetAttribute(mp, cudaMemPoolAttrReleaseThreshold, &keep_all));
+    return mp;
+  }();
+  return p;
+}
+
 void* cuda_alloc(size_t bytes) {
   void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, bytes);
+  cudaMemPool_t mp = pool();
+  cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::stream());
+  if (err == cudaErrorMemoryAllocation) {  // the pool's free blocks may be too fragmented: give them back, retry
+    cudaGetLastError();
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt::cuda::stream()));
+    MT_CUDA_CHECK(cudaMemPoolTrimTo(mp, 0));
+    err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::stream());
+  }
   if (err != cudaSuccess) {
+    cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     MT_THROW("CUDA out of memory allocating ", bytes / 1048576.0, " MiB (", cudaGetErrorString(err), "); tensors hold ",
@@ -51,12 +81,21 @@ void cuda_free(void* p) {
       g_sizes.erase(it);
     }
   }
-  cudaFree(p);
+  cudaFreeAsync(p, mt::cuda::stream());
 }
 
 size_t cuda_bytes_in_use() { return g_current; }
 size_t cuda_peak_bytes() { return g_peak; }
-void cuda_reset_peak() { g_peak = g_current; }
+void cuda_reset_peak() {
+  g_peak = g_current;
+  uint64_t zero = 0;
+  MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool(), cudaMemPoolAttrReservedMemHigh, &zero));
+}
+size_t cuda_reserved_peak_bytes() {
+  uint64_t high = 0;
+  MT_CUDA_CHECK(cudaMemPoolGetAttribute(pool(), cudaMemPoolAttrReservedMemHigh, &high));
+  return size_t(high);
+}
 
 void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
   cudaMemcpyKind kind = dst_dev == Device::CUDA

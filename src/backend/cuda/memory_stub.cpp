@@ -13,6 +13,7 @@ void cuda_synchronize() {}
 size_t cuda_bytes_in_use() { return 0; }
 size_t cuda_peak_bytes() { return 0; }
 void cuda_reset_peak() {}
+size_t cuda_reserved_peak_bytes() { return 0; }
 bool cuda_available() { return false; }
 int cuda_device_count() { return 0; }
 void set_cuda_device(int index) { MT_THROW("GPU ", index, " requested, but this moetrain was built without CUDA"); }
