@@ -252,6 +252,22 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     double ms = time_ms(dev, iters, [&] { c.all_reduce(t)->wait(); });
     report("all_reduce", dt, bytes, ms, 2.0 * (n - 1) / n);
   }
+  {
+    // all_to_all_v, bf16 (the expert-parallel dispatch and combine): `bytes` of input, equal blocks.
+    DType dt = DType::BF16;
+    int64_t total = bytes / 2, block = total / n;
+    Tensor in = on(dev, host_tensor_from(dt, total, [&](int64_t i) { return value_of(dt, r, i); }));
+    Tensor out = Tensor::zeros({total}, dt, dev);
+    const std::vector<int64_t> counts(size_t(n), block);
+    c.all_to_all_v(in, counts, out, counts)->wait();
+    auto s = sample(total);
+    // Block q of the output is block r of rank q's input: rank q's values at r * block + j.
+    ck.expect(
+        out, [&](int64_t j) { return value_of(dt, int(j / block), r * block + j % block); }, "bench all_to_all_v",
+        &s);
+    double ms = time_ms(dev, iters, [&] { c.all_to_all_v(in, counts, out, counts)->wait(); });
+    report("all_to_all_v", dt, bytes, ms, double(n - 1) / n);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace mt::moe {
 
@@ -137,6 +138,7 @@ void ExpertDispatcher::check_plan(const DispatchPlan& plan, const char* what) co
 }
 
 DispatchPlan ExpertDispatcher::prepare(const Tensor& topk_idx_TK, const Tensor& topk_w_TK) const {
+  ops::OpScope scope("ep_prepare", comm_.device() == Device::CUDA);  // host syncs and the counts exchange
   const Device dev = comm_.device();
   if (topk_idx_TK.dim() != 2 || topk_idx_TK.dtype() != DType::I32)
     MT_THROW("ExpertDispatcher::prepare: topk_idx_TK must be i32 [T, K], got ", topk_idx_TK.desc());
@@ -258,6 +260,7 @@ Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tens
   if (plan.ep == 1) return s_SD;
   const int64_t D = s_SD.size(1);
   Tensor out = Tensor::empty({plan.rows_received, D}, s_SD.dtype(), s_SD.device());
+  ops::OpScope scope("comm_ep_all_to_all", s_SD.device() == Device::CUDA);  // its time, when profiling
   comm_.all_to_all_v(s_SD, scaled(plan.send_counts, D), out, scaled(plan.recv_counts, D))->wait();
   return out;
 }
@@ -273,8 +276,10 @@ Tensor ExpertDispatcher::experts_to_sources(const DispatchPlan& plan, const Tens
   Tensor body = out.rows(0, S);
   if (plan.ep == 1)
     body.copy_from(r_RD);
-  else
+  else {
+    ops::OpScope scope("comm_ep_all_to_all", r_RD.device() == Device::CUDA);
     comm_.all_to_all_v(r_RD, scaled(plan.recv_counts, D), body, scaled(plan.send_counts, D))->wait();
+  }
   if (extra_rows > 0) out.rows(S, extra_rows).zero_();
   return out;
 }

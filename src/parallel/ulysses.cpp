@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace mt {
 
@@ -106,6 +107,7 @@ Tensor UlyssesExchange::wire(Tensor& buf, int64_t numel, DType dt) {
 
 void UlyssesExchange::exchange(const Tensor& send, Tensor& recv, int64_t per) {
   const std::vector<int64_t> counts(size_t(sp_.size()), per);
+  ops::OpScope scope("comm_sp_all_to_all", send.device() == Device::CUDA);  // its time, when profiling
   sp_.all_to_all_v(send, counts, recv, counts)->wait();
 }
 
