@@ -205,6 +205,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   // whose cost grows with S^2, so the recompute pass skips it and rebuilds only the cheap rest.
   const bool keep_attention = recompute != Recompute::Full;
   const bool attention_known = routing_known && recompute == Recompute::Selective;
+  // Under expert parallelism selective also keeps what the two all-to-alls delivered (the expert-side
+  // input rows and the outputs back at the source), so its recompute issues no all-to-all: the
+  // exchanges, not the expert GEMMs, are the expensive part there.
+  const bool exchanges_known = attention_known && dispatcher;
   // The recompute pass (routing_known) needs the FFN's saved tensors, not the block output, so under
   // tp it skips the output's reduce-scatter.
   const bool need_out = !(tp && routing_known);
@@ -312,14 +316,18 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // on what arrived, and the outputs come back weighted (one all_to_all_v).
       const moe::DispatchPlan& pl = *a.ep_plan;
       const int64_t Rr = pl.rows_received;
-      a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
+      if (!exchanges_known)
+        a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
       a.yp = A.alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      // The combine's phases, finishing straight into the f32 residual-stream output.
-      a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
-      dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK(Tr) : wts_e, oute);
+      // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
+      // with the exchanges kept needs only gu and hh: the block output is not read).
+      if (!exchanges_known) {
+        a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
+        dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK(Tr) : wts_e, oute);
+      }
     } else {
       a.xp = A.alloc({R, D}, act_);
       if (score_before_experts)
@@ -580,7 +588,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     fwd_prefetch(l + prefetch_depth);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
-    if (recompute != Recompute::None) {  // rebuilt by the recompute (EP keeps them off the arenas)
+    if (recompute == Recompute::Full) {  // rebuilt by the recompute (EP keeps them off the arenas)
       a.xp = Tensor();
       a.ys = Tensor();
     }
@@ -664,6 +672,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
       forward_layer(l, a, scratch_out, true);
     }
     backward_layer(l, a, dA, dB, aux_scale);
+    a.xp = Tensor();  // under expert parallelism the exchanged rows live outside the arenas: free them now
+    a.ys = Tensor();
     for (int u : us) release(u);
     for (int u : us) src_->grads_done(u);
     std::swap(dA, dB);

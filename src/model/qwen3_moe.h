@@ -32,7 +32,8 @@ class UlyssesExchange;  // parallel/ulysses.h
 
 // none: keep every activation. full: keep each block's input and routing decision, recompute the
 // rest before the block's backward. selective: as full, but also keep the attention output and its
-// log-sum-exp, so the recompute skips attention (the S^2 part) and rebuilds only the cheap rest.
+// log-sum-exp, so the recompute skips attention (the S^2 part) and rebuilds only the cheap rest;
+// under expert parallelism it also keeps the rows both all-to-alls delivered (no exchange in the recompute).
 enum class Recompute { None, Full, Selective };
 Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selective"
 const char* recompute_name(Recompute r);

@@ -46,7 +46,7 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string model = kGoldens + "/" + GetParam();
   const std::string batch = make_batch(model);
-  for (const char* rc : {"none", "full"}) {
+  for (const char* rc : {"none", "full", "selective"}) {
     const std::string ref = tmp(GetParam() + "_ref_" + rc + ".safetensors");
     ShellRun r = sh(kBin + " grads --model " + model + " --batch " + batch + " --out " + ref + " --recompute " + rc);
     ASSERT_EQ(r.code, 0) << r.out;
