@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "ops/ops.h"
 #include "parallel/ulysses.h"
@@ -359,7 +360,8 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   ops::add_(out, a.h1);
 }
 
-void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale) {
+void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
+                                   moe::CombineBwdPending* early) {
   const LayerWeights& w = w_.layers[size_t(l)];
   LayerWeights& g = g_.layers[size_t(l)];
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
@@ -381,7 +383,8 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dwts;
     if (dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
-      moe::CombineGrads cg = dispatcher->combine_bwd(pl, dout_e, a.ys, score_before_experts ? ones_TK(Tr) : wts_e);
+      moe::CombineGrads cg = early ? dispatcher->combine_bwd_finish(pl, *early)
+                                   : dispatcher->combine_bwd(pl, dout_e, a.ys, score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
       ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
@@ -667,11 +670,16 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     if (l - prefetch_depth >= 0)
       for (int u : block_units(l - prefetch_depth)) src_->prefetch(u);
     for (int u : us) grads_for(u);
+    // Selective recompute under expert parallelism kept the combined rows, so the combine's backward
+    // (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
+    std::optional<moe::CombineBwdPending> early;
+    if (dispatcher && recompute == Recompute::Selective && cfg_.is_sparse_layer(l) && !(tp && expert_tp))
+      early = dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, score_before_experts ? ones_TK(T) : a.wts);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }
-    backward_layer(l, a, dA, dB, aux_scale);
+    backward_layer(l, a, dA, dB, aux_scale, early ? &*early : nullptr);
     a.xp = Tensor();  // under expert parallelism the exchanged rows live outside the arenas: free them now
     a.ys = Tensor();
     for (int u : us) release(u);

@@ -165,7 +165,9 @@ class Qwen3MoeModel {
   struct LayerActs;
   LossParts run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out, bool backward);
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
-  void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale);
+  // early: the combine's backward already started (its all-to-all travelling during the recompute).
+  void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
+                      moe::CombineBwdPending* early = nullptr);
   void replay_routing(int64_t l, LayerActs& a);
   const Tensor& ones_TK(int64_t rows);  // f32 [rows, K] of ones on the device: unit weights (output side)
   int64_t sparse_index(int64_t l) const;  // position of sparse layer l among the sparse layers

@@ -253,15 +253,25 @@ Tensor ExpertDispatcher::to_recv_order(const DispatchPlan& plan, const Tensor& r
   return out;
 }
 
-Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tensor& s_SD, const char* what) {
+std::shared_ptr<comm::Work> ExpertDispatcher::sources_to_experts_start(const DispatchPlan& plan, const Tensor& s_SD,
+                                                                       Tensor& out, const char* what) {
   if (s_SD.dim() != 2 || s_SD.size(0) != plan.rows_sent)
     MT_THROW("ExpertDispatcher::", what, ": source-side rows are ", s_SD.desc(), "; expected [", plan.rows_sent,
              ", D] (the rows this rank sends)");
-  if (plan.ep == 1) return s_SD;
+  if (plan.ep == 1) {
+    out = s_SD;
+    return nullptr;
+  }
   const int64_t D = s_SD.size(1);
-  Tensor out = Tensor::empty({plan.rows_received, D}, s_SD.dtype(), s_SD.device());
+  out = Tensor::empty({plan.rows_received, D}, s_SD.dtype(), s_SD.device());
+  return comm_.all_to_all_v(s_SD, scaled(plan.send_counts, D), out, scaled(plan.recv_counts, D));
+}
+
+Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tensor& s_SD, const char* what) {
+  Tensor out;
   ops::OpScope scope("comm_ep_all_to_all", s_SD.device() == Device::CUDA);  // its time, when profiling
-  comm_.all_to_all_v(s_SD, scaled(plan.send_counts, D), out, scaled(plan.recv_counts, D))->wait();
+  std::shared_ptr<comm::Work> w = sources_to_experts_start(plan, s_SD, out, what);
+  if (w) w->wait();
   return out;
 }
 
@@ -394,8 +404,8 @@ Combined ExpertDispatcher::combine(const DispatchPlan& plan, const Tensor& yr_RD
   return out;
 }
 
-CombineGrads ExpertDispatcher::combine_bwd(const DispatchPlan& plan, const Tensor& dy_TD, const Tensor& ys_SD,
-                                           const Tensor& w_TK) {
+CombineBwdPending ExpertDispatcher::combine_bwd_start(const DispatchPlan& plan, const Tensor& dy_TD,
+                                                     const Tensor& ys_SD, const Tensor& w_TK) {
   check_plan(plan, "combine_bwd");
   const int64_t S = plan.rows_sent, S1 = S + (plan.has_drops() ? 1 : 0);
   if (dy_TD.dim() != 2 || dy_TD.size(0) != plan.T)
@@ -405,14 +415,31 @@ CombineGrads ExpertDispatcher::combine_bwd(const DispatchPlan& plan, const Tenso
              "] (what combine saved)");
   if (w_TK.shape() != Shape{plan.T, plan.K} || w_TK.dtype() != DType::F32)
     MT_THROW("ExpertDispatcher::combine_bwd: w_TK is ", w_TK.desc(), "; expected f32 [", plan.T, ", ", plan.K, "]");
-  CombineGrads g;
+  CombineBwdPending p;
   Tensor dys = Tensor::empty(ys_SD.shape(), ys_SD.dtype(), ys_SD.device());
-  g.dw_TK = Tensor::empty({plan.T, plan.K}, DType::F32, w_TK.device());
+  p.dw_TK = Tensor::empty({plan.T, plan.K}, DType::F32, w_TK.device());
   // Dropped assignments point at the zero row, so their weight gradient <dy, 0> is exactly 0.
-  ops::unpermute_bwd(dy_TD, ys_SD, plan.row_of_assign_TK, w_TK, dys, g.dw_TK);
-  Tensor dyb = sources_to_experts(plan, S1 == S ? dys : dys.rows(0, S), "combine_bwd");
-  g.dyr_RD = to_expert_order(plan, dyb, "combine_bwd");
+  ops::unpermute_bwd(dy_TD, ys_SD, plan.row_of_assign_TK, w_TK, dys, p.dw_TK);
+  p.work = sources_to_experts_start(plan, S1 == S ? dys : dys.rows(0, S), p.dyb_RD, "combine_bwd");
+  return p;
+}
+
+CombineGrads ExpertDispatcher::combine_bwd_finish(const DispatchPlan& plan, CombineBwdPending& pending) {
+  if (pending.work) {
+    ops::OpScope scope("comm_ep_all_to_all", pending.dyb_RD.device() == Device::CUDA);  // the exposed wait
+    pending.work->wait();
+    pending.work.reset();
+  }
+  CombineGrads g;
+  g.dw_TK = pending.dw_TK;
+  g.dyr_RD = to_expert_order(plan, pending.dyb_RD, "combine_bwd");
   return g;
+}
+
+CombineGrads ExpertDispatcher::combine_bwd(const DispatchPlan& plan, const Tensor& dy_TD, const Tensor& ys_SD,
+                                           const Tensor& w_TK) {
+  CombineBwdPending p = combine_bwd_start(plan, dy_TD, ys_SD, w_TK);
+  return combine_bwd_finish(plan, p);
 }
 
 }  // namespace mt::moe

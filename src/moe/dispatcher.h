@@ -86,6 +86,14 @@ struct CombineGrads {
   Tensor dw_TK;   // gradient w.r.t. the routing weights, f32 (=); exactly 0 for dropped assignments
 };
 
+// combine_bwd between its two halves: the weight gradient is done and the gradient rows are on their
+// way (the all_to_all_v issued, not yet waited for).
+struct CombineBwdPending {
+  Tensor dyb_RD;                      // arriving in recv order
+  Tensor dw_TK;                       // as in CombineGrads
+  std::shared_ptr<comm::Work> work;   // null when nothing travels (ep = 1)
+};
+
 class ExpertDispatcher {
  public:
   // `ep_comm` holds the ranks of one ep group and must outlive the dispatcher.
@@ -116,6 +124,12 @@ class ExpertDispatcher {
                                Tensor& dx_TD);
   // dy_TD -> dyr_RD and dw_TK, from the ys_SD that combine saved. One all_to_all_v.
   CombineGrads combine_bwd(const DispatchPlan& plan, const Tensor& dy_TD, const Tensor& ys_SD, const Tensor& w_TK);
+  // The same in two halves, so that other compute (the block's recompute) runs while the rows travel:
+  // start issues the all_to_all_v, finish makes the compute stream wait for it and regroups. Every
+  // rank must start and finish in the same order relative to its other collectives on this group.
+  CombineBwdPending combine_bwd_start(const DispatchPlan& plan, const Tensor& dy_TD, const Tensor& ys_SD,
+                                      const Tensor& w_TK);
+  CombineGrads combine_bwd_finish(const DispatchPlan& plan, CombineBwdPending& pending);
 
   // ---- the phases (what the calls above run, in this order) ----
   // dispatch: x_TD -> xs_SD (rows in sent order) -> recv_RD (recv order) -> xr_RD (expert-major)
@@ -137,6 +151,9 @@ class ExpertDispatcher {
   Tensor to_expert_order(const DispatchPlan& plan, const Tensor& recv_RD, const char* what) const;
   // Sent order (S rows) -> recv order on the destination ranks, and back.
   Tensor sources_to_experts(const DispatchPlan& plan, const Tensor& s_SD, const char* what);
+  // The same, not waited for: out receives the rows once the returned work is waited for (null: ep = 1).
+  std::shared_ptr<comm::Work> sources_to_experts_start(const DispatchPlan& plan, const Tensor& s_SD, Tensor& out,
+                                                       const char* what);
   Tensor experts_to_sources(const DispatchPlan& plan, const Tensor& r_RD, int64_t extra_rows, const char* what);
   void check_plan(const DispatchPlan& plan, const char* what) const;
 
