@@ -5,7 +5,8 @@
 # its per-step losses from the one-GPU run (bf16 tolerance 1e-2). Assumes the build exists (gpu_test.sh
 # or multi_gpu_check.sh made it).
 # usage: scripts/layouts_gpu_check.sh [BUILD_DIR] [global batch] [seq] [OUT_DIR] [layouts...]
-#   layouts: any of fsdp ep sp tp tp_etp (default: all)
+#   layouts: any of fsdp ep sp tp tp_etp (default: all); EXTRA="..." (e.g. "--recompute selective") adds
+#   train_step flags to every run, the one-GPU reference included.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -17,7 +18,7 @@ layouts=${*:-fsdp ep sp tp tp_etp}
 mkdir -p "$out"
 n=$(nvidia-smi -L | wc -l)
 if ((global % n != 0)); then echo "global batch $global must be divisible by the $n GPUs"; exit 1; fi
-ts="$build/train_step --model bench-4L --seq $seq --no-profile --steps 6"
+ts="$build/train_step --model bench-4L --seq $seq --no-profile --steps 6 ${EXTRA:-}"
 run() {  # name, then the command; keeps rank 0's JSON line
   local name=$1
   shift
@@ -26,7 +27,7 @@ run() {  # name, then the command; keeps rank 0's JSON line
 }
 echo "== 1 GPU, batch $global"
 run one env CUDA_VISIBLE_DEVICES=0 $ts --batch "$global"
-launch="$build/moetrain launch --nproc-per-node $n --exe $build/train_step -- --model bench-4L --seq $seq --no-profile --steps 6"
+launch="$build/moetrain launch --nproc-per-node $n --exe $build/train_step -- --model bench-4L --seq $seq --no-profile --steps 6 ${EXTRA:-}"
 for l in $layouts; do
   case $l in
     fsdp) flags="--batch $((global / n))" ;;
