@@ -15,7 +15,9 @@
 // first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
 // --no-reshard-after-forward: FSDP keeps each unit's gathered weights from its forward to its
-// backward (no all-gather in the backward; more memory). --layers N: the preset with N layers (a
+// backward (no all-gather in the backward; more memory). --no-optimizer-overlap: on one GPU, finish
+// the AdamW update before the next step (by default each unit's update overlaps the next forward, as
+// in training; the forward time then includes the wait for the updates it reaches). --layers N: the preset with N layers (a
 // half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b --layers 24).
 #include <chrono>
 #include <cmath>
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
   bool reshard = true;
+  bool opt_overlap = true;  // one device on CUDA: AdamW per unit beside the next forward (the trainer's default)
   int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
@@ -111,6 +114,7 @@ int main(int argc, char** argv) {
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else if (a == "--no-reshard-after-forward") reshard = false;
+    else if (a == "--no-optimizer-overlap") opt_overlap = false;
     else if (a == "--layers") layers = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -158,6 +162,12 @@ int main(int argc, char** argv) {
     pm.refresh_compute_weights(m);
     AdamWConfig oc;
     AdamW opt(master.numel(), dev, oc);
+    const bool overlap = opt_overlap && !fsdp && dev == Device::CUDA;  // as the trainer decides
+    std::vector<std::pair<int64_t, int64_t>> unit_ranges;
+    if (overlap) {
+      unit_ranges = m.local().unit_ranges();
+      m.local().wait_for(&opt.ready());
+    }
     double init_s = secs(t_init);
 
     // The global batch (batch rows per data-parallel rank) is the same on every rank; each trains on
@@ -175,17 +185,21 @@ int main(int argc, char** argv) {
     std::vector<double> losses;
 
     auto one_step = [&]() {
-      if (zero_grads && !fsdp) m.zero_grads();
+      if (zero_grads && !fsdp) {
+        opt.join();  // the last overlapped update still reads the gradients
+        m.zero_grads();
+      }
       if (fsdp) fsdp->zero_grads();
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
+      OptimStepResult r = overlap ? opt.step_overlapped(master, grads, 1e-4, compute, unit_ranges, pm.global_grad_sq())
+                                  : opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;
         for (double v : all) lp.ce_sum += v;
       }
-      device_mem::synchronize(dev);
+      if (!overlap) device_mem::synchronize(dev);  // overlapped: the update runs on into the next forward
       losses.push_back(lp.ce_sum / double(targets));
       return std::make_pair(lp, r);
     };
@@ -205,6 +219,8 @@ int main(int argc, char** argv) {
       bwd += m.last_backward_seconds();
       opt_s += secs(t_step) - m.last_forward_seconds() - m.last_backward_seconds();
     }
+    opt.join();
+    device_mem::synchronize(dev);
     double step_s = secs(t) / double(steps);
     size_t peak = dev == Device::CUDA ? device_mem::cuda_peak_bytes() : m.activation_peak_bytes();
 
@@ -252,6 +268,7 @@ int main(int argc, char** argv) {
                      {"gemm_bf16_tflops_measured", gemm_tflops},
                      {"mfu", gemm_tflops > 0 ? tflops / gemm_tflops : 0.0},
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
+                     {"optimizer_overlap", overlap},
                      {"peak_reserved_gib", double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30)},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},

@@ -127,12 +127,19 @@ LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device devic
 
 Tensor LocalParams::acquire_weights(int u) {
   MT_CHECK(u >= 0 && size_t(u) < units_.size(), "unit ", u, " of ", units_.size());
+  if (ready_ && size_t(u) < ready_->size()) ready_->compute_waits(size_t(u));
   return compute_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
 Tensor LocalParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && size_t(u) < units_.size(), "unit ", u, " of ", units_.size());
   return grads_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
+}
+
+std::vector<std::pair<int64_t, int64_t>> LocalParams::unit_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> r;
+  for (const ParamUnit& u : units_) r.emplace_back(u.begin(), u.begin() + u.numel);
+  return r;
 }
 
 void LocalParams::refresh_compute_weights() {

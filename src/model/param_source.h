@@ -15,6 +15,7 @@
 #pragma once
 #include <vector>
 
+#include "core/streams.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -89,6 +90,12 @@ class LocalParams final : public ParamSource {
   Tensor unit_grads(int u) override;
   void grads_done(int) override {}
 
+  // The optimizer's overlapped step (AdamW::step_overlapped): event u marks unit u's update, and
+  // acquire_weights(u) makes the compute stream wait for it. Null: nothing to wait for.
+  void wait_for(streams::EventSet* ready) { ready_ = ready; }
+  // Each unit's [begin, end) in the flat buffers, in unit order (the order the forward uses them).
+  std::vector<std::pair<int64_t, int64_t>> unit_ranges() const;
+
   Tensor& params() { return params_; }  // f32 master weights
   Tensor& grads() { return grads_; }    // f32
   // bf16 on CUDA; on the CPU the master weights themselves.
@@ -100,6 +107,7 @@ class LocalParams final : public ParamSource {
   UnitPlan plan_;
   std::vector<ParamUnit>& units_ = plan_.units;
   Tensor params_, grads_, compute_;
+  streams::EventSet* ready_ = nullptr;
 };
 
 }  // namespace mt

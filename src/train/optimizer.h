@@ -6,7 +6,10 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
+#include "core/streams.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
@@ -26,12 +29,28 @@ struct OptimStepResult {
 class AdamW {
  public:
   AdamW(int64_t numel, Device device, const AdamWConfig& cfg);
+  ~AdamW() { join(); }  // the moments are freed on the compute stream: after the last update
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
   // One update of params from grads with learning rate lr. grads are read, not modified. When
   // compute is given (bf16, the weights the forward uses), it receives the updated params. With
   // sharded gradients, global_grad_sq returns the squared norm over every shard (one collective that
   // every rank makes); by default it is the local sum of squares.
   OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr,
                        const std::function<double()>& global_grad_sq = {});
+  // The overlapped step (CUDA; on the CPU it runs in place, in order): the norm and the decision as in
+  // step, then each unit's update on the side stream (core/streams.h), units in the given order
+  // ([begin, end) ranges of the flat buffers that tile them), ready() event i marking unit i.
+  // Nothing waits here: whoever reads unit i's weights next waits for ready() event i first
+  // (LocalParams::acquire_weights does), and join() makes the compute stream wait for every update.
+  // The result is bit-identical to step (the update is elementwise; the same kernel runs on slices).
+  OptimStepResult step_overlapped(Tensor& params, const Tensor& grads, double lr, Tensor* compute,
+                                  const std::vector<std::pair<int64_t, int64_t>>& units,
+                                  const std::function<double()>& global_grad_sq = {});
+  streams::EventSet& ready() { return ready_; }
+  // The compute stream waits for the last overlapped step's updates (before anything but the next
+  // forward reads the weights or the optimizer state: a checkpoint, an evaluation, the end of training).
+  void join() { ready_.compute_waits_all(); }
   int64_t steps_taken() const { return step_; }
   int64_t steps_skipped() const { return skipped_; }
   Tensor& exp_avg() { return m_; }
@@ -42,8 +61,13 @@ class AdamW {
   }
 
  private:
+  // The norm, the skip rule and the hyperparameters, shared by step and step_overlapped; false: skip.
+  bool decide(const Tensor& params, const Tensor& grads, double lr, const std::function<double()>& global_grad_sq,
+              OptimStepResult& r, ops::AdamWHyper& h);
   AdamWConfig cfg_;
+  Device device_;
   Tensor m_, v_;
+  streams::EventSet ready_;
   int64_t step_ = 0, skipped_ = 0;
 };
 

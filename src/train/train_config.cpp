@@ -160,6 +160,12 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.etp != 1 && c.etp != c.tp ? str("must be 1 or tp (", c.tp, ")") : ""; }},
       {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
        [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
+      {"optimizer_overlap", &TrainConfig::optimizer_overlap,
+       "one device on CUDA: 1 runs each unit's AdamW update on a side stream, the next forward waiting only for "
+       "the units it reaches (bit-identical to 0, which updates everything before the next step starts)",
+       [](const TrainConfig& c) {
+         return c.optimizer_overlap == 0 || c.optimizer_overlap == 1 ? "" : std::string("must be 0 or 1");
+       }},
       {"reshard_after_forward", &TrainConfig::reshard_after_forward,
        "FSDP: 1 frees a unit's gathered weights after its forward and gathers them again for its backward; 0 keeps "
        "them (no all-gather in the backward, every unit's full weights held from forward to backward)",

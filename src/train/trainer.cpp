@@ -189,6 +189,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
   oc.max_grad_norm = cfg.grad_clip;
   AdamW opt(master.numel(), device, oc);
   LrParams lrp = lr_params(cfg);
+  // One device: each unit's update runs beside the next forward, which waits per unit (train/optimizer.h).
+  const bool overlap = cfg.optimizer_overlap != 0 && !fsdp && device == Device::CUDA;
+  std::vector<std::pair<int64_t, int64_t>> unit_ranges;
+  if (overlap) {
+    unit_ranges = model.local().unit_ranges();
+    model.local().wait_for(&opt.ready());
+  }
 
   // Rank 0 writes the run's files and logs the steps; the other ranks only log their own start-up.
   std::string mpath = metrics_path(cfg);
@@ -218,6 +225,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   double last10 = 0;
   int64_t n_last = 0;
   auto evaluate = [&](int64_t step) {
+    opt.join();  // evaluation reads the weights (its forward also waits per unit; this covers the rest)
     if (eval_set.empty()) return;
     auto t = Clock::now();
     AgreeFn agree;
@@ -240,6 +248,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     metrics << j.dump() << "\n" << std::flush;
   };
   auto save = [&](int64_t step) {
+    opt.join();  // the checkpoint reads the weights the last overlapped update writes
     std::string dir = str(cfg.out_dir, "/checkpoint-", step);
     auto t = Clock::now();
     if (fsdp)
@@ -308,7 +317,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
       inf.data<float>()[0] = INFINITY;
       grads.rows(0, 1).copy_from(inf.to(device));
     }
-    OptimStepResult os = opt.step(master, grads, lr, compute, pm.global_grad_sq());
+    OptimStepResult os = overlap ? opt.step_overlapped(master, grads, lr, compute, unit_ranges, pm.global_grad_sq())
+                                 : opt.step(master, grads, lr, compute, pm.global_grad_sq());
     double t_opt = seconds_since(to);
     // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
     // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between

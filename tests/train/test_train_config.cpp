@@ -36,13 +36,14 @@ TEST(TrainConfig, DefaultsAreValid) {
   EXPECT_EQ(c.model, "demo");
   EXPECT_EQ(c.steps, 1500);
   EXPECT_EQ(c.micro_batch_size, 16);
+  EXPECT_EQ(c.optimizer_overlap, 1);
   EXPECT_DOUBLE_EQ(c.lr, 3e-3);
   EXPECT_EQ(c.lr_schedule, "cosine");
   EXPECT_EQ(c.data, "synthetic:addition");
   EXPECT_EQ(metrics_path(c), "runs/demo/metrics.jsonl");
   c.metrics_file = "m.jsonl";
   EXPECT_EQ(metrics_path(c), "m.jsonl");
-  EXPECT_EQ(train_config_keys().size(), 44u);
+  EXPECT_EQ(train_config_keys().size(), 45u);
   std::string help = train_config_help();
   EXPECT_NE(help.find("--micro-batch-size"), std::string::npos);
   EXPECT_NE(help.find("default 16"), std::string::npos);

@@ -9,7 +9,11 @@ struct Context {
   void* workspace = nullptr;
   size_t workspace_bytes = size_t(32) << 20;
   Context() {
-    MT_CUDA_CHECK("cuda context", cudaStreamCreate(&stream));
+    // One step above the least priority: the side stream (streams.cu) takes the least, so that the
+    // compute stream's kernels go first when both have work; the NCCL streams take the greatest.
+    int least = 0, greatest = 0;
+    MT_CUDA_CHECK("cuda context", cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MT_CUDA_CHECK("cuda context", cudaStreamCreateWithPriority(&stream, cudaStreamDefault, greatest < least ? least - 1 : least));
     MT_CUBLAS_CHECK("cuda context", cublasLtCreate(&lt));
     MT_CUDA_CHECK("cuda context", cudaMalloc(&workspace, workspace_bytes));
   }
@@ -20,7 +24,23 @@ Context& ctx() {
 }
 }  // namespace
 
-cudaStream_t stream() { return ctx().stream; }
+// streams::SideScope points this thread's ops at the side stream (core/streams.h).
+thread_local cudaStream_t t_override = nullptr;
+
+cudaStream_t stream() { return t_override ? t_override : ctx().stream; }
+void set_stream_override(cudaStream_t s) { t_override = s; }
+cudaStream_t compute_stream() { return ctx().stream; }
+
+cudaStream_t side_stream() {
+  static cudaStream_t side = [] {
+    int least = 0, greatest = 0;
+    MT_CUDA_CHECK("side stream", cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    MT_CUDA_CHECK("side stream", cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least));
+    return s;
+  }();
+  return side;
+}
 cublasLtHandle_t cublaslt() { return ctx().lt; }
 void* cublaslt_workspace() { return ctx().workspace; }
 size_t cublaslt_workspace_bytes() { return ctx().workspace_bytes; }

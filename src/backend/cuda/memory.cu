@@ -11,7 +11,8 @@
 #include "core/tensor.h"
 
 namespace mt::cuda {
-cudaStream_t stream();  // backend/cuda/common.cuh
+cudaStream_t stream();          // backend/cuda/common.cuh
+cudaStream_t compute_stream();  // the compute stream, also inside a streams::SideScope (common.cu)
 }
 
 #define MT_CUDA_CHECK(call)                                                                        \
@@ -50,12 +51,12 @@ static cudaMemPool_t pool() {
 void* cuda_alloc(size_t bytes) {
   void* p = nullptr;
   cudaMemPool_t mp = pool();
-  cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::stream());
+  cudaError_t err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::compute_stream());
   if (err == cudaErrorMemoryAllocation) {  // the pool's free blocks may be too fragmented: give them back, retry
     cudaGetLastError();
-    MT_CUDA_CHECK(cudaStreamSynchronize(mt::cuda::stream()));
+    MT_CUDA_CHECK(cudaStreamSynchronize(mt::cuda::compute_stream()));
     MT_CUDA_CHECK(cudaMemPoolTrimTo(mp, 0));
-    err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::stream());
+    err = cudaMallocFromPoolAsync(&p, bytes, mp, mt::cuda::compute_stream());
   }
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -81,7 +82,7 @@ void cuda_free(void* p) {
       g_sizes.erase(it);
     }
   }
-  cudaFreeAsync(p, mt::cuda::stream());
+  cudaFreeAsync(p, mt::cuda::compute_stream());
 }
 
 size_t cuda_bytes_in_use() { return g_current; }

@@ -1,0 +1,63 @@
+// The side stream and its events (core/streams.h).
+#include "backend/cuda/common.cuh"
+#include "core/streams.h"
+
+namespace mt::cuda {
+void set_stream_override(cudaStream_t s);  // common.cu
+cudaStream_t side_stream();                // common.cu
+}  // namespace mt::cuda
+
+namespace mt::streams {
+
+SideScope::SideScope(Device device) : on_(device == Device::CUDA) {
+  if (on_) cuda::set_stream_override(cuda::side_stream());
+}
+
+SideScope::~SideScope() {
+  if (on_) cuda::set_stream_override(nullptr);
+}
+
+EventSet::~EventSet() {
+  for (void* e : ev_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  if (compute_mark_) cudaEventDestroy(static_cast<cudaEvent_t>(compute_mark_));
+}
+
+void EventSet::resize(size_t n, Device device) {
+  n_ = n;
+  cuda_ = device == Device::CUDA;
+  if (!cuda_) return;
+  while (ev_.size() < n) {
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK("EventSet", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ev_.push_back(e);
+  }
+  if (!compute_mark_) {
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK("EventSet", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    compute_mark_ = e;
+  }
+}
+
+void EventSet::record_side(size_t i) {
+  MT_CHECK(i < n_, "event ", i, " of ", n_);
+  if (cuda_) MT_CUDA_CHECK("EventSet::record_side", cudaEventRecord(static_cast<cudaEvent_t>(ev_[i]), cuda::side_stream()));
+}
+
+void EventSet::compute_waits(size_t i) {
+  MT_CHECK(i < n_, "event ", i, " of ", n_);
+  if (cuda_)
+    MT_CUDA_CHECK("EventSet::compute_waits", cudaStreamWaitEvent(cuda::stream(), static_cast<cudaEvent_t>(ev_[i]), 0));
+}
+
+void EventSet::compute_waits_all() {
+  for (size_t i = 0; i < n_; ++i) compute_waits(i);
+}
+
+void EventSet::side_waits_compute() {
+  if (!cuda_) return;
+  cudaEvent_t mark = static_cast<cudaEvent_t>(compute_mark_);
+  MT_CUDA_CHECK("EventSet::side_waits_compute", cudaEventRecord(mark, cuda::stream()));
+  MT_CUDA_CHECK("EventSet::side_waits_compute", cudaStreamWaitEvent(cuda::side_stream(), mark, 0));
+}
+
+}  // namespace mt::streams
