@@ -15,9 +15,9 @@
 // first_micro_batch contract (an A/B of that change in one build). --prefetch-depth N (default 1):
 // how many units ahead the model announces its weights, i.e. how early FSDP starts each all-gather.
 // --no-reshard-after-forward: FSDP keeps each unit's gathered weights from its forward to its
-// backward (no all-gather in the backward; more memory). --no-optimizer-overlap: on one GPU, finish
-// the AdamW update before the next step (by default each unit's update overlaps the next forward, as
-// in training; the forward time then includes the wait for the updates it reaches). --layers N: the preset with N layers (a
+// backward (no all-gather in the backward; more memory). --optimizer-overlap: on one GPU, run each
+// unit's AdamW update beside the next forward (config optimizer_overlap 1; the forward time then
+// includes the wait for the updates it reaches; slower today, bench/NOTES.md). --layers N: the preset with N layers (a
 // half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b --layers 24).
 #include <chrono>
 #include <cmath>
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
   bool reshard = true;
-  bool opt_overlap = true;  // one device on CUDA: AdamW per unit beside the next forward (the trainer's default)
+  bool opt_overlap = false;  // one device on CUDA: AdamW per unit beside the next forward (--optimizer-overlap)
   int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
     else if (a == "--grad-reduce-dtype") reduce_dtype = next();
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else if (a == "--no-reshard-after-forward") reshard = false;
-    else if (a == "--no-optimizer-overlap") opt_overlap = false;
+    else if (a == "--optimizer-overlap") opt_overlap = true;
     else if (a == "--layers") layers = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());

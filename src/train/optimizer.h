@@ -38,7 +38,7 @@ class AdamW {
   // every rank makes); by default it is the local sum of squares.
   OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr,
                        const std::function<double()>& global_grad_sq = {});
-  // The overlapped step (CUDA; on the CPU it runs in place, in order): the norm and the decision as in
+  // The overlapped step (config optimizer_overlap; CUDA; on the CPU it runs in place, in order): the norm and the decision as in
   // step, then each unit's update on the side stream (core/streams.h), units in the given order
   // ([begin, end) ranges of the flat buffers that tile them), ready() event i marking unit i.
   // Nothing waits here: whoever reads unit i's weights next waits for ready() event i first

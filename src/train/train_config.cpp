@@ -162,7 +162,8 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
       {"optimizer_overlap", &TrainConfig::optimizer_overlap,
        "one device on CUDA: 1 runs each unit's AdamW update on a side stream, the next forward waiting only for "
-       "the units it reaches (bit-identical to 0, which updates everything before the next step starts)",
+       "the units it reaches (bit-identical to 0, which updates everything before the next step starts; measured "
+       "slower on an H200, see bench/NOTES.md)",
        [](const TrainConfig& c) {
          return c.optimizer_overlap == 0 || c.optimizer_overlap == 1 ? "" : std::string("must be 0 or 1");
        }},

@@ -36,7 +36,7 @@ TEST(TrainConfig, DefaultsAreValid) {
   EXPECT_EQ(c.model, "demo");
   EXPECT_EQ(c.steps, 1500);
   EXPECT_EQ(c.micro_batch_size, 16);
-  EXPECT_EQ(c.optimizer_overlap, 1);
+  EXPECT_EQ(c.optimizer_overlap, 0);
   EXPECT_DOUBLE_EQ(c.lr, 3e-3);
   EXPECT_EQ(c.lr_schedule, "cosine");
   EXPECT_EQ(c.data, "synthetic:addition");
