@@ -6,8 +6,9 @@
 #   fsdp_ep_half  dense FSDP over all N GPUs, experts split N/2 ways, each FSDP-sharded over 2
 #   sp2_ep_all    Ulysses SP 2 at seq 16384 (4 × the tokens per sequence), EP N
 # Each prints train_step's JSON line (tokens/s per GPU, MFU, peak memory, time split, init_s =
-# start-up); the first two have the same global batch, so their per-step losses are compared (bf16
-# tolerance 1e-2). Assumes the build exists (gpu_test.sh or multi_gpu_check.sh made it).
+# start-up); the first two have the same global batch, so their loss curves are compared (DESIGN's bf16
+# tolerance: relative L2 error <= 1e-2; the per-step differences are printed as well). Assumes the
+# build exists (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
 #   RECOMPUTE=none|full|selective (default full), BATCH (per-GPU batch, default 1), LAYOUTS (default
 #   "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per layout, default 420) and EXTRA="..."
@@ -59,7 +60,13 @@ for k, r in rows.items():
     print(json.dumps({"layout": k, **{x: r.get(x) for x in keys}} if "losses" in r else {"layout": k, **r}))
 a, b = rows["fsdp_ep_all"], rows["fsdp_ep_half"]
 if "losses" in a and "losses" in b:
-    d = [abs(x - y) / abs(y) for x, y in zip(a["losses"], b["losses"])]
-    print(json.dumps({"check": "loss_fsdp_ep_all_vs_half", "steps": len(d), "max_rel_diff": max(d),
-                      "within_bf16_tol": max(d) <= 1e-2}))
+    # DESIGN's bf16 tolerance for layouts: relative L2 error <= 1e-2, here over the per-step loss curve.
+    # The per-step differences are printed too: train_step trains on one batch, the loss falls fast
+    # and bf16 run-to-run noise (float atomics) grows over the steps.
+    la, lb = a["losses"], b["losses"]
+    d = [abs(x - y) / abs(y) for x, y in zip(la, lb)]
+    rel_l2 = (sum((x - y) ** 2 for x, y in zip(la, lb)) / sum(y * y for y in lb)) ** 0.5
+    print(json.dumps({"check": "loss_fsdp_ep_all_vs_half", "steps": len(d), "rel_l2": rel_l2,
+                      "max_step_rel_diff": max(d), "within_bf16_tol": rel_l2 <= 1e-2,
+                      "step_rel_diffs": [float(f"{x:.2e}") for x in d], "losses_all": la, "losses_half": lb}))
 PY
