@@ -10,7 +10,7 @@
 # tolerance: relative L2 error <= 1e-2; the per-step differences are printed as well). Assumes the
 # build exists (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
-#   RECOMPUTE=none|full|selective (default full), BATCH (per-GPU batch, default 1), LAYOUTS (default
+#   RECOMPUTE=none|full|selective (default selective: no all-to-all in the recompute), BATCH (per-GPU batch, default 1), LAYOUTS (default
 #   "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per layout, default 420) and EXTRA="..."
 #   (more train_step flags) from the environment. Each layout's whole log is kept in OUT/NAME.log.
 set -uo pipefail
@@ -19,7 +19,7 @@ build=${1:-build-gpu}
 layers=${2:-48}
 steps=${3:-20}
 out=${4:-/tmp/p7_30b}
-rc=${RECOMPUTE:-full}
+rc=${RECOMPUTE:-selective}
 batch=${BATCH:-1}
 layouts=${LAYOUTS:-fsdp_ep_all fsdp_ep_half sp2_ep_all}
 export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on the shared machines
