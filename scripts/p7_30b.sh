@@ -10,9 +10,10 @@
 # tolerance: relative L2 error <= 1e-2; the per-step differences are printed as well). Assumes the
 # build exists (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
-#   RECOMPUTE=none|full|selective (default selective: no all-to-all in the recompute), BATCH (per-GPU batch, default 1), LAYOUTS (default
-#   "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per layout, default 420) and EXTRA="..."
-#   (more train_step flags) from the environment. Each layout's whole log is kept in OUT/NAME.log.
+#   RECOMPUTE=none|full|selective (default selective: no all-to-all in the recompute), BATCH (per-GPU
+#   batch, default 1), LAYOUTS (default "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per
+#   layout, default 420) and EXTRA="..." (more train_step flags) from the environment. Each layout's
+#   whole log is kept in OUT/NAME.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
