@@ -14,12 +14,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
 
 namespace mt::cuda {
+
+cudaStream_t compute_stream();  // common.cu: the compute stream, also inside a streams::SideScope
+
 
 namespace {
 
@@ -271,8 +275,21 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
   __nv_bfloat16* pc = p_compute ? static_cast<__nv_bfloat16*>(p_compute->raw()) : nullptr;
   const bool vec = aligned16(p.raw()) && aligned16(g.raw()) && aligned16(m.raw()) && aligned16(v.raw()) &&
                    (!pc || reinterpret_cast<uintptr_t>(pc) % 8 == 0);
-  adamw_kernel<<<grid_for(vec ? n / 4 : n), kThreads, 0, stream()>>>(p.data<float>(), g.data<float>(), m.data<float>(),
-                                                                     v.data<float>(), pc, n, vec, c);
+  unsigned grid = grid_for(vec ? n / 4 : n);
+  // On the side stream (the overlapped optimizer step) the grid may be capped so that the compute
+  // stream's kernels find free SMs: MOETRAIN_OVERLAP_ADAMW_BLOCKS (unset or 0: no cap). An experiment
+  // knob (bench/NOTES.md, P2 session 5); the elementwise results do not depend on the grid.
+  if (stream() != compute_stream()) {
+    static const unsigned cap = [] {
+      const char* e = std::getenv("MOETRAIN_OVERLAP_ADAMW_BLOCKS");
+      const long v = e ? std::strtol(e, nullptr, 10) : 0;
+      if (v < 0) MT_THROW("MOETRAIN_OVERLAP_ADAMW_BLOCKS '", e, "' must be a block count >= 0 (0: no cap)");
+      return unsigned(v);
+    }();
+    if (cap > 0) grid = std::min(grid, cap);
+  }
+  adamw_kernel<<<grid, kThreads, 0, stream()>>>(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), pc,
+                                                n, vec, c);
   MT_CUDA_LAUNCH_CHECK("adamw_step");
 }
 
