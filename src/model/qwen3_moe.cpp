@@ -591,7 +591,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     fwd_prefetch(l + prefetch_depth);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
-    if (recompute == Recompute::Full) {  // rebuilt by the recompute (EP keeps them off the arenas)
+    // Rebuilt by the recompute (EP keeps them off the arenas), except what selective keeps under EP.
+    if (recompute != Recompute::None && !(recompute == Recompute::Selective && dispatcher)) {
       a.xp = Tensor();
       a.ys = Tensor();
     }
