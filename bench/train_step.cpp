@@ -17,8 +17,10 @@
 // --no-reshard-after-forward: FSDP keeps each unit's gathered weights from its forward to its
 // backward (no all-gather in the backward; more memory). --optimizer-overlap: on one GPU, run each
 // unit's AdamW update beside the next forward (config optimizer_overlap 1; the forward time then
-// includes the wait for the updates it reaches; slower today, bench/NOTES.md). --layers N: the preset with N layers (a
-// half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b --layers 24).
+// includes the wait for the updates it reaches; slower today, bench/NOTES.md). --layers N: the
+// preset with N layers (a half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b
+// --layers 24). In the per-op split, ep_prepare (the expert-parallel plan, with its host syncs and
+// counts exchange) includes make_dispatch_plan, which is also listed on its own.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -86,9 +88,9 @@ int main(int argc, char** argv) {
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
-  bool reshard = true;
+  bool reshard = true;  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   bool opt_overlap = false;  // one device on CUDA: AdamW per unit beside the next forward (--optimizer-overlap)
-  int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
+  int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
