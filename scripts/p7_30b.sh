@@ -5,8 +5,8 @@
 #   fsdp_ep_all   dense FSDP over all N GPUs, experts split N ways (EP N, no expert data parallelism)
 #   fsdp_ep_half  dense FSDP over all N GPUs, experts split N/2 ways, each FSDP-sharded over 2
 #   sp2_ep_all    Ulysses SP 2 at seq 16384 (4 × the tokens per sequence), EP N
-# Each prints train_step's JSON line (tokens/s per GPU, MFU, peak memory, time split, init_s =
-# start-up); the first two have the same global batch, so their loss curves are compared (DESIGN's bf16
+# Each prints train_step's JSON line (tokens/s per GPU, MFU, peak memory, time split: forward,
+# backward, optimizer, and by op category from one profiled step; init_s = start-up); the first two have the same global batch, so their loss curves are compared (DESIGN's bf16
 # tolerance: relative L2 error <= 1e-2; the per-step differences are printed as well). Assumes the
 # build exists (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
@@ -28,7 +28,10 @@ mkdir -p "$out"
 n=$(nvidia-smi -L | wc -l)
 if ((n < 2 || n % 2 != 0)); then echo "needs an even number of GPUs (have $n)"; exit 1; fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-base="--model qwen3-30b-a3b --layers $layers --steps $steps --warmup 2 --no-profile --recompute $rc ${EXTRA:-}"
+# After the timed steps train_step profiles one more step op by op (the time split by category);
+# PROFILE=0 skips it.
+prof=$([[ ${PROFILE:-1} == 0 ]] && echo --no-profile)
+base="--model qwen3-30b-a3b --layers $layers --steps $steps --warmup 2 $prof --recompute $rc ${EXTRA:-}"
 run() {  # name, then train_step flags
   local name=$1
   shift
@@ -57,7 +60,8 @@ def load(name):
         return {"error": f"no result ({e})"}
 rows = {k: load(k) for k in ("fsdp_ep_all", "fsdp_ep_half", "sp2_ep_all")}
 for k, r in rows.items():
-    keys = ("tokens_per_s_per_gpu", "batch_per_gpu", "step_s", "mfu", "model_tflops", "peak_mem_gib", "init_s", "time_s", "mesh")
+    keys = ("tokens_per_s_per_gpu", "batch_per_gpu", "step_s", "mfu", "model_tflops", "peak_mem_gib",
+            "peak_reserved_gib", "init_s", "time_s", "split_s", "mesh")
     print(json.dumps({"layout": k, **{x: r.get(x) for x in keys}} if "losses" in r else {"layout": k, **r}))
 a, b = rows["fsdp_ep_all"], rows["fsdp_ep_half"]
 if "losses" in a and "losses" in b:
