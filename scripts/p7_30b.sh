@@ -6,9 +6,10 @@
 #   fsdp_ep_half  dense FSDP over all N GPUs, experts split N/2 ways, each FSDP-sharded over 2
 #   sp2_ep_all    Ulysses SP 2 at seq 16384 (4 × the tokens per sequence), EP N
 # Each prints train_step's JSON line (tokens/s per GPU, MFU, peak memory, time split: forward,
-# backward, optimizer, and by op category from one profiled step; init_s = start-up); the first two have the same global batch, so their loss curves are compared (DESIGN's bf16
-# tolerance: relative L2 error <= 1e-2; the per-step differences are printed as well). Assumes the
-# build exists (gpu_test.sh or multi_gpu_check.sh made it).
+# backward, optimizer, and by op category from one profiled step; init_s = start-up). The first two
+# have the same global batch, so their loss curves are compared (DESIGN's bf16 tolerance: relative
+# L2 error <= 1e-2; the per-step differences are printed as well). Assumes the build exists
+# (gpu_test.sh or multi_gpu_check.sh made it).
 # usage: scripts/p7_30b.sh [BUILD_DIR] [layers (48 = the real model)] [steps] [OUT_DIR]
 #   RECOMPUTE=none|full|selective (default selective: no all-to-all in the recompute), BATCH (per-GPU
 #   batch, default 1), LAYOUTS (default "fsdp_ep_all fsdp_ep_half sp2_ep_all"), TIMEOUT (seconds per
