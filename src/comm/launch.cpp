@@ -218,10 +218,21 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-// A port that was free a moment ago (the kernel's pick); rank 0 binds it with SO_REUSEADDR.
-int pick_free_port() {
+// A free port (the kernel's pick), held for the whole job: the socket stays bound (SO_REUSEADDR, not
+// listening, close-on-exec), so the kernel gives the port to no other bind(0) or outgoing connection
+// while rank 0 binds it (also with SO_REUSEADDR, which Linux allows while this one is not listening).
+// Without the hold another job's ephemeral port (a Gloo pair, say) could take it between the pick and
+// rank 0's bind. The caller closes the returned fd when the job is over.
+struct HeldPort {
+  int port = 0;
+  int fd = -1;
+};
+
+HeldPort pick_free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) MT_THROW("launch: socket() failed: ", std::strerror(errno));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -232,8 +243,7 @@ int pick_free_port() {
     ::close(fd);
     MT_THROW("launch: could not find a free port: ", std::strerror(e));
   }
-  ::close(fd);
-  return ntohs(a.sin_port);
+  return {ntohs(a.sin_port), fd};
 }
 
 std::string self_exe() {
@@ -275,7 +285,14 @@ int run_launch(const LaunchOptions& opt) {
   const int world = opt.nnodes * opt.nproc_per_node;
   const std::string exe = opt.exe.empty() ? self_exe() : opt.exe;
   const std::string addr = opt.master_addr.empty() ? "127.0.0.1" : opt.master_addr;
-  const int port = opt.master_port > 0 ? opt.master_port : pick_free_port();
+  const HeldPort held = opt.master_port > 0 ? HeldPort{opt.master_port, -1} : pick_free_port();
+  const int port = held.port;
+  struct CloseHeld {
+    int fd;
+    ~CloseHeld() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_held{held.fd};
   auto say = [&](const std::string& msg) { write_all(opt.err_fd, "moetrain launch: " + msg + "\n"); };
 
   // Everything the children need is built before the first fork: only async-signal-safe calls

@@ -2,10 +2,14 @@
 // environment, exit codes, the stop protocol, SIGKILL escalation, forwarded signals, process groups).
 // Every job also carries --timeout-s as a safety net, so a broken stop protocol fails a test instead
 // of hanging it. The real `moetrain launch -- _selftest dist` rendezvous is a CLI test (CMakeLists).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -270,6 +274,45 @@ TEST(Launch, ConcurrentLinesStayWhole) {
     ++total;
   }
   EXPECT_EQ(total, 4 * kLines);
+}
+
+// The launcher's pick of MASTER_PORT stays reserved for the job: a plain bind of it fails while the
+// job runs (so no other process's bind or ephemeral port takes it before rank 0's store binds), and
+// a bind with SO_REUSEADDR, as the store server does, listens on it.
+TEST(Launch, ThePickedMasterPortIsHeldForRankZero) {
+  ShJob job(
+      "echo $MASTER_PORT > \"$D/port.tmp\" && mv \"$D/port.tmp\" \"$D/port\"; "
+      "i=0; while [ ! -e \"$D/done\" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+      1);
+  ::setenv("D", job.dir.c_str(), 1);
+  std::thread launcher([&] { job.run(); });
+  int port = 0;
+  for (int i = 0; i < 300 && port == 0; ++i) {
+    std::ifstream f(job.dir + "/port");
+    if (!(f >> port)) port = 0;
+    if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GT(port, 0) << "the rank never wrote MASTER_PORT";
+  auto try_bind = [port](bool reuse) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(uint16_t(port));
+    int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    int e = rc == 0 ? 0 : errno;
+    if (rc == 0 && reuse) e = ::listen(fd, 4) == 0 ? 0 : errno;
+    ::close(fd);
+    return e;
+  };
+  EXPECT_EQ(try_bind(false), EADDRINUSE) << "port " << port << " was not held";
+  EXPECT_EQ(try_bind(true), 0) << "port " << port << ": a SO_REUSEADDR bind (the store server's) failed";
+  std::ofstream(job.dir + "/done") << "1";
+  launcher.join();
+  ::unsetenv("D");
+  EXPECT_EQ(job.code, 0) << job.err;
 }
 
 }  // namespace
