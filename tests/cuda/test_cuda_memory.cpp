@@ -1,0 +1,49 @@
+// Device memory (backend/cuda/memory.cu): tensors come from the stream-ordered pool, freed memory is
+// reused without growing it, the accounting follows, and an impossible request fails with the sizes
+// named instead of crashing.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "cuda_test_util.h"
+
+namespace mt {
+namespace {
+
+TEST(CudaMemory, FreedMemoryIsReusedAndCounted) {
+  MT_REQUIRE_GPU();
+  device_mem::synchronize(Device::CUDA);
+  const size_t before = device_mem::cuda_bytes_in_use();
+  device_mem::cuda_reset_peak();
+  const int64_t n = int64_t(256) << 20;  // 1 GiB of f32
+  for (int i = 0; i < 4; ++i) {
+    Tensor t = Tensor::empty({n}, DType::F32, Device::CUDA);
+    EXPECT_EQ(device_mem::cuda_bytes_in_use(), before + size_t(n) * 4);
+    t.zero_();
+  }
+  device_mem::synchronize(Device::CUDA);
+  EXPECT_EQ(device_mem::cuda_bytes_in_use(), before);
+  EXPECT_EQ(device_mem::cuda_peak_bytes(), before + size_t(n) * 4);
+  // Four allocations of 1 GiB, one at a time: the pool holds about one of them, not four.
+  EXPECT_GE(device_mem::cuda_reserved_peak_bytes(), size_t(n) * 4);
+  EXPECT_LT(device_mem::cuda_reserved_peak_bytes(), size_t(n) * 4 * 2 + before);
+}
+
+TEST(CudaMemory, AnImpossibleRequestNamesTheSizes) {
+  MT_REQUIRE_GPU();
+  try {
+    Tensor t = Tensor::empty({int64_t(1) << 42}, DType::F32, Device::CUDA);  // 16 TiB
+    ADD_FAILURE() << "a 16 TiB tensor was allocated";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("CUDA out of memory allocating"), std::string::npos) << m;
+    EXPECT_NE(m.find("MiB free"), std::string::npos) << m;
+  }
+  Tensor ok = Tensor::zeros({1024}, DType::F32, Device::CUDA);  // the pool still works afterwards
+  device_mem::synchronize(Device::CUDA);
+  EXPECT_EQ(ok.to(Device::CPU).data<float>()[1023], 0.0f);
+}
+
+}  // namespace
+}  // namespace mt
