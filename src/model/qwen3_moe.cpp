@@ -321,12 +321,14 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
         a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
-      a.yp = A.alloc({Rr, D}, act_);
-      ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
+      // The expert-side outputs are needed only until the combine has sent them (the backward reads
+      // the combined rows ys): scratch, also under recompute none (the work arena is reset per layer).
+      Tensor yp = work_.alloc({Rr, D}, act_);
+      ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
       if (!exchanges_known) {
-        a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, a.yp));
+        a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, yp));
         dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK(Tr) : wts_e, oute);
       }
     } else {
@@ -586,7 +588,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     a = LayerActs{};
     a.x = h;
     Tensor out = keep_.alloc({T, D}, DType::F32);
-    if (recompute != Recompute::None) work_.reset();
+    work_.reset();  // a layer's scratch (under recompute none only what its backward does not read)
     for (int u : block_units(l)) acquire(u);
     fwd_prefetch(l + prefetch_depth);
     forward_layer(l, a, out, false);
