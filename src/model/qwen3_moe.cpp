@@ -52,6 +52,11 @@ void Qwen3MoeModel::for_valid_rows(F&& f) const {
   }
 }
 
+// Whether the layer's exchanged rows (xp, ys) live outside the arenas and can be kept for the
+// backward: a sparse layer whose plan spans ranks. With ep = 1 (a capacity in one process) the
+// combined rows alias the expert outputs in an arena, and nothing travels anyway.
+bool Qwen3MoeModel::keeps_exchanges(const LayerActs& a) const { return dispatcher && a.ep_plan && a.ep_plan->ep > 1; }
+
 Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
     : cfg_(config),
       device_(device),
@@ -208,8 +213,8 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   const bool attention_known = routing_known && recompute == Recompute::Selective;
   // Under expert parallelism selective also keeps what the two all-to-alls delivered (the expert-side
   // input rows and the outputs back at the source), so its recompute issues no all-to-all: the
-  // exchanges, not the expert GEMMs, are the expensive part there.
-  const bool exchanges_known = attention_known && dispatcher;
+  // exchanges, not the expert GEMMs, are the expensive part there (keeps_exchanges(a)).
+  const bool exchanges_known = attention_known && keeps_exchanges(a);
   // The recompute pass (routing_known) needs the FFN's saved tensors, not the block output, so under
   // tp it skips the output's reduce-scatter.
   const bool need_out = !(tp && routing_known);
@@ -321,9 +326,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
         a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
-      // The expert-side outputs are needed only until the combine has sent them (the backward reads
-      // the combined rows ys): scratch, also under recompute none (the work arena is reset per layer).
-      Tensor yp = work_.alloc({Rr, D}, act_);
+      // With ep > 1 the expert-side outputs are needed only until the combine has sent them (the
+      // backward reads the combined rows ys): scratch, also under recompute none (the work arena is
+      // reset per layer). With ep = 1 the combined rows are these rows themselves.
+      Tensor yp = (pl.ep > 1 ? work_ : A).alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
@@ -594,7 +600,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
     // Rebuilt by the recompute (EP keeps them off the arenas), except what selective keeps under EP.
-    if (recompute != Recompute::None && !(recompute == Recompute::Selective && dispatcher)) {
+    if (recompute != Recompute::None && !(recompute == Recompute::Selective && keeps_exchanges(a))) {
       a.xp = Tensor();
       a.ys = Tensor();
     }
@@ -676,7 +682,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     // Selective recompute under expert parallelism kept the combined rows, so the combine's backward
     // (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
     std::optional<moe::CombineBwdPending> early;
-    if (dispatcher && recompute == Recompute::Selective && cfg_.is_sparse_layer(l) && !(tp && expert_tp))
+    if (recompute == Recompute::Selective && keeps_exchanges(a) && !(tp && expert_tp))
       early = dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, score_before_experts ? ones_TK(T) : a.wts);
     if (recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);

@@ -165,6 +165,7 @@ class Qwen3MoeModel {
   struct LayerActs;
   LossParts run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out, bool backward);
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
+  bool keeps_exchanges(const LayerActs& a) const;
   // early: the combine's backward already started (its all-to-all travelling during the recompute).
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
                       moe::CombineBwdPending* early = nullptr);

@@ -184,9 +184,16 @@ TEST(MoeCapacity, LargeCapacityIsDroplessTightCapacityDrops) {
     return " train --device cpu --model tiny --steps 3 --warmup-steps 1 --micro-batch-size 4 --seq-len 32"
            " --eval-problems 0 --out-dir " + dir;
   };
-  const std::string a = tmp("cap_none"), b = tmp("cap_large"), c = tmp("cap_tight"), d = tmp("cap_ep");
+  const std::string a = tmp("cap_none"), b = tmp("cap_large"), c = tmp("cap_tight"), d = tmp("cap_ep"),
+                    bs = tmp("cap_large_selective"), bf = tmp("cap_large_full");
+  // A capacity in one process goes through the dispatcher with ep = 1, whose combined rows alias the
+  // expert outputs: under every recompute policy the losses stay those of the plain path.
   for (auto [dir, extra] : std::vector<std::pair<std::string, std::string>>{
-           {a, ""}, {b, " --moe-capacity-factor 1000"}, {c, " --moe-capacity-factor 0.5"}}) {
+           {a, ""},
+           {b, " --moe-capacity-factor 1000"},
+           {bs, " --moe-capacity-factor 1000 --recompute selective"},
+           {bf, " --moe-capacity-factor 1000 --recompute full"},
+           {c, " --moe-capacity-factor 0.5"}}) {
     ShellRun r = sh(kBin + cmd(dir) + extra);
     ASSERT_EQ(r.code, 0) << r.out;
   }
@@ -197,8 +204,13 @@ TEST(MoeCapacity, LargeCapacityIsDroplessTightCapacityDrops) {
   ASSERT_EQ(mb.size(), 3u);
   ASSERT_EQ(mc.size(), 3u);
   ASSERT_EQ(md.size(), 3u);
+  auto ms = test::read_step_metrics(bs + "/metrics.jsonl"), mf = test::read_step_metrics(bf + "/metrics.jsonl");
+  ASSERT_EQ(ms.size(), 3u);
+  ASSERT_EQ(mf.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(ma[i]["loss"].get<double>(), ms[i]["loss"].get<double>()) << "selective, step " << i + 1;
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mf[i]["loss"].get<double>()) << "full, step " << i + 1;
     EXPECT_EQ(mb[i]["moe_dropped_rank0"].get<int64_t>(), 0);
     EXPECT_GT(mc[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;
     EXPECT_GT(md[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;
