@@ -39,6 +39,10 @@ std::string one_of(const std::string& v, std::initializer_list<const char*> allo
   return "allowed values: " + list;
 }
 
+std::string zero_or_one(int64_t v) {
+  return v == 0 || v == 1 ? "" : std::string("must be 0 or 1");
+}
+
 std::string real_str(double v) {
   return nlohmann::json(v).dump();
 }
@@ -117,9 +121,7 @@ const std::vector<Field>& fields() {
        }},
       {"score_before_experts", &TrainConfig::score_before_experts,
        "1: y = sum_k expert_k(w_k x) (routing weights on the experts' input); 0 (Qwen3-MoE): y = sum_k w_k expert_k(x)",
-       [](const TrainConfig& c) {
-         return c.score_before_experts == 0 || c.score_before_experts == 1 ? "" : std::string("must be 0 or 1");
-       }},
+       [](const TrainConfig& c) { return zero_or_one(c.score_before_experts); }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},
       {"router_z_loss_coef", &TrainConfig::router_z_loss_coef,
@@ -164,15 +166,11 @@ const std::vector<Field>& fields() {
        "one device on CUDA: 1 runs each unit's AdamW update on a side stream, the next forward waiting only for "
        "the units it reaches (bit-identical to 0, which updates everything before the next step starts; measured "
        "slower on an H200, see bench/NOTES.md)",
-       [](const TrainConfig& c) {
-         return c.optimizer_overlap == 0 || c.optimizer_overlap == 1 ? "" : std::string("must be 0 or 1");
-       }},
+       [](const TrainConfig& c) { return zero_or_one(c.optimizer_overlap); }},
       {"reshard_after_forward", &TrainConfig::reshard_after_forward,
        "FSDP: 1 frees a unit's gathered weights after its forward and gathers them again for its backward; 0 keeps "
        "them (no all-gather in the backward, every unit's full weights held from forward to backward)",
-       [](const TrainConfig& c) {
-         return c.reshard_after_forward == 0 || c.reshard_after_forward == 1 ? "" : std::string("must be 0 or 1");
-       }},
+       [](const TrainConfig& c) { return zero_or_one(c.reshard_after_forward); }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",
        [](const TrainConfig& c) { return one_of(c.grad_reduce_dtype, {"f32", "bf16"}); }},
