@@ -2,9 +2,11 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace mt::testutil {
 
@@ -18,6 +20,12 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "expected an mt::Error";
   return "";
+}
+
+// Same shape, dtype and bytes (tensors on a device are copied to the host first).
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.is_cpu() ? a : a.to(Device::CPU), y = b.is_cpu() ? b : b.to(Device::CPU);
+  return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
 }
 
 }  // namespace mt::testutil

@@ -3,22 +3,18 @@
 // of the in-line step, read straight after the call, while later units may still be updating.
 #include <gtest/gtest.h>
 
-#include <cstring>
 
 #include "cuda_test_util.h"
 #include "model/config.h"
 #include "model/param_source.h"
 #include "model/params.h"
+#include "test_util.h"
 #include "train/optimizer.h"
 
 namespace mt {
 namespace {
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  Tensor x = a.to(Device::CPU), y = b.to(Device::CPU);
-  return x.dtype() == y.dtype() && x.numel() == y.numel() &&
-         std::memcmp(x.raw(), y.raw(), size_t(x.numel()) * dtype_size(x.dtype())) == 0;
-}
+using testutil::same_bits;
 
 Tensor randn_cuda(int64_t n, Rng& rng, float std) {
   Tensor t = Tensor::empty({n});

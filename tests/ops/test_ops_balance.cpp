@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@ using mt::testing::fd_grad;
 using mt::testing::random_tensor;
 using mt::testing::rel_l2;
 using mt::testutil::error_of;
+using mt::testutil::same_bits;
 
 namespace {
 
@@ -40,10 +40,6 @@ Tensor i64_tensor(const Shape& shape, const std::vector<int64_t>& v) {
   EXPECT_EQ(int64_t(v.size()), t.numel());
   for (size_t i = 0; i < v.size(); ++i) t.data<int64_t>()[i] = v[i];
   return t;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
 }  // namespace
