@@ -20,8 +20,8 @@
 
 namespace mt::comm::detail {
 
-
 namespace {
+
 // MOETRAIN_COMM_PRIORITY: high (default) or normal; anything else is an error naming the value.
 bool comm_stream_high_priority() {
   const char* v = std::getenv("MOETRAIN_COMM_PRIORITY");
@@ -29,9 +29,6 @@ bool comm_stream_high_priority() {
   if (std::string(v) == "normal") return false;
   MT_THROW("MOETRAIN_COMM_PRIORITY '", v, "' is not supported; allowed: high, normal");
 }
-}  // namespace
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
 

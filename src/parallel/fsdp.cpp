@@ -374,10 +374,6 @@ void save_sharded_hf_checkpoint(const std::string& dir, const ModelConfig& c, co
   }
 }
 
-}  // namespace mt
-
-namespace mt {
-
 uint64_t shard_digest(const Tensor& t) {
   const Tensor h = t.device() == Device::CPU ? t : t.to(Device::CPU);
   const auto* p = static_cast<const unsigned char*>(h.raw());

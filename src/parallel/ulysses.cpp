@@ -211,9 +211,10 @@ void UlyssesExchange::grads_to_tokens(const Tensor& dqf, const Tensor& dkf, cons
   // A replicated kv head (G < sp) comes back from each of its sp / G ranks, in rank order: the later
   // copies are added into the first one's block (k and v together: they are adjacent), which is then
   // the one unpacked.
+  auto repeat = [this](int j) { return j > 0 && kv_lo(j) == kv_lo(j - 1); };  // a later copy of kv heads
   int first = 0;
   for (int j = 0; j < n; ++j) {
-    if (j > 0 && kv_lo(j) == kv_lo(j - 1)) {
+    if (repeat(j)) {
       Tensor acc = recv.rows(int64_t(first) * per + qn, 2 * kn);
       ops::add_(acc, recv.rows(int64_t(j) * per + qn, 2 * kn));
     } else {
@@ -223,7 +224,7 @@ void UlyssesExchange::grads_to_tokens(const Tensor& dqf, const Tensor& dkf, cons
   for (int j = 0; j < n; ++j) {
     const char* blk = cptr(recv) + size_t(j * per) * esz;
     unpack_tokens(blk, BC, H_, j * Hl_, Hl_, row, mptr(dq), d);
-    if (j > 0 && kv_lo(j) == kv_lo(j - 1)) continue;  // summed into the first replica's block
+    if (repeat(j)) continue;  // summed into the first replica's block
     unpack_tokens(blk + size_t(qn) * esz, BC, G_, kv_lo(j), Gl_, row, mptr(dk), d);
     unpack_tokens(blk + size_t(qn + kn) * esz, BC, G_, kv_lo(j), Gl_, row, mptr(dv), d);
   }
