@@ -96,7 +96,7 @@ TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
 }
 
 TEST(ScoreBeforeExperts, ExpertAndTensorParallelEqualOneProcess) {
-  if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)";
+  MT_SKIP_WITHOUT_GLOO();
   const std::string model = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
   const std::string bpath = test::tmp_path("score_before", "batch.safetensors");
   test::make_batch(model, bpath);

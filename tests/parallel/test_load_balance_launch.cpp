@@ -38,7 +38,7 @@ std::string train_cmd(const std::string& out_dir) {
 
 TEST(LoadBalanceLaunch, TwoRanksEqualOneProcess) {
   // CPU ranks talk through Gloo; builds without it (the GPU machines) cannot run this test.
-  if (!comm::have_gloo()) GTEST_SKIP() << "skipped: this build has no Gloo (CPU communicators)";
+  MT_SKIP_WITHOUT_GLOO();
   const std::string ref_dir = tmp("one"), dir = tmp("two");
   ShellRun r = sh(kBin + train_cmd(ref_dir));
   ASSERT_EQ(r.code, 0) << r.out;
