@@ -59,17 +59,19 @@ struct Watchdog::Impl {
     return msg;
   }
 
+  // Local first (abort this rank's communicators, mark fired), then the report for the other ranks:
+  // whoever reads the report can rely on this rank having already aborted.
   void fire(const std::string& msg) {
     std::fprintf(stderr, "%s\n", msg.c_str());
     std::fflush(stderr);
+    for (Communicator* c : comms) c->abort(msg);
+    deadline = Clock::now() + grace;
+    fired.store(true);
     try {
       store.set_str(str("watchdog/", rank), msg);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "watchdog: rank %d: could not write the report to the store: %s\n", rank, e.what());
     }
-    for (Communicator* c : comms) c->abort(msg);
-    deadline = Clock::now() + grace;
-    fired.store(true);
   }
 
   void run() {
