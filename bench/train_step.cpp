@@ -19,8 +19,12 @@
 // unit's AdamW update beside the next forward (config optimizer_overlap 1; the forward time then
 // includes the wait for the updates it reaches; slower today, bench/NOTES.md). --layers N: the
 // preset with N layers (a half-size qwen3-30b-a3b rehearsal on fewer GPUs: --model qwen3-30b-a3b
-// --layers 24). In the per-op split, ep_prepare (the expert-parallel plan, with its host syncs and
-// counts exchange) includes make_dispatch_plan, which is also listed on its own.
+// --layers 24). --no-ep-overlap: under expert parallelism, send the experts' input gradient back after
+// their weight gradients instead of beside them (the A/B of that overlap). In the per-op split,
+// ep_prepare (the expert-parallel plan, with its host syncs and counts exchange) includes
+// make_dispatch_plan, which is also listed on its own; with the EP overlap, experts_bwd includes the
+// start of the returning all-to-all (its regroup and, since a profiled op waits for the device, its
+// transfer).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
   bool reshard = true;  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
+  bool ep_overlap = true;  // expert parallelism: dxp returns beside the weight gradients (--no-ep-overlap: after)
   bool opt_overlap = false;  // one device on CUDA: AdamW per unit beside the next forward (--optimizer-overlap)
   int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b
   std::string reduce_dtype = "f32";
@@ -117,6 +122,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
     else if (a == "--no-reshard-after-forward") reshard = false;
     else if (a == "--optimizer-overlap") opt_overlap = true;
+    else if (a == "--no-ep-overlap") ep_overlap = false;
     else if (a == "--layers") layers = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -193,6 +199,7 @@ int main(int argc, char** argv) {
       }
       if (fsdp) fsdp->zero_grads();
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
+      m.ep_backward_overlap = ep_overlap;
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
       OptimStepResult r = overlap ? opt.step_overlapped(master, grads, 1e-4, compute, unit_ranges, pm.global_grad_sq())
                                   : opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
@@ -271,6 +278,7 @@ int main(int argc, char** argv) {
                      {"mfu", gemm_tflops > 0 ? tflops / gemm_tflops : 0.0},
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
                      {"optimizer_overlap", overlap},
+                     {"ep_backward_overlap", ep_overlap},
                      {"peak_reserved_gib", double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30)},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},

@@ -395,12 +395,18 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                                    : dispatcher->combine_bwd(pl, dout_e, a.ys, score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
-      ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
-                       g.experts_gate_up, g.experts_down, acc);
-      if (score_before_experts)  // the weights' gradient comes from the input side
+      if (score_before_experts) {  // the weights' gradient comes from the input side
+        ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                         g.experts_gate_up, g.experts_down, acc);
         dwts = dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
-      else
-        dispatcher->dispatch_bwd(pl, dxp, dxe);
+      } else {  // dxp travels back while the experts' weight gradients run
+        moe::DispatchBwdPending back;
+        auto send_back = [&] { back = dispatcher->dispatch_bwd_start(pl, dxp); };
+        ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                         g.experts_gate_up, g.experts_down, acc, ep_backward_overlap ? send_back : std::function<void()>());
+        if (!ep_backward_overlap) send_back();
+        dispatcher->dispatch_bwd_finish(pl, back, dxe);
+      }
     } else {
       Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
       dwts = W.alloc({Tr, K});

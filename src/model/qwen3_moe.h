@@ -156,6 +156,9 @@ class Qwen3MoeModel {
   // When true, forward_backward overwrites grads() (every gradient written with =, none read) instead
   // of adding to them: set it for the first micro-batch of a step in place of zero_grads().
   bool first_micro_batch = false;
+  // Expert parallelism: the experts' input gradient travels back to its sources while their weight
+  // gradients run (ops::experts_bwd's after_dx). Off: after them (the A/B of train_step --no-ep-overlap).
+  bool ep_backward_overlap = true;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }

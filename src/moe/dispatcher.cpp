@@ -275,6 +275,20 @@ Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tens
   return out;
 }
 
+std::shared_ptr<comm::Work> ExpertDispatcher::experts_to_sources_start(const DispatchPlan& plan, const Tensor& r_RD,
+                                                                       Tensor& out, const char* what) {
+  if (r_RD.dim() != 2 || r_RD.size(0) != plan.rows_received)
+    MT_THROW("ExpertDispatcher::", what, ": rows in recv order are ", r_RD.desc(), "; expected [", plan.rows_received,
+             ", D]");
+  if (plan.ep == 1) {
+    out = r_RD;
+    return nullptr;
+  }
+  const int64_t D = r_RD.size(1);
+  out = Tensor::empty({plan.rows_sent, D}, r_RD.dtype(), r_RD.device());
+  return comm_.all_to_all_v(r_RD, scaled(plan.recv_counts, D), out, scaled(plan.send_counts, D));
+}
+
 Tensor ExpertDispatcher::experts_to_sources(const DispatchPlan& plan, const Tensor& r_RD, int64_t extra_rows,
                                             const char* what) {
   if (r_RD.dim() != 2 || r_RD.size(0) != plan.rows_received)
@@ -321,13 +335,29 @@ Tensor ExpertDispatcher::dispatch(const DispatchPlan& plan, const Tensor& x_TD) 
 }
 
 void ExpertDispatcher::dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD, Tensor& dx_TD) {
+  DispatchBwdPending p = dispatch_bwd_start(plan, dxr_RD);
+  dispatch_bwd_finish(plan, p, dx_TD);
+}
+
+DispatchBwdPending ExpertDispatcher::dispatch_bwd_start(const DispatchPlan& plan, const Tensor& dxr_RD) {
   check_plan(plan, "dispatch_bwd");
-  if (dx_TD.dim() != 2 || dx_TD.size(0) != plan.T || dxr_RD.dim() != 2 || dx_TD.size(1) != dxr_RD.size(1))
-    MT_THROW("ExpertDispatcher::dispatch_bwd: dx_TD is ", dx_TD.desc(), " and dxr_RD ", dxr_RD.desc(),
-             "; expected dx [", plan.T, ", D] with the D of dxr");
+  DispatchBwdPending p;
   Tensor dxb = to_recv_order(plan, dxr_RD, "dispatch_bwd");
-  Tensor dxs = experts_to_sources(plan, dxb, 0, "dispatch_bwd");
-  ops::permute_bwd(dxs, plan.send_assign_of_row_S, plan.K, dx_TD);
+  p.work = experts_to_sources_start(plan, dxb, p.dxs_SD, "dispatch_bwd");
+  return p;
+}
+
+void ExpertDispatcher::dispatch_bwd_finish(const DispatchPlan& plan, DispatchBwdPending& pending, Tensor& dx_TD) {
+  check_plan(plan, "dispatch_bwd");
+  if (dx_TD.dim() != 2 || dx_TD.size(0) != plan.T || dx_TD.size(1) != pending.dxs_SD.size(1))
+    MT_THROW("ExpertDispatcher::dispatch_bwd: dx_TD is ", dx_TD.desc(), " and the returning rows ",
+             pending.dxs_SD.desc(), "; expected dx [", plan.T, ", D] with the D of dxr");
+  if (pending.work) {
+    ops::OpScope scope("comm_ep_all_to_all", pending.dxs_SD.device() == Device::CUDA);  // the exposed wait
+    pending.work->wait();
+    pending.work.reset();
+  }
+  ops::permute_bwd(pending.dxs_SD, plan.send_assign_of_row_S, plan.K, dx_TD);
 }
 
 Tensor ExpertDispatcher::dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD) {

@@ -94,6 +94,13 @@ struct CombineBwdPending {
   std::shared_ptr<comm::Work> work;   // null when nothing travels (ep = 1)
 };
 
+// dispatch_bwd between its two halves: the gradient rows on their way back to their sources (the
+// all_to_all_v issued, not yet waited for).
+struct DispatchBwdPending {
+  Tensor dxs_SD;                      // arriving in sent order
+  std::shared_ptr<comm::Work> work;   // null when nothing travels (ep = 1)
+};
+
 class ExpertDispatcher {
  public:
   // `ep_comm` holds the ranks of one ep group and must outlive the dispatcher.
@@ -116,6 +123,11 @@ class ExpertDispatcher {
   // dx_TD += the reverse of dispatch (the K copies of a token summed). One all_to_all_v.
   void dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD, Tensor& dx_TD);
   Tensor dispatch_bwd(const DispatchPlan& plan, const Tensor& dxr_RD);  // dx = (fresh zeros, then +=)
+  // The same in two halves, so that the experts' weight gradients run while the rows travel
+  // (ops::experts_bwd's after_dx starts it): start issues the all_to_all_v, finish makes the compute
+  // stream wait for it and adds the rows into dx_TD. The same ordering rule as combine_bwd_start.
+  DispatchBwdPending dispatch_bwd_start(const DispatchPlan& plan, const Tensor& dxr_RD);
+  void dispatch_bwd_finish(const DispatchPlan& plan, DispatchBwdPending& pending, Tensor& dx_TD);
   // Routing weights applied before the experts (score_before_experts): each sent row is w[t,k] x[t];
   // combine then takes unit weights. The backward writes dx_TD (=) and returns dw_TK (f32 [T, K],
   // = <x[t], dx of the row>; exactly 0 for dropped assignments). One all_to_all_v each.
@@ -155,6 +167,10 @@ class ExpertDispatcher {
   std::shared_ptr<comm::Work> sources_to_experts_start(const DispatchPlan& plan, const Tensor& s_SD, Tensor& out,
                                                        const char* what);
   Tensor experts_to_sources(const DispatchPlan& plan, const Tensor& r_RD, int64_t extra_rows, const char* what);
+  // The same without extra rows, not waited for: out receives the rows once the returned work is
+  // waited for (null: ep = 1, out is r_RD).
+  std::shared_ptr<comm::Work> experts_to_sources_start(const DispatchPlan& plan, const Tensor& r_RD, Tensor& out,
+                                                       const char* what);
   void check_plan(const DispatchPlan& plan, const char* what) const;
 
   comm::Communicator& comm_;

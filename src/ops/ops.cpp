@@ -240,15 +240,17 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw,
+                 const std::function<void()>& after_dx) {
   const bool cuda = on_cuda("experts_bwd", {&dyp_RD, &xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF,
                                             &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
   OpScope scope("experts_bwd", cuda);
   if (cuda)
     return cuda::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD,
-                             dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);
-  return cpu::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
-                          dw_down_EDF, accumulate_dw);
+                             dw_gate_up_E2FD, dw_down_EDF, accumulate_dw, after_dx);
+  cpu::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
+                   dw_down_EDF, accumulate_dw);
+  if (after_dx) after_dx();
 }
 
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,

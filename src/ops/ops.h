@@ -21,6 +21,7 @@
 // F expert hidden dim, R = T*K dispatched rows, I linear input dim, O linear output dim.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/tensor.h"
@@ -141,10 +142,14 @@ void swiglu_bwd(const Tensor& dh_NF, const Tensor& gu_N2F, Tensor& dgu_N2F);  //
 // gu_R2F = xp @ w_gate_up[e]^T; h_RF = swiglu(gu); yp_RD = h @ w_down[e]^T. gu and h are saved.
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
-// dxp =, dw_gate_up +=, dw_down += (both = unless accumulate_dw; experts without rows then get 0)
+// dxp =, dw_gate_up +=, dw_down += (both = unless accumulate_dw; experts without rows then get 0).
+// after_dx, when given, is called once dxp is final in stream order (queued on CUDA) and, on the
+// grouped CUDA path, before the two weight-gradient GEMMs are queued: what the caller queues or
+// starts from it (the expert-parallel return of dxp) runs beside those GEMMs. Other paths call it last.
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true,
+                 const std::function<void()>& after_dx = {});
 
 // ---- experts, reference form: a plain loop over experts and the tokens routed to each ----
 // y_TD = sum_k w_TK[t,k] * expert_{idx[t,k]}(x_TD[t]); no permutation, no saved state.

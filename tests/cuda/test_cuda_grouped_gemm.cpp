@@ -149,7 +149,16 @@ TEST_P(CudaGroupedGemm, ExpertsMatchReferencePathAndCpu) {
 
   Tensor dxp = cuda_filled({R, D}, DType::BF16, kNaN), dwgu = to_cuda(dwgu0, DType::F32),
          dwd = to_cuda(dwd0, DType::F32);
-  cuda::experts_bwd_grouped(dypc, xpc, doff, wguc, wdc, gu, h, dxp, dwgu, dwd);
+  // after_dx runs once, with dxp final in stream order (what it queues sees the finished rows) and
+  // before the weight gradients: a copy queued from it equals dxp.
+  int hooks = 0;
+  Tensor dxp_at_hook = cuda_filled({R, D}, DType::BF16, kNaN);
+  cuda::experts_bwd_grouped(dypc, xpc, doff, wguc, wdc, gu, h, dxp, dwgu, dwd, true, [&] {
+    ++hooks;
+    dxp_at_hook.copy_from(dxp);
+  });
+  EXPECT_EQ(hooks, 1);
+  expect_rel(dxp_at_hook, dxp, 0.0, "dxp_at_after_dx");
   Tensor dxp_ref = cuda_filled({R, D}, DType::BF16, kNaN), dwgu_ref = to_cuda(dwgu0, DType::F32),
          dwd_ref = to_cuda(dwd0, DType::F32);
   cuda::experts_bwd_reference(dypc, xpc, doff, wguc, wdc, gu, h, dxp_ref, dwgu_ref, dwd_ref);

@@ -318,6 +318,11 @@ TEST_P(DispatcherGrads, OutputAndGradientsEqualTheSingleDeviceOpsBitForBit) {
         CombineGrads g = d.combine_bwd(plan, src.dy, c.ys_SD, src.w);
         Tensor dxr = mul(g.dyr_RD, apply_experts(xr, plan.local_offsets_host, d.first_local_expert(), true));
         Tensor dx_r = d.dispatch_bwd(plan, dxr);
+        // In two halves (the model starts it from experts_bwd's after_dx): the same rows, added.
+        DispatchBwdPending back = d.dispatch_bwd_start(plan, dxr);
+        Tensor dx_halves = Tensor::zeros({T_of(rank), D});
+        d.dispatch_bwd_finish(plan, back, dx_halves);
+        expect_same(dx_halves, dx.rows(first, T_of(rank)).clone(), "dx (start, finish)");
         expect_same(c.y_TD, y.rows(first, T_of(rank)).clone(), "y");
         expect_same(g.dw_TK, dw.rows(first, T_of(rank)).clone(), "dw");
         expect_same(dx_r, dx.rows(first, T_of(rank)).clone(), "dx");

@@ -165,17 +165,20 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw,
+                 const std::function<void()>& after_dx) {
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_bwd");
   if (use_grouped(
           d.D, d.F,
           {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF},
           "experts_bwd"))
     experts_bwd_grouped(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
-                        dw_down_EDF, accumulate_dw);
-  else
+                        dw_down_EDF, accumulate_dw, after_dx);
+  else {
     experts_bwd_reference(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
                           dw_down_EDF, accumulate_dw);
+    if (after_dx) after_dx();
+  }
 }
 
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
@@ -201,7 +204,7 @@ void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Te
 void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                          const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
                          const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
-                         bool accumulate_dw) {
+                         bool accumulate_dw, const std::function<void()>& after_dx) {
   const char* op = "experts_bwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
@@ -217,22 +220,26 @@ void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor
       dw_gate_up_E2FD.zero_();
       dw_down_EDF.zero_();
     }
+    if (after_dx) after_dx();
     return;
   }
   const int64_t* off = offsets_E1.data<int64_t>();
   const BwdScratch t = bwd_scratch(R, F, op);
   const __nv_bfloat16* dyp = bf16_in(dyp_RD);
-  // dh = dyp @ w_down[e] (w_down[e] is [D, F] = [K, N]); dw_down[e] += dyp^T @ h
+  // The input gradient first, so that after_dx can send it while the weight gradients run.
+  // dh = dyp @ w_down[e] (w_down[e] is [D, F] = [K, N]); dgu = swiglu_bwd(dh);
+  // dxp = dgu @ w_gate_up[e] (w_gate_up[e] is [2F, D] = [K, N])
   grouped_gemm_rows("experts_bwd dh", E, off, R, F, D, dyp, bf16_in(w_down_EDF), false, t.dh);
-  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>(),
-                     accumulate_dw);
   const Tensor dh_RF = device_view(t.dh, {R, F}, DType::BF16);
   Tensor dgu_R2F = device_view(t.dgu, {R, 2 * F}, DType::BF16);
   swiglu_bwd(dh_RF, gu_R2F, dgu_R2F);
-  // dw_gate_up[e] += dgu^T @ xp; dxp = dgu @ w_gate_up[e] (w_gate_up[e] is [2F, D] = [K, N])
+  grouped_gemm_rows("experts_bwd dxp", E, off, R, D, 2 * F, t.dgu, bf16_in(w_gate_up_E2FD), false, bf16_out(dxp_RD));
+  if (after_dx) after_dx();
+  // dw_down[e] += dyp^T @ h; dw_gate_up[e] += dgu^T @ xp
+  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>(),
+                     accumulate_dw);
   grouped_gemm_wgrad("experts_bwd dw_gate_up", E, off, R, 2 * F, D, t.dgu, bf16_in(xp_RD),
                      dw_gate_up_E2FD.data<float>(), accumulate_dw);
-  grouped_gemm_rows("experts_bwd dxp", E, off, R, D, 2 * F, t.dgu, bf16_in(w_gate_up_E2FD), false, bf16_out(dxp_RD));
 }
 
 void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,

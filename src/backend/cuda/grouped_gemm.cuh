@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -60,9 +61,10 @@ void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tens
 // The grouped path: the grouped GEMMs above, no host synchronisation. Throws when unsupported.
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                          const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
+// after_dx (ops::experts_bwd) runs between the input gradient and the weight gradients.
 void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                          const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,
                          const Tensor& h_RF, Tensor& dxp_RD, Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF,
-                         bool accumulate_dw = true);
+                         bool accumulate_dw = true, const std::function<void()>& after_dx = {});
 
 }  // namespace mt::cuda
