@@ -93,6 +93,15 @@ KeptAssignments host_apply_capacity(const std::vector<int64_t>& offsets, const s
   return out;
 }
 
+// The compute stream waits for a started exchange (if any) that delivers into `arriving`; when
+// profiling, the wait is timed as comm_ep_all_to_all: the part of the transfer nothing overlapped.
+void wait_exposed(std::shared_ptr<comm::Work>& work, const Tensor& arriving) {
+  if (!work) return;
+  ops::OpScope scope("comm_ep_all_to_all", arriving.device() == Device::CUDA);
+  work->wait();
+  work.reset();
+}
+
 // Host helper: the regroup from recv order (source-major, then local expert) to expert-major
 // order (local expert, then source). xr_from_recv[i] is the recv row that xr row i takes.
 std::vector<int32_t> host_regroup(const std::vector<int64_t>& counts_SL, int64_t P, int64_t L) {
@@ -253,18 +262,24 @@ Tensor ExpertDispatcher::to_recv_order(const DispatchPlan& plan, const Tensor& r
   return out;
 }
 
+std::shared_ptr<comm::Work> ExpertDispatcher::exchange_start(const DispatchPlan& plan, const Tensor& in,
+                                                             const std::vector<int64_t>& in_counts, int64_t out_rows,
+                                                             const std::vector<int64_t>& out_counts, Tensor& out) {
+  if (plan.ep == 1) {
+    out = in;
+    return nullptr;
+  }
+  const int64_t D = in.size(1);
+  out = Tensor::empty({out_rows, D}, in.dtype(), in.device());
+  return comm_.all_to_all_v(in, scaled(in_counts, D), out, scaled(out_counts, D));
+}
+
 std::shared_ptr<comm::Work> ExpertDispatcher::sources_to_experts_start(const DispatchPlan& plan, const Tensor& s_SD,
                                                                        Tensor& out, const char* what) {
   if (s_SD.dim() != 2 || s_SD.size(0) != plan.rows_sent)
     MT_THROW("ExpertDispatcher::", what, ": source-side rows are ", s_SD.desc(), "; expected [", plan.rows_sent,
              ", D] (the rows this rank sends)");
-  if (plan.ep == 1) {
-    out = s_SD;
-    return nullptr;
-  }
-  const int64_t D = s_SD.size(1);
-  out = Tensor::empty({plan.rows_received, D}, s_SD.dtype(), s_SD.device());
-  return comm_.all_to_all_v(s_SD, scaled(plan.send_counts, D), out, scaled(plan.recv_counts, D));
+  return exchange_start(plan, s_SD, plan.send_counts, plan.rows_received, plan.recv_counts, out);
 }
 
 Tensor ExpertDispatcher::sources_to_experts(const DispatchPlan& plan, const Tensor& s_SD, const char* what) {
@@ -280,13 +295,7 @@ std::shared_ptr<comm::Work> ExpertDispatcher::experts_to_sources_start(const Dis
   if (r_RD.dim() != 2 || r_RD.size(0) != plan.rows_received)
     MT_THROW("ExpertDispatcher::", what, ": rows in recv order are ", r_RD.desc(), "; expected [", plan.rows_received,
              ", D]");
-  if (plan.ep == 1) {
-    out = r_RD;
-    return nullptr;
-  }
-  const int64_t D = r_RD.size(1);
-  out = Tensor::empty({plan.rows_sent, D}, r_RD.dtype(), r_RD.device());
-  return comm_.all_to_all_v(r_RD, scaled(plan.recv_counts, D), out, scaled(plan.send_counts, D));
+  return exchange_start(plan, r_RD, plan.recv_counts, plan.rows_sent, plan.send_counts, out);
 }
 
 Tensor ExpertDispatcher::experts_to_sources(const DispatchPlan& plan, const Tensor& r_RD, int64_t extra_rows,
@@ -352,11 +361,7 @@ void ExpertDispatcher::dispatch_bwd_finish(const DispatchPlan& plan, DispatchBwd
   if (dx_TD.dim() != 2 || dx_TD.size(0) != plan.T || dx_TD.size(1) != pending.dxs_SD.size(1))
     MT_THROW("ExpertDispatcher::dispatch_bwd: dx_TD is ", dx_TD.desc(), " and the returning rows ",
              pending.dxs_SD.desc(), "; expected dx [", plan.T, ", D] with the D of dxr");
-  if (pending.work) {
-    ops::OpScope scope("comm_ep_all_to_all", pending.dxs_SD.device() == Device::CUDA);  // the exposed wait
-    pending.work->wait();
-    pending.work.reset();
-  }
+  wait_exposed(pending.work, pending.dxs_SD);
   ops::permute_bwd(pending.dxs_SD, plan.send_assign_of_row_S, plan.K, dx_TD);
 }
 
@@ -455,11 +460,7 @@ CombineBwdPending ExpertDispatcher::combine_bwd_start(const DispatchPlan& plan, 
 }
 
 CombineGrads ExpertDispatcher::combine_bwd_finish(const DispatchPlan& plan, CombineBwdPending& pending) {
-  if (pending.work) {
-    ops::OpScope scope("comm_ep_all_to_all", pending.dyb_RD.device() == Device::CUDA);  // the exposed wait
-    pending.work->wait();
-    pending.work.reset();
-  }
+  wait_exposed(pending.work, pending.dyb_RD);
   CombineGrads g;
   g.dw_TK = pending.dw_TK;
   g.dyr_RD = to_expert_order(plan, pending.dyb_RD, "combine_bwd");

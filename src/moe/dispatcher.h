@@ -161,6 +161,11 @@ class ExpertDispatcher {
   Tensor to_recv_order(const DispatchPlan& plan, const Tensor& r_RD, const char* what) const;
   // recv order -> expert-major rows (the regroup), shared by dispatch and combine_bwd.
   Tensor to_expert_order(const DispatchPlan& plan, const Tensor& recv_RD, const char* what) const;
+  // in (in_counts rows to each rank) -> out (out_rows, out_counts from each rank): the all_to_all_v,
+  // not waited for; ep = 1: out is in and the work is null. The *_start calls below check, then run it.
+  std::shared_ptr<comm::Work> exchange_start(const DispatchPlan& plan, const Tensor& in,
+                                             const std::vector<int64_t>& in_counts, int64_t out_rows,
+                                             const std::vector<int64_t>& out_counts, Tensor& out);
   // Sent order (S rows) -> recv order on the destination ranks, and back.
   Tensor sources_to_experts(const DispatchPlan& plan, const Tensor& s_SD, const char* what);
   // The same, not waited for: out receives the rows once the returned work is waited for (null: ep = 1).
