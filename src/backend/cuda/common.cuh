@@ -30,7 +30,11 @@
 
 namespace mt::cuda {
 
+// The stream ops run on: the compute stream, or the side stream inside a streams::SideScope.
 cudaStream_t stream();
+cudaStream_t compute_stream();  // the compute stream, also inside a SideScope
+cudaStream_t side_stream();     // the side stream (core/streams.h)
+void set_stream_override(cudaStream_t s);  // what SideScope sets (null: back to the compute stream)
 cublasLtHandle_t cublaslt();
 // Scratch for cuBLASLt (32 MiB), valid on stream().
 void* cublaslt_workspace();

@@ -22,9 +22,6 @@
 
 namespace mt::cuda {
 
-cudaStream_t compute_stream();  // common.cu: the compute stream, also inside a streams::SideScope
-
-
 namespace {
 
 constexpr int kThreads = 256;

@@ -2,11 +2,6 @@
 #include "backend/cuda/common.cuh"
 #include "core/streams.h"
 
-namespace mt::cuda {
-void set_stream_override(cudaStream_t s);  // common.cu
-cudaStream_t side_stream();                // common.cu
-}  // namespace mt::cuda
-
 namespace mt::streams {
 
 SideScope::SideScope(Device device) : on_(device == Device::CUDA) {
