@@ -171,9 +171,8 @@ int main(int argc, char** argv) {
     AdamWConfig oc;
     AdamW opt(master.numel(), dev, oc);
     const bool overlap = opt_overlap && !fsdp && dev == Device::CUDA;  // as the trainer decides
-    std::vector<std::pair<int64_t, int64_t>> unit_ranges;
     if (overlap) {
-      unit_ranges = m.local().unit_ranges();
+      opt.overlap_units(m.local().unit_ranges());
       m.local().wait_for(&opt.ready());
     }
     double init_s = secs(t_init);
@@ -201,8 +200,7 @@ int main(int argc, char** argv) {
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       m.ep_backward_overlap = ep_overlap;
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      OptimStepResult r = overlap ? opt.step_overlapped(master, grads, 1e-4, compute, unit_ranges, pm.global_grad_sq())
-                                  : opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
+      OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;

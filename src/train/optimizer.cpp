@@ -41,6 +41,7 @@ bool AdamW::decide(const Tensor& params, const Tensor& grads, double lr, const s
 
 OptimStepResult AdamW::step(Tensor& params, const Tensor& grads, double lr, Tensor* compute,
                             const std::function<double()>& global_grad_sq) {
+  if (!units_.empty()) return step_overlapped(params, grads, lr, compute, units_, global_grad_sq);
   OptimStepResult r;
   ops::AdamWHyper h;
   if (!decide(params, grads, lr, global_grad_sq, r, h)) return r;

@@ -35,7 +35,7 @@ class AdamW {
   // One update of params from grads with learning rate lr. grads are read, not modified. When
   // compute is given (bf16, the weights the forward uses), it receives the updated params. With
   // sharded gradients, global_grad_sq returns the squared norm over every shard (one collective that
-  // every rank makes); by default it is the local sum of squares.
+  // every rank makes); by default it is the local sum of squares. After overlap_units, the overlapped step.
   OptimStepResult step(Tensor& params, const Tensor& grads, double lr, Tensor* compute = nullptr,
                        const std::function<double()>& global_grad_sq = {});
   // The overlapped step (config optimizer_overlap; CUDA; on the CPU it runs in place, in order): the norm and the decision as in
@@ -47,6 +47,9 @@ class AdamW {
   OptimStepResult step_overlapped(Tensor& params, const Tensor& grads, double lr, Tensor* compute,
                                   const std::vector<std::pair<int64_t, int64_t>>& units,
                                   const std::function<double()>& global_grad_sq = {});
+  // From now on step() runs as step_overlapped over these units (the trainer's and train_step's
+  // one-device optimizer_overlap; empty: in line again).
+  void overlap_units(std::vector<std::pair<int64_t, int64_t>> units) { units_ = std::move(units); }
   streams::EventSet& ready() { return ready_; }
   // The compute stream waits for the last overlapped step's updates (before anything but the next
   // forward reads the weights or the optimizer state: a checkpoint, an evaluation, the end of training).
@@ -68,6 +71,7 @@ class AdamW {
   Device device_;
   Tensor m_, v_;
   streams::EventSet ready_;
+  std::vector<std::pair<int64_t, int64_t>> units_;  // overlap_units
   int64_t step_ = 0, skipped_ = 0;
 };
 

@@ -190,10 +190,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
   AdamW opt(master.numel(), device, oc);
   LrParams lrp = lr_params(cfg);
   // One device: each unit's update runs beside the next forward, which waits per unit (train/optimizer.h).
-  const bool overlap = cfg.optimizer_overlap != 0 && !fsdp && device == Device::CUDA;
-  std::vector<std::pair<int64_t, int64_t>> unit_ranges;
-  if (overlap) {
-    unit_ranges = model.local().unit_ranges();
+  if (cfg.optimizer_overlap != 0 && !fsdp && device == Device::CUDA) {
+    opt.overlap_units(model.local().unit_ranges());
     model.local().wait_for(&opt.ready());
   }
 
@@ -317,8 +315,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       inf.data<float>()[0] = INFINITY;
       grads.rows(0, 1).copy_from(inf.to(device));
     }
-    OptimStepResult os = overlap ? opt.step_overlapped(master, grads, lr, compute, unit_ranges, pm.global_grad_sq())
-                                 : opt.step(master, grads, lr, compute, pm.global_grad_sq());
+    OptimStepResult os = opt.step(master, grads, lr, compute, pm.global_grad_sq());
     double t_opt = seconds_since(to);
     // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
     // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between

@@ -53,6 +53,30 @@ TEST(OptimizerOverlap, SameBitsAsTheInLineStepForAnyTiling) {
   }
 }
 
+// overlap_units (what the trainer and train_step set for optimizer_overlap): step() is then the
+// overlapped step over those units, with its events and its tiling check.
+TEST(OptimizerOverlap, OverlapUnitsMakesStepTheOverlappedStep) {
+  const int64_t n = 301;
+  const std::vector<std::pair<int64_t, int64_t>> units{{0, 100}, {100, n}};
+  Rng rng(4);
+  const Tensor p0 = randn(n, rng, 0.02f);
+  Tensor pa = p0.clone(), pb = p0.clone();
+  AdamW a(n, Device::CPU, AdamWConfig{}), b(n, Device::CPU, AdamWConfig{});
+  b.overlap_units(units);
+  for (int step = 0; step < 2; ++step) {
+    Tensor g = randn(n, rng, 1.0f);
+    a.step_overlapped(pa, g, 1e-3, nullptr, units);
+    b.step(pb, g, 1e-3);
+    EXPECT_TRUE(same_bits(pa, pb)) << "step " << step;
+  }
+  EXPECT_EQ(b.ready().size(), units.size());  // the overlapped step's events: one per unit
+  // Ranges that do not tile the buffer fail in step() as they do in step_overlapped.
+  b.overlap_units({{0, 100}});
+  Tensor g = randn(n, rng, 1.0f);
+  const std::string m = error_of([&] { b.step(pb, g, 1e-3); });
+  EXPECT_NE(m.find("must tile the 301 elements"), std::string::npos) << m;
+}
+
 TEST(OptimizerOverlap, ANonFiniteNormSkipsLikeTheInLineStep) {
   const int64_t n = 64;
   Rng rng(5);
