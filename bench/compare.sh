@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One GPU run: moetrain's train_step and the transformers peer on the same shape, then the ratios.
 # usage: bench/compare.sh BUILD_DIR [batch] [seq]    (writes JSON lines to stdout)
+# PEER_TIMEOUT (seconds, default 300) bounds each peer; a peer that fails or times out is named on
+# stderr and left out of the ratios. PEERS (default all four) picks variants by index: "1 2" = the
+# two bf16 ones.
 set -uo pipefail
 build=${1:-build-gpu}
 batch=${2:-1}
@@ -9,10 +12,16 @@ ours=$("$build/train_step" --model bench-4L --batch "$batch" --seq "$seq" | tail
 echo "$ours"
 gemm=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['gemm_bf16_tflops_measured'])" "$ours")
 peers=()
-for v in "--variant bf16" "--variant bf16 --compile" "--variant fp32master" "--variant fp32master --compile"; do
-  line=$(python3 "$(dirname "$0")/peer_transformers.py" --batch "$batch" --seq "$seq" --gemm-tflops "$gemm" $v 2>/dev/null | tail -1)
-  [ -n "$line" ] && echo "$line" && peers+=("$line")
+variants=("--variant bf16" "--variant bf16 --compile" "--variant fp32master" "--variant fp32master --compile")
+for i in ${PEERS:-1 2 3 4}; do
+  v=${variants[$((i - 1))]}
+  line=$(timeout "${PEER_TIMEOUT:-300}" python3 "$(dirname "$0")/peer_transformers.py" --batch "$batch" --seq "$seq" \
+           --gemm-tflops "$gemm" $v 2>/tmp/peer_err.$$ | tail -1)
+  rc=${PIPESTATUS[0]}
+  if [ -n "$line" ]; then echo "$line"; peers+=("$line")
+  else echo "peer $v failed (exit $rc): $(tail -3 /tmp/peer_err.$$)" >&2; fi
 done
+rm -f /tmp/peer_err.$$
 python3 - "$ours" "${peers[@]}" <<'PY'
 import json, sys
 ours = json.loads(sys.argv[1])
