@@ -7,11 +7,15 @@
 namespace mt {
 
 std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree) {
+                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree,
+                                                  int64_t vocab_limit) {
   std::vector<std::vector<int64_t>> out(prompts.size());
   std::map<size_t, std::vector<size_t>> by_len;
   for (size_t i = 0; i < prompts.size(); ++i) by_len[prompts[i].size()].push_back(i);
   const int64_t V = model.config().vocab_size;
+  if (vocab_limit < 0 || vocab_limit > V)
+    MT_THROW("greedy_generate: vocab_limit (", vocab_limit, ") must be in [0, ", V, "] (the model's vocabulary)");
+  const int64_t choose = vocab_limit > 0 ? vocab_limit : V;
   for (const auto& [len, members] : by_len) {
     const int64_t B = int64_t(members.size());
     std::vector<std::vector<int64_t>> seqs;
@@ -29,7 +33,7 @@ std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const st
       for (int64_t b = 0; b < B; ++b) {
         const float* row = host.data<float>() + (b * S + S - 1) * V;
         int64_t best = 0;
-        for (int64_t v = 1; v < V; ++v)
+        for (int64_t v = 1; v < choose; ++v)
           if (row[v] > row[best]) best = v;
         seqs[size_t(b)].push_back(best);
         if (best == eos_id) done[size_t(b)] = true;
@@ -49,7 +53,7 @@ EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& p
   std::vector<std::vector<int64_t>> prompts;
   for (const Problem& p : problems) prompts.push_back(p.prompt_ids);
   CharTokenizer tok;
-  auto gen = greedy_generate(model, prompts, max_answer_tokens(max_digits), tok.eos_id(), agree);
+  auto gen = greedy_generate(model, prompts, max_answer_tokens(max_digits), tok.eos_id(), agree, tok.vocab_size());
   EvalResult r;
   r.problems = int64_t(problems.size());
   for (size_t i = 0; i < problems.size(); ++i) {

@@ -23,8 +23,12 @@ struct EvalResult {
 using AgreeFn = std::function<bool(bool)>;
 
 // Greedy continuation of every prompt by up to max_new tokens; problems are batched by prompt length.
+// Only ids below vocab_limit are chosen (0: the model's whole vocabulary): a model's vocabulary may be
+// padded past its tokenizer's (the demo's 32 rows hold 22 tokens), and those rows are no tokens.
+// Ties go to the lowest id.
 std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const std::vector<std::vector<int64_t>>& prompts,
-                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree = {});
+                                                  int64_t max_new, int64_t eos_id, const AgreeFn& agree = {},
+                                                  int64_t vocab_limit = 0);
 
 EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits,
                              const AgreeFn& agree = {});

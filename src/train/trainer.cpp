@@ -435,13 +435,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
                     fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
       log_line(line);
     }
-    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < cfg.steps) evaluate(step + 1);
+    // The checkpoint first: whatever the evaluation meets, the weights are on disk.
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < cfg.steps) save(step + 1);
+    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < cfg.steps) evaluate(step + 1);
   }
   sum.steps = cfg.steps;
   sum.skipped = opt.steps_skipped();
-  evaluate(cfg.steps);
   save(cfg.steps);
+  evaluate(cfg.steps);
   dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
