@@ -146,7 +146,32 @@ void check_cudnn_vs_cpu(const Dims& d) {
   expect_grads_close(p, r, "cuDNN");
 }
 
+// attention_fwd/bwd through whichever path their plan picks for these dims (recorded), against the CPU.
+void check_dispatched_vs_cpu(const Dims& d) {
+  const cuda::AttentionPlanInfo info = cuda::attention_plan_info(d.B, d.S, d.H, d.G, d.Hd);
+  ::testing::Test::RecordProperty(str("plan_B", d.B, "_S", d.S), info.reason);
+  Problem p(d);
+  Result r(d);
+  cuda::attention_fwd(p.q_g, p.k_g, p.v_g, d.B, d.S, r.out, r.lse);
+  cuda::attention_bwd(p.dout_g, p.q_g, p.k_g, p.v_g, r.out, r.lse, d.B, d.S, r.dq, r.dk, r.dv);
+  const std::string what = info.backend == cuda::AttentionBackend::cudnn ? "cuDNN" : "reference";
+  expect_close(r.out, p.out, kOutTol, what + " out");
+  expect_close(r.lse, lse_in_layout(p.lse, d, info.stats), kLseTol, what + " lse");
+  expect_grads_close(p, r, what);
+}
+
 }  // namespace
+
+// The demo's head dim 32 at the shapes its evaluation runs (greedy decoding re-runs the whole prefix:
+// S = 1..17 with a batch per prompt length) and at its training micro-batch (16 x 64).
+TEST(CudaAttention, DemoHeadDim32AtEvaluationAndTrainingShapes) {
+  MT_REQUIRE_GPU();
+  for (int64_t S = 1; S <= 17; ++S) {
+    SCOPED_TRACE("S " + std::to_string(S));
+    check_dispatched_vs_cpu({1 + (S * 5) % 7, S, 4, 2, 32});
+  }
+  check_dispatched_vs_cpu({16, 64, 4, 2, 32});
+}
 
 TEST(CudaAttention, RefMatchesCpuOddLength) {
   MT_REQUIRE_GPU();

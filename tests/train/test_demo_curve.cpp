@@ -27,6 +27,7 @@ std::vector<double> run_demo_curve(const std::string& device) {
   c.micro_batch_size = 8;
   c.lr = 1e-3;
   c.min_lr = 1e-4;
+  c.warmup_steps = 20;
   c.eval_problems = 0;
   c.log_every = 25;
   c.out_dir = (fs::temp_directory_path() / ("moetrain_curve_" + device + std::to_string(getpid()))).string();
@@ -52,5 +53,5 @@ TEST(TrainerCurve, DemoOnCpuFollowsTheCommittedCurve) {
   }
   EXPECT_LE(sum / double(want.size()), 2e-3);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]);  // before any drift can build up
-  EXPECT_LT(want.back(), 0.6 * want.front());  // the curve itself shows learning
+  EXPECT_LT(got.back(), 0.6 * got.front());  // the run itself learned
 }
