@@ -128,6 +128,7 @@ TEST(CudaTrain, DemoFollowsTheCpuCurve) {
   c.micro_batch_size = 8;
   c.lr = 1e-3;  // the committed curve's settings (tools/make_demo_curve.sh)
   c.min_lr = 1e-4;
+  c.warmup_steps = 20;
   c.eval_problems = 0;
   c.log_every = 25;
   c.out_dir = (fs::temp_directory_path() / ("moetrain_cuda_curve_" + std::to_string(getpid()))).string();

@@ -53,11 +53,11 @@ TEST(LrSchedule, ConstantAndEdgeCases) {
 }
 
 TEST(LrSchedule, FromTrainConfig) {
-  TrainConfig c;  // lr 3e-3, min_lr 3e-4, warmup 20, steps 1500, cosine
-  EXPECT_DOUBLE_EQ(lr_at(c, 0), 3e-3 / 20);
-  EXPECT_DOUBLE_EQ(lr_at(c, 19), 3e-3);
-  EXPECT_DOUBLE_EQ(lr_at(c, 20), 3e-3);
-  EXPECT_NEAR(lr_at(c, 1499), 3e-4, 1e-15);
+  TrainConfig c;  // lr 7e-4, min_lr 7e-5, warmup 100, steps 2500, cosine
+  EXPECT_DOUBLE_EQ(lr_at(c, 0), 7e-4 / 100);
+  EXPECT_DOUBLE_EQ(lr_at(c, 99), 7e-4);
+  EXPECT_DOUBLE_EQ(lr_at(c, 100), 7e-4);
+  EXPECT_NEAR(lr_at(c, 2499), 7e-5, 1e-15);
   c.lr_schedule = "warmup-only";
   std::string msg;
   try {

@@ -34,10 +34,10 @@ TEST(TrainConfig, DefaultsAreValid) {
   TrainConfig c;
   EXPECT_NO_THROW(validate_train_config(c));
   EXPECT_EQ(c.model, "demo");
-  EXPECT_EQ(c.steps, 1500);
+  EXPECT_EQ(c.steps, 2500);
   EXPECT_EQ(c.micro_batch_size, 16);
   EXPECT_EQ(c.optimizer_overlap, 0);
-  EXPECT_DOUBLE_EQ(c.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(c.lr, 7e-4);
   EXPECT_EQ(c.lr_schedule, "cosine");
   EXPECT_EQ(c.data, "synthetic:addition");
   EXPECT_EQ(metrics_path(c), "runs/demo/metrics.jsonl");
@@ -145,7 +145,7 @@ TEST(TrainConfig, OverridesBothSpellings) {
   EXPECT_THROW(apply_overrides(c, {"--steps", "7", "--device", "gpu"}), Error);
   EXPECT_THROW(apply_json(c, R"({"steps": 7, "beta1": 2})", "j"), Error);
   EXPECT_THROW(set_train_config_field(c, "steps", "-7"), Error);
-  EXPECT_EQ(c.steps, 1500);
+  EXPECT_EQ(c.steps, 2500);
   EXPECT_DOUBLE_EQ(c.min_lr, 0.0);
   EXPECT_EQ(c.device, "cuda");
   EXPECT_DOUBLE_EQ(c.beta1, 0.9);
@@ -160,13 +160,13 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
   expect_override_error({"--lr", "0"}, {"lr = 0", "must be > 0"});
   expect_override_error({"--lr", "1e-3x"}, {"lr = \"1e-3x\"", "not a finite number"});
   expect_override_error({"--lr", "nan"}, {"lr = \"nan\""});
-  expect_override_error({"--min-lr", "0.01"}, {"min_lr = 0.01", "lr = 0.003"});
+  expect_override_error({"--min-lr", "0.01"}, {"min_lr = 0.01", "lr = 0.0007"});
   expect_override_error({"--beta1", "1"}, {"beta1 = 1", "[0, 1)"});
   expect_override_error({"--beta2=-0.1"}, {"beta2 = -0.1", "[0, 1)"});
   expect_override_error({"--lr-schedule", "step"}, {"lr_schedule = \"step\"", "cosine, linear, constant"});
   expect_override_error({"--device", "gpu"}, {"device = \"gpu\"", "cpu, cuda, auto"});
   expect_override_error({"--recompute", "partial"}, {"recompute = \"partial\"", "none, full, selective"});
-  expect_override_error({"--warmup-steps", "1501"}, {"warmup_steps = 1501", "steps = 1500"});
+  expect_override_error({"--warmup-steps", "2501"}, {"warmup_steps = 2501", "steps = 2500"});
   expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
   expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
   expect_override_error({"--max-digits", "1"}, {"eval_problems = 200", "max_digits = 1", "<= 10"});
@@ -200,5 +200,5 @@ TEST(TrainConfig, FromArgsReadsConfigThenOverrides) {
   msg = error_of([&] { train_config_from_args({"--config", path, "--config", path}); });
   EXPECT_NE(msg.find("--config given twice"), std::string::npos) << msg;
   fs::remove(path);
-  EXPECT_EQ(train_config_from_args({}).steps, 1500);
+  EXPECT_EQ(train_config_from_args({}).steps, 2500);
 }
