@@ -157,7 +157,17 @@ void check_dispatched_vs_cpu(const Dims& d) {
   const std::string what = info.backend == cuda::AttentionBackend::cudnn ? "cuDNN" : "reference";
   expect_close(r.out, p.out, kOutTol, what + " out");
   expect_close(r.lse, lse_in_layout(p.lse, d, info.stats), kLseTol, what + " lse");
-  expect_grads_close(p, r, what);
+  if (d.S > 1) {
+    expect_grads_close(p, r, what);
+    return;
+  }
+  // One key per query: the softmax is the constant 1, so dq = dk = 0 exactly; the CPU's fp64 sums
+  // leave ~1e-17 there, which makes a relative error meaningless. dv = dout.
+  for (const Tensor* g : {&r.dq, &r.dk}) {
+    const Tensor h = to_host_f32(*g);
+    for (int64_t i = 0; i < h.numel(); ++i) ASSERT_LE(std::abs(h.data<float>()[i]), 1e-6f) << what << " at " << i;
+  }
+  expect_close(r.dv, p.dv, kGradTol, what + " dv");
 }
 
 }  // namespace
