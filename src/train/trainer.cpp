@@ -252,7 +252,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (fsdp)
       save_sharded_hf_checkpoint(dir, mc, table, [&pm](const ParamEntry& e) { return pm.gather_param_host(e, false); },
                                  lead);
-    else save_hf_checkpoint(dir, mc, table, model.params());
+    else {
+      save_hf_checkpoint(dir, mc, table, model.params());
+      sum.checkpoint_digest = shard_digest(model.params());
+    }
     if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
     sum.checkpoint_dir = dir;
     log0("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");

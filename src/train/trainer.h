@@ -2,6 +2,7 @@
 // gradient clipping, the non-finite skip rule, progress per micro-batch, one log line and one JSONL
 // metrics record per step, held-out evaluation for the synthetic task, HF checkpoints.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "train/eval.h"
@@ -15,6 +16,9 @@ struct TrainSummary {
   bool evaluated = false;
   EvalResult eval;
   std::string checkpoint_dir;
+  // shard_digest (parallel/fsdp.h) of the f32 master weights (flat layout) that the last checkpoint
+  // holds, taken from memory as it was written; 0 under FSDP (the weights are sharded there).
+  uint64_t checkpoint_digest = 0;
   std::string summary_line;  // "demo: loss a -> b, exact-match p% on n held-out problems"
 };
 

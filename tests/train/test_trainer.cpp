@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/hf_checkpoint.h"
+#include "parallel/fsdp.h"
 #include "train/optimizer.h"
 #include "train/trainer.h"
 #include "train/trainer_test_util.h"
@@ -65,6 +66,12 @@ TEST(Trainer, RunsLogsMetricsAndSavesAReloadableCheckpoint) {
   LoadReport rep = load_hf_weights(s.checkpoint_dir, mc, t, flat);
   EXPECT_EQ(rep.layout, ExpertLayout::PerExpert);
   EXPECT_GT(rep.tensors, 10u);
+  // The checkpoint holds the trained weights bit for bit, and they are not the initial ones.
+  EXPECT_NE(s.checkpoint_digest, 0u);
+  EXPECT_EQ(shard_digest(flat), s.checkpoint_digest);
+  Tensor init = Tensor::zeros({t.total()});
+  init_weights(mc, t, init, uint64_t(c.seed));
+  EXPECT_NE(shard_digest(init), s.checkpoint_digest);
   fs::remove_all(c.out_dir);
 }
 
