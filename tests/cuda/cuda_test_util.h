@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "backend/cpu/cpu_ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -59,6 +60,17 @@ inline Tensor random_topk(int64_t T, int64_t K, int64_t E, Rng& rng, int32_t ski
       p[t * K + k] = e;
     }
   return idx;
+}
+
+// The CPU's dispatch plan of top-k ids (ops.h, make_dispatch_plan): what the CUDA plan must equal.
+struct Plan {
+  Tensor offsets, assign_of_row, row_of_assign;
+};
+inline Plan cpu_plan(const Tensor& idx, int64_t E) {
+  const int64_t T = idx.size(0), K = idx.size(1);
+  Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
+  cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
+  return p;
 }
 
 }  // namespace mt::cudatest

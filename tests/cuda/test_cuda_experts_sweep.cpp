@@ -36,6 +36,8 @@
 #include "ops/ops.h"
 
 using namespace mt;
+using cudatest::cpu_plan;
+using cudatest::Plan;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
@@ -79,17 +81,6 @@ Tensor make_topk(int64_t T, int64_t K, int64_t E, Routing routing, Rng& rng) {
     for (int64_t j = 0; j < 2 && j < T && int64_t(pool.size()) + j < E; ++j)
       p[j * K + K - 1] = all[pool.size() + size_t(j)];  // outside the pool: distinct from the token's others
   return idx;
-}
-
-struct Plan {
-  Tensor offsets, assign_of_row, row_of_assign;
-};
-
-Plan cpu_plan(const Tensor& idx, int64_t E) {
-  const int64_t T = idx.size(0), K = idx.size(1);
-  Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
-  cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
-  return p;
 }
 
 // An output tensor inside a buffer with sentinel margins on both sides.

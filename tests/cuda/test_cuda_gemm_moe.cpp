@@ -34,6 +34,8 @@
 #include "ops/ops.h"
 
 using namespace mt;
+using cudatest::cpu_plan;
+using cudatest::Plan;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
@@ -91,17 +93,6 @@ Tensor random_weights(int64_t T, int64_t K, Rng& rng) {
   Tensor w = Tensor::empty({T, K});
   rng.fill_uniform(w, 0.05f, 1.0f);
   return w;
-}
-
-struct Plan {
-  Tensor offsets, assign_of_row, row_of_assign;
-};
-
-Plan cpu_plan(const Tensor& idx, int64_t E) {
-  const int64_t T = idx.size(0), K = idx.size(1);
-  Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
-  cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
-  return p;
 }
 
 Plan cuda_plan(const Tensor& idx_cpu, int64_t E) {

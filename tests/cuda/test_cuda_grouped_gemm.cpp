@@ -78,11 +78,7 @@ void expect_rel(const Tensor& got, const Tensor& want, double tol, const std::st
 }
 
 Tensor cpu_offsets(const Tensor& idx, int64_t E) {
-  const int64_t T = idx.size(0), K = idx.size(1);
-  Tensor offsets = Tensor::empty({E + 1}, DType::I64), assign = Tensor::empty({T * K}, DType::I32),
-         row = Tensor::empty({T, K}, DType::I32);
-  cpu::make_dispatch_plan(idx, E, offsets, assign, row);
-  return offsets;
+  return cudatest::cpu_plan(idx, E).offsets;
 }
 
 const __nv_bfloat16* bf16_ptr(const Tensor& t) {
