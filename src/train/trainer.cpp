@@ -254,7 +254,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
                                  lead);
     else {
       save_hf_checkpoint(dir, mc, table, model.params());
-      sum.checkpoint_digest = shard_digest(model.params());
+      // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
+      if (device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
     }
     if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
     sum.checkpoint_dir = dir;

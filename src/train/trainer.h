@@ -17,7 +17,7 @@ struct TrainSummary {
   EvalResult eval;
   std::string checkpoint_dir;
   // shard_digest (parallel/fsdp.h) of the f32 master weights (flat layout) that the last checkpoint
-  // holds, taken from memory as it was written; 0 under FSDP (the weights are sharded there).
+  // holds, taken from memory as it was written; one process on the CPU only (0 on a GPU and under FSDP).
   uint64_t checkpoint_digest = 0;
   std::string summary_line;  // "demo: loss a -> b, exact-match p% on n held-out problems"
 };
