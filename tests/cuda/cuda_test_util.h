@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
@@ -71,6 +72,26 @@ inline Plan cpu_plan(const Tensor& idx, int64_t E) {
   Plan p{Tensor::empty({E + 1}, DType::I64), Tensor::empty({T * K}, DType::I32), Tensor::empty({T, K}, DType::I32)};
   cpu::make_dispatch_plan(idx, E, p.offsets, p.assign_of_row, p.row_of_assign);
   return p;
+}
+// The CUDA plan of the same (host) ids, on the device.
+inline Plan cuda_plan(const Tensor& idx_cpu, int64_t E) {
+  const int64_t T = idx_cpu.size(0), K = idx_cpu.size(1);
+  const Device d = Device::CUDA;
+  Plan p{Tensor::empty({E + 1}, DType::I64, d), Tensor::empty({T * K}, DType::I32, d),
+         Tensor::empty({T, K}, DType::I32, d)};
+  cuda::make_dispatch_plan(idx_cpu.to(d), E, p.offsets, p.assign_of_row, p.row_of_assign);
+  return p;
+}
+
+// Integer tensors equal element for element (any device; no f32 round trip), naming the first mismatch.
+template <class T>
+void expect_equal_ints(const Tensor& got_any, const Tensor& want, const char* what) {
+  const Tensor got = got_any.to(Device::CPU);
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  int64_t mismatches = 0, first = -1;
+  for (int64_t i = 0; i < got.numel(); ++i)
+    if (got.data<T>()[i] != want.data<T>()[i] && mismatches++ == 0) first = i;
+  EXPECT_EQ(mismatches, 0) << what << ": first mismatch at " << first;
 }
 
 }  // namespace mt::cudatest

@@ -37,6 +37,8 @@
 
 using namespace mt;
 using cudatest::cpu_plan;
+using cudatest::cuda_plan;
+using cudatest::expect_equal_ints;
 using cudatest::Plan;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
@@ -180,13 +182,12 @@ TEST_P(CudaExpertsSweep, PlanAndPermutationsMatchCpu) {
     SCOPED_TRACE("call " + std::to_string(call));
     const Tensor idx = make_topk(T, K, E, c.routing, rng);
     const Plan want = cpu_plan(idx, E);
-    Tensor d_off = Tensor::empty({E + 1}, DType::I64, Device::CUDA), d_aor = Tensor::empty({R}, DType::I32, Device::CUDA),
-           d_roa = Tensor::empty({T, K}, DType::I32, Device::CUDA);
-    cuda::make_dispatch_plan(idx.to(Device::CUDA), E, d_off, d_aor, d_roa);
-    const Tensor g_off = d_off.to(Device::CPU), g_aor = d_aor.to(Device::CPU), g_roa = d_roa.to(Device::CPU);
-    for (int64_t i = 0; i <= E; ++i) ASSERT_EQ(g_off.data<int64_t>()[i], want.offsets.data<int64_t>()[i]) << "offsets " << i;
-    for (int64_t i = 0; i < R; ++i) ASSERT_EQ(g_aor.data<int32_t>()[i], want.assign_of_row.data<int32_t>()[i]) << "assign_of_row " << i;
-    for (int64_t i = 0; i < R; ++i) ASSERT_EQ(g_roa.data<int32_t>()[i], want.row_of_assign.data<int32_t>()[i]) << "row_of_assign " << i;
+    const Plan got = cuda_plan(idx, E);
+    const Tensor &d_aor = got.assign_of_row, &d_roa = got.row_of_assign;
+    expect_equal_ints<int64_t>(got.offsets, want.offsets, "offsets_E1");
+    expect_equal_ints<int32_t>(d_aor, want.assign_of_row, "assign_of_row_R");
+    expect_equal_ints<int32_t>(d_roa, want.row_of_assign, "row_of_assign_TK");
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "the permutations below use this plan";
 
     const Tensor x = rand_bf16_exact({T, D}, rng), dxp = rand_bf16_exact({R, D}, rng), yp = rand_bf16_exact({R, D}, rng),
                  dy = rand_bf16_exact({T, D}, rng), dx0 = rand_bf16_exact({T, D}, rng);

@@ -35,6 +35,8 @@
 
 using namespace mt;
 using cudatest::cpu_plan;
+using cudatest::cuda_plan;
+using cudatest::expect_equal_ints;
 using cudatest::Plan;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
@@ -93,25 +95,6 @@ Tensor random_weights(int64_t T, int64_t K, Rng& rng) {
   Tensor w = Tensor::empty({T, K});
   rng.fill_uniform(w, 0.05f, 1.0f);
   return w;
-}
-
-Plan cuda_plan(const Tensor& idx_cpu, int64_t E) {
-  const int64_t T = idx_cpu.size(0), K = idx_cpu.size(1);
-  const Device d = Device::CUDA;
-  Plan p{Tensor::empty({E + 1}, DType::I64, d), Tensor::empty({T * K}, DType::I32, d),
-         Tensor::empty({T, K}, DType::I32, d)};
-  cuda::make_dispatch_plan(to_dev(idx_cpu), E, p.offsets, p.assign_of_row, p.row_of_assign);
-  return p;
-}
-
-template <class T>
-void expect_equal_ints(const Tensor& got_any, const Tensor& want, const char* what) {
-  const Tensor got = to_cpu(got_any);
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  int64_t mismatches = 0, first = -1;
-  for (int64_t i = 0; i < got.numel(); ++i)
-    if (got.data<T>()[i] != want.data<T>()[i] && mismatches++ == 0) first = i;
-  EXPECT_EQ(mismatches, 0) << what << ": first mismatch at " << first;
 }
 
 // ---------------------------------------------------------------------------------------------
