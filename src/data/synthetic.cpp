@@ -15,6 +15,7 @@ namespace {
 // Salts that separate the training and evaluation seed streams.
 constexpr uint64_t kTrainSalt = 0x7472616e5f616464ull;
 constexpr uint64_t kEvalSalt = 0x6576616c5f616464ull;
+constexpr uint64_t kSplitSalt = 0x73706c69745f6576ull;
 
 uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -47,8 +48,16 @@ std::string Problem::text() const {
   return str(a, "+", b, "=", answer);
 }
 
+namespace {
+// The last digit of b that is held out for the pair's other digits (a, b / 10): a hash, so every
+// combination of units digits (and of any other digit position) occurs in training for most a.
+int64_t held_out_last_digit(int64_t a, int64_t b_high) {
+  return int64_t(mix(mix(uint64_t(a) ^ kSplitSalt) + uint64_t(b_high)) % 10);
+}
+}  // namespace
+
 bool is_eval_pair(int64_t a, int64_t b) {
-  return (a * 1000003 + b) % 10 == 0;
+  return b % 10 == held_out_last_digit(a, b / 10);
 }
 
 Problem make_addition_problem(int64_t a, int64_t b) {
@@ -84,7 +93,7 @@ Problem sample_train_problem(Rng& rng, int max_digits) {
 
 int64_t max_eval_problems(int max_digits) {
   check_digits(max_digits);
-  // For M = 10^d, every a has exactly M/10 partners b with (a*1000003 + b) % 10 == 0.
+  // For M = 10^d, every (a, b / 10) has exactly one held-out last digit of b.
   int64_t m = pow10(max_digits);
   return m * (m / 10);
 }
@@ -110,7 +119,8 @@ std::vector<Problem> make_eval_problems(int64_t n, uint64_t seed, int max_digits
       if (!is_eval_pair(a, b)) continue;
     } else {
       a = rng.randint(0, m);
-      b = rng.randint(0, m / 10) * 10 + (10 - (a * 1000003) % 10) % 10;  // the b with the right last digit
+      int64_t b_high = rng.randint(0, m / 10);
+      b = b_high * 10 + held_out_last_digit(a, b_high);
     }
     if (seen.insert({a, b}).second) out.push_back(make_addition_problem(a, b));
   }

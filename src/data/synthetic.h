@@ -11,7 +11,10 @@
 // Token layout of one problem: <bos> a + b = rev(c) <eos>. The prompt is <bos> a + b =; the
 // answer is rev(c) <eos>.
 //
-// Held-out evaluation: the pair (a, b) is an evaluation pair when (a * 1000003 + b) % 10 == 0.
+// Held-out evaluation: for every a and every b / 10 one last digit of b, chosen by a hash of
+// (a, b / 10), makes (a, b) an evaluation pair (1 pair in 10). A hash rather than a rule on digits:
+// until P8 the rule was (a * 1000003 + b) % 10 == 0, which depends on the units digits only, so 10
+// of the 100 units-digit combinations never occurred in training at the units position.
 // Training never produces an evaluation pair (the sampler draws again), evaluation only produces
 // evaluation pairs, so exact-match accuracy on the evaluation set measures generalisation, not
 // memorisation. The evaluation set also uses a seed stream disjoint from training.
@@ -35,7 +38,7 @@ struct Problem {
   std::string text() const;         // "a+b=" + answer, e.g. "123+989=2111"
 };
 
-// (a * 1000003 + b) % 10 == 0: the pair belongs to the evaluation bucket (1 pair in 10).
+// The pair belongs to the evaluation bucket (1 pair in 10; see above).
 bool is_eval_pair(int64_t a, int64_t b);
 Problem make_addition_problem(int64_t a, int64_t b);
 // The longest problem and the longest answer (digits + <eos>) for numbers of up to max_digits digits.
