@@ -22,10 +22,14 @@ run_one() {
     echo "{\"tag\": \"$tag\", \"seed\": $seed, \"error\": \"moetrain train failed, see $dir.log\"}"
     return 0
   }
-  # "demo: loss 3.5322 -> 0.0364, exact-match 89% on 200 held-out problems"
+  # "demo: loss 3.5322 -> 0.0364, exact-match 89% on 200 held-out problems" (the loss: mean of the last
+  # 10 steps, aux and z terms included); last_ce: the cross-entropy alone, mean of the last 10 steps.
+  local ce
+  ce=$(python3 -c 'import json,sys; v=[json.loads(l)["ce"] for l in open(sys.argv[1]) if "\"ce\"" in l][-10:]; print(round(sum(v)/len(v),5))' \
+    "$dir/metrics.jsonl" 2>/dev/null || echo null)
   sed -n 's/^demo: loss \([0-9.e+-]*\) -> \([0-9.e+-]*\), exact-match \([0-9.]*\)% .*/\1 \2 \3/p' "$dir.log" |
     while read -r first last em; do
-      echo "{\"tag\": \"$tag\", \"seed\": $seed, \"first_loss\": $first, \"last_loss\": $last, \"exact_match\": $em}"
+      echo "{\"tag\": \"$tag\", \"seed\": $seed, \"first_loss\": $first, \"last_loss\": $last, \"last_ce\": $ce, \"exact_match\": $em}"
     done
 }
 export -f run_one

@@ -136,6 +136,11 @@ Tensor LocalParams::unit_grads(int u) {
   return grads_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
+Tensor LocalParams::fp32_param(const ParamEntry& e) {
+  if (!has_compute_copy()) return {};
+  return params_.rows(e.offset, e.numel);
+}
+
 std::vector<std::pair<int64_t, int64_t>> LocalParams::unit_ranges() const {
   std::vector<std::pair<int64_t, int64_t>> r;
   for (const ParamUnit& u : units_) r.emplace_back(u.begin(), u.begin() + u.numel);

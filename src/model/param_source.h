@@ -77,6 +77,14 @@ class ParamSource {
   // The model starts a forward (with its backward to follow when `backward`). Weights can change only
   // between passes, so a source that keeps gathered weights across calls drops them here.
   virtual void begin_pass(bool backward) { (void)backward; }
+  // The f32 values of a parameter that the compute path reads in fp32 (fp32_compute_param(e.name):
+  // the RMSNorm gains and the MoE routers), as a 1-D tensor of e.numel elements valid for the current
+  // pass; undefined where the compute weights are the f32 masters themselves (the CPU), whose views
+  // then already are fp32. On CUDA every source must give them: the kernels refuse a bf16 gain.
+  virtual Tensor fp32_param(const ParamEntry& e) {
+    (void)e;
+    return {};
+  }
 };
 
 // Every unit held in full on one device (no expert parallelism): the master weights, the gradients
@@ -89,6 +97,7 @@ class LocalParams final : public ParamSource {
   void release_weights(int) override {}
   Tensor unit_grads(int u) override;
   void grads_done(int) override {}
+  Tensor fp32_param(const ParamEntry& e) override;  // a view of the f32 masters
 
   // The optimizer's overlapped step (AdamW::step_overlapped): event u marks unit u's update, and
   // acquire_weights(u) makes the compute stream wait for it. Null: nothing to wait for.

@@ -1,6 +1,7 @@
 #include "model/params.h"
 
 #include <algorithm>
+#include <string>
 #include <thread>
 
 #include "core/rng.h"
@@ -70,6 +71,15 @@ std::pair<int64_t, int64_t> ParamTable::layer_range(int64_t layer) const {
 
 Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape) {
   return flat.view({flat.numel()}).rows(offset, shape_numel(shape)).view(shape);
+}
+
+bool fp32_compute_param(const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::char_traits<char>::length(suffix);
+    return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  return ends_with("layernorm.weight") || ends_with("self_attn.q_norm.weight") ||
+         ends_with("self_attn.k_norm.weight") || name == "model.norm.weight" || ends_with(".mlp.gate.weight");
 }
 
 // The field of w that a parameter binds to; null for up_proj, which is bound as the second half of

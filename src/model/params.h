@@ -63,6 +63,10 @@ struct ModelWeights {
 };
 
 Tensor view_at(const Tensor& flat, int64_t offset, const Shape& shape);
+// The parameters the compute path reads in fp32 even where the other weights are bf16 copies: the
+// RMSNorm gains (a bf16 gain near 1 moves in steps of 2^-8, far coarser than AdamW's updates) and
+// the MoE router (fp32 end to end, as Megatron keeps it: weights, logits, softmax, gradients).
+bool fp32_compute_param(const std::string& name);
 ModelWeights bind_weights(const ModelConfig& c, const ParamTable& table, const Tensor& flat);
 // Binds the parameters that lie in elements [base, base + buf.numel()) of the flat layout to views of
 // buf, leaving w's other views as they are (one FSDP unit at a time). With tied embeddings, binding

@@ -72,6 +72,16 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
   }
   plan_ = &src_->plan();
   acts_.resize(size_t(cfg_.num_hidden_layers));
+  // Per unit, the parameters it holds that the compute path reads in fp32 (see acquire()).
+  fp32_params_.resize(plan_->units.size());
+  for (size_t u = 0; u < plan_->units.size(); ++u) {
+    const ParamUnit& pu = plan_->units[u];
+    if (pu.local_experts) continue;
+    for (const ParamEntry& e : table_.entries())
+      if (fp32_compute_param(e.name))
+        for (const FlatRange& p : pu.pieces)
+          if (e.offset >= p.begin && e.offset + e.numel <= p.end) fp32_params_[u].push_back(&e);
+  }
 }
 
 Qwen3MoeModel::~Qwen3MoeModel() = default;
@@ -101,7 +111,15 @@ void Qwen3MoeModel::bind_unit(int u, const Tensor& buf, ModelWeights& w) {
   lw.experts_down = buf.rows(pu.pieces[1].dst_offset, n * D * F).view({n, D, F});
 }
 
-void Qwen3MoeModel::acquire(int u) { bind_unit(u, src_->acquire_weights(u), w_); }
+// The unit's compute views, then its RMSNorm gains and router over the source's f32 values where the
+// compute copy is bf16 (params.h, fp32_compute_param).
+void Qwen3MoeModel::acquire(int u) {
+  bind_unit(u, src_->acquire_weights(u), w_);
+  for (const ParamEntry* e : fp32_params_[size_t(u)]) {
+    Tensor v = src_->fp32_param(*e);
+    if (v.defined()) bind_range(cfg_, table_, v, e->offset, w_);
+  }
+}
 
 void Qwen3MoeModel::release(int u) { src_->release_weights(u); }
 
@@ -378,8 +396,9 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Arena& W = work_;
   const bool acc = !first_micro_batch;  // parameter gradients: = on a step's first micro-batch
 
-  // FFN: out = h1 + ffn(norm2(h1))
-  Tensor dxn2 = W.zeros({Tl, D}, act_);
+  // FFN: out = h1 + ffn(norm2(h1)). dxn2 sums the experts' (or the MLP's) input gradient and the
+  // router's in f32: a bf16 sum would drop the router's share wherever it is below 2^-8 of the rest.
+  Tensor dxn2 = W.zeros({Tl, D}, DType::F32);
   if (w.sparse) {
     // etp = tp: the experts' backward reads the output gradient of all T rows; their input and
     // routing-weight gradients are partial sums over the F slices, reduce-scattered to the local rows.
@@ -387,7 +406,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     const int64_t Tr = etp ? T : Tl, R = Tr * K;
     const Tensor& wts_e = etp ? a.wts_g : a.wts;
     Tensor dout_e = etp ? tp_gather(dout, W) : dout;
-    Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
+    Tensor dxe = W.zeros({Tr, D}, act_);
     Tensor dwts;
     if (dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
@@ -422,10 +441,14 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
         ops::permute_bwd(dxp, a.assign_of_row, K, dxe);
     }
     if (etp) {
-      tp_reduce_scatter(dxe, dxn2);
+      Tensor part = W.alloc({Tl, D}, act_);
+      tp_reduce_scatter(dxe, part);
+      ops::add_(dxn2, part);
       Tensor dw_local = W.alloc({Tl, K});
       tp_reduce_scatter(dwts, dw_local);
       dwts = dw_local;
+    } else {
+      ops::add_(dxn2, dxe);
     }
     Tensor dprobs;
     if (aux_scale != 0) {
@@ -453,9 +476,10 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     ops::linear_bwd(dout_g, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
     ops::swiglu_bwd(dhh, a.gu, dgu);
     if (tp) {  // partial input gradients of this rank's columns, summed into the local rows
-      Tensor dxg = W.alloc({T, D}, act_);
+      Tensor dxg = W.alloc({T, D}, act_), part = W.alloc({Tl, D}, act_);
       ops::linear_bwd(dgu, a.xg2, w.mlp_gate_up, &dxg, false, g.mlp_gate_up, acc);
-      tp_reduce_scatter(dxg, dxn2);
+      tp_reduce_scatter(dxg, part);
+      ops::add_(dxn2, part);
     } else {
       ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
     }
@@ -484,14 +508,17 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor dq = W.alloc({T * H, Hd}, act_), dk = W.alloc({T * G, Hd}, act_);
   ops::rms_norm_bwd(dqr.view({T * H, Hd}), a.q.view({T * H, Hd}), w.q_norm, a.rstd_q, dq, g.q_norm, acc);
   ops::rms_norm_bwd(dkr.view({T * G, Hd}), a.k.view({T * G, Hd}), w.k_norm, a.rstd_k, dk, g.k_norm, acc);
-  Tensor dxg1 = W.alloc({T, D}, act_);
+  // q, k and v's input gradients sum in f32 (rounded once, where tp sends them in bf16).
+  Tensor dxg1 = W.alloc({T, D}, DType::F32);
   ops::linear_bwd(dq.view({T, H * Hd}), a.xg1, w.q, &dxg1, false, g.q, acc);
   ops::linear_bwd(dk.view({T, G * Hd}), a.xg1, w.k, &dxg1, true, g.k, acc);
   ops::linear_bwd(dv.view({T, G * Hd}), a.xg1, w.v, &dxg1, true, g.v, acc);
   Tensor dxn1 = dxg1;
   if (tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
+    Tensor part = W.alloc({T, D}, act_);
+    ops::copy_cast(dxg1, part);
     dxn1 = W.alloc({Tl, D}, act_);
-    tp_reduce_scatter(dxg1, dxn1);
+    tp_reduce_scatter(part, dxn1);
   }
   ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
   ops::add_(dx, dh1);

@@ -5,7 +5,10 @@
 // Precision on CUDA: fp32 master weights, gradients and optimizer state; bf16 compute weights and
 // activations; the residual stream (each block's input and output, and the gradient along it) stays
 // f32, as under PyTorch's fp32-master + bf16-autocast policy, so that additions over many layers
-// do not round to bf16 at every step.
+// do not round to bf16 at every step. The RMSNorm gains and the MoE router are read from the f32
+// masters, not from bf16 copies (ParamSource::fp32_param); the router runs in fp32 end to end
+// (logits, softmax, its GEMMs and gradients). Input gradients that several GEMMs sum (q/k/v into
+// the attention norm, experts and router into the FFN norm) are summed in f32.
 //
 // Contracts: forward_backward accumulates (+=) parameter gradients, so micro-batches add up; with
 // first_micro_batch set it writes them (=) instead, so the caller need not zero them first.
@@ -187,6 +190,7 @@ class Qwen3MoeModel {
   std::unique_ptr<LocalParams> local_;  // when the model holds its own parameters
   ParamSource* src_ = nullptr;           // local_ or the external source
   const UnitPlan* plan_ = nullptr;  // src_->plan()
+  std::vector<std::vector<const ParamEntry*>> fp32_params_;  // per unit: its fp32_compute_param entries
   // Views of the units currently acquired (weights) and of their gradient buffers.
   ModelWeights w_, g_;
   void bind_unit(int u, const Tensor& buf, ModelWeights& w);

@@ -29,10 +29,13 @@
 namespace mt::ops {
 
 // ---- GEMM and linear layers (HF weight layout: w_OI is [out, in]) ----
-// y_TO = x_TI @ w_OI^T. CUDA: x, w bf16; y bf16|f32 (f32 for router logits).
+// y_TO = x_TI @ w_OI^T. CUDA: a bf16 w takes bf16 x and gives y bf16|f32; an f32 w (the router, kept
+// fp32 end to end) computes in fp32 from x bf16|f32 (widened exactly) and gives f32 y.
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
 // dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += (or = unless accumulate_dw) dy_TO^T @ x_TI.
-// dx may be null. CUDA: dy bf16|f32, x, w, dx bf16; dw f32.
+// dx may be null. CUDA: dw f32; a bf16 w: x bf16, dy bf16|f32 (an f32 dy is rounded to bf16 for the
+// GEMM), dx bf16|f32 (f32 when several GEMMs sum into it); an f32 w: fp32 GEMMs, dy and x bf16|f32,
+// dx f32.
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI, bool accumulate_dw = true);
 
@@ -44,8 +47,8 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
 
 // ---- RMSNorm over the last dim: y = w * x / sqrt(mean(x^2) + eps), fp64 accumulation ----
 // Per-head norms (q_norm/k_norm) call this with x viewed as [T*H, Hd]. rstd_N (f32) is saved for
-// backward; dw_D is f32. CUDA: w, y, dy bf16; x bf16|f32 and dx bf16|f32, independently (an f32
-// residual stream has x and dx f32; the per-head norms bf16).
+// backward; dw_D is f32. CUDA: w f32 (gains are read from the fp32 masters), y bf16; x, dx and dy
+// each bf16|f32, independently (an f32 residual stream has x and dx f32; the per-head norms bf16).
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw = true);  // dx =, dw += (= unless accumulate_dw)

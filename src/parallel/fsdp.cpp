@@ -90,6 +90,54 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
   params_ = Tensor::zeros({local_numel_}, DType::F32, device);
   grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
   compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
+  if (compute_.raw() != params_.raw()) plan_fp32_params(t);
+}
+
+void FsdpParams::plan_fp32_params(const ParamTable& t) {
+  std::vector<const ParamEntry*> entries;
+  int64_t n = 0;
+  for (const ParamEntry& e : t.entries())
+    if (fp32_compute_param(e.name)) {
+      entries.push_back(&e);
+      fp32_offset_[e.name] = n;
+      n += e.numel;
+    }
+  if (n == 0) return;
+  fp32_ = Tensor::zeros({n}, DType::F32, device_);
+  for (int u = 0; u < num_units(); ++u) {
+    const ParamUnit& pu = units_[size_t(u)];
+    if (pu.local_experts) continue;
+    for (const FlatRange& p : pu.pieces)
+      for (const ParamEntry* e : entries)
+        MT_CHECK(e->offset >= p.end || e->offset + e->numel <= p.begin || &comm_of(u) == &shard_, e->name,
+                 " is in unit ", u, ", which is not sharded over dp_shard: its fp32 copy would be summed wrongly");
+    auto [lo, hi] = owned_elements(u);
+    for (const FlatRange& f : unit_to_flat(pu, lo, hi))
+      for (const ParamEntry* e : entries) {
+        const int64_t b = std::max(f.begin, e->offset), end = std::min(f.end, e->offset + e->numel);
+        if (end > b)
+          fp32_copies_.push_back({offset_[size_t(u)] + (f.dst_offset - lo) + (b - f.begin),
+                                  fp32_offset_.at(e->name) + (b - e->offset), end - b});
+      }
+  }
+}
+
+void FsdpParams::refresh_fp32_params() {
+  if (!fp32_.defined()) return;
+  fp32_.zero_();
+  for (const Fp32Copy& c : fp32_copies_) {
+    Tensor dst = fp32_.rows(c.dst, c.n);
+    ops::copy_cast(params_.rows(c.src, c.n), dst);
+  }
+  CommTimer t{comm_s_};
+  shard_.all_reduce(fp32_, comm::ReduceOp::Sum)->wait();
+}
+
+Tensor FsdpParams::fp32_param(const ParamEntry& e) {
+  if (!fp32_.defined()) return {};
+  auto it = fp32_offset_.find(e.name);
+  MT_CHECK(it != fp32_offset_.end(), e.name, " has no fp32 copy (it is not an RMSNorm gain or a router)");
+  return fp32_.rows(it->second, e.numel);
 }
 
 FsdpParams::~FsdpParams() = default;
@@ -171,6 +219,7 @@ void FsdpParams::release_weights(int u) {
 
 void FsdpParams::begin_pass(bool backward) {
   drop_kept();
+  refresh_fp32_params();  // the optimizer may have changed the masters since the last pass
   keep_after_forward_ = backward && !opt_.reshard_after_forward;
 }
 

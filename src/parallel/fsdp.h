@@ -91,6 +91,10 @@ class FsdpParams final : public ParamSource {
   Tensor unit_grads(int u) override;
   void grads_done(int u) override;
   void begin_pass(bool backward) override;
+  // The f32 masters of the RMSNorm gains and routers (fp32_compute_param), whole on every rank: with a
+  // bf16 compute copy, each pass starts by copying this rank's elements of them into a zeroed buffer
+  // and summing it over dp_shard (every element has exactly one owner there, so the sum is exact).
+  Tensor fp32_param(const ParamEntry& e) override;
 
   // Local shards (1-D, local_numel() elements).
   Tensor& params() { return params_; }
@@ -178,6 +182,14 @@ class FsdpParams final : public ParamSource {
     int users = 0;
   };
   void drop_kept();  // frees the gathers kept from a forward (reshard_after_forward = false)
+  void plan_fp32_params(const ParamTable& t);
+  void refresh_fp32_params();
+  Tensor fp32_;  // fp32_param's values (undefined when the compute copy is the f32 masters)
+  std::map<std::string, int64_t> fp32_offset_;
+  struct Fp32Copy {
+    int64_t src, dst, n;  // local master elements [src, src + n) -> fp32_ [dst, dst + n)
+  };
+  std::vector<Fp32Copy> fp32_copies_;
   std::vector<char> in_backward_;  // per unit: its gradient was requested in this micro-batch
   bool keep_after_forward_ = false;  // this pass: !reshard_after_forward and a backward follows
   std::map<int, Gather> gathered_;

@@ -161,11 +161,12 @@ TEST(CudaRmsNorm, ForwardMatchesCpu) {
       SCOPED_TRACE(str("N=", c.N, " D=", c.D, " x ", dtype_name(xdt)));
       // f32 x is full-precision f32, as the residual stream is.
       Tensor x = xdt == DType::BF16 ? rand_bf16_exact({c.N, c.D}, rng) : randn({c.N, c.D}, rng);
-      Tensor w = rand_bf16_exact({c.D}, rng);
+      // The gain is an f32 master weight: full f32 precision, not bf16-representable.
+      Tensor w = randn({c.D}, rng);
       Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
       cpu::rms_norm_fwd(x, w, eps, y, rstd);
       Tensor y_g = cuda_filled({c.N, c.D}, DType::BF16, kNaN), rstd_g = cuda_filled({c.N}, DType::F32, kNaN);
-      cuda::rms_norm_fwd(to_cuda(x, xdt), to_cuda(w, DType::BF16), eps, y_g, rstd_g);
+      cuda::rms_norm_fwd(to_cuda(x, xdt), w.to(Device::CUDA), eps, y_g, rstd_g);
       EXPECT_LT(rel_l2(y_g, y), kBf16Out);
       // f32 sum of squares (at most 64 terms per lane, then a tree) against the CPU's fp64 sum; with f32 x
       // each square also rounds (2^-24 relative), which changes nothing at this scale.
@@ -179,26 +180,28 @@ TEST(CudaRmsNorm, BackwardMatchesCpu) {
   Rng rng(5);
   const float eps = 1e-6f;
   struct Dtypes {
-    DType x, dx;
+    DType x, dx, dy;
   };
-  // x f32 with dx f32 is the residual stream's norm, bf16 with bf16 the per-head norms; the mixed pairs
-  // are allowed too.
-  const Dtypes kDtypes[] = {
-      {DType::BF16, DType::BF16}, {DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::F32, DType::BF16}};
+  // x f32 with dx f32 and dy f32 is the residual stream's norm (dy summed in f32 from several GEMMs),
+  // bf16 throughout the per-head norms; the mixed combinations are allowed too.
+  const Dtypes kDtypes[] = {{DType::BF16, DType::BF16, DType::BF16}, {DType::F32, DType::F32, DType::F32},
+                            {DType::F32, DType::F32, DType::BF16},   {DType::BF16, DType::F32, DType::BF16},
+                            {DType::F32, DType::BF16, DType::BF16},  {DType::BF16, DType::BF16, DType::F32}};
   for (NormCase c : kNormCases) {
     for (Dtypes dt : kDtypes) {
-      SCOPED_TRACE(str("N=", c.N, " D=", c.D, " x ", dtype_name(dt.x), " dx ", dtype_name(dt.dx)));
+      SCOPED_TRACE(str("N=", c.N, " D=", c.D, " x ", dtype_name(dt.x), " dx ", dtype_name(dt.dx), " dy ",
+                       dtype_name(dt.dy)));
       Tensor x = dt.x == DType::BF16 ? rand_bf16_exact({c.N, c.D}, rng) : randn({c.N, c.D}, rng);
-      Tensor w = rand_bf16_exact({c.D}, rng), dy = rand_bf16_exact({c.N, c.D}, rng);
+      Tensor w = randn({c.D}, rng);
+      Tensor dy = dt.dy == DType::BF16 ? rand_bf16_exact({c.N, c.D}, rng) : randn({c.N, c.D}, rng);
       Tensor y = Tensor::empty({c.N, c.D}), rstd = Tensor::empty({c.N});
       cpu::rms_norm_fwd(x, w, eps, y, rstd);
       Tensor dx = Tensor::empty({c.N, c.D}), dw = randn({c.D}, rng);
       Tensor dw_g = dw.to(Device::CUDA), dx_g = cuda_filled({c.N, c.D}, dt.dx, kNaN);
       cpu::rms_norm_bwd(dy, x, w, rstd, dx, dw);
-      // Both backends use the CPU's rstd and the same dy (bf16 on both, as in the model), so only the
-      // backward's arithmetic differs.
-      cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), to_cuda(x, dt.x), to_cuda(w, DType::BF16), rstd.to(Device::CUDA),
-                         dx_g, dw_g);
+      // Both backends use the CPU's rstd and the same dy and w (exactly representable in the CUDA dtypes),
+      // so only the backward's arithmetic differs.
+      cuda::rms_norm_bwd(to_cuda(dy, dt.dy), to_cuda(x, dt.x), w.to(Device::CUDA), rstd.to(Device::CUDA), dx_g, dw_g);
       // bf16 dx: one rounding. f32 dx: dx = r * (dy*w - xn*mean(dy*w*xn)) with dy*w exact in f32 and each
       // other step one f32 rounding (2^-24 relative); the mean is an f32 sum of D terms whose error enters
       // dx scaled by |xn| * (its 1/D share), against the CPU's fp64. That is a few 1e-7 relative; 1e-5
@@ -212,7 +215,7 @@ TEST(CudaRmsNorm, BackwardMatchesCpu) {
 
 TEST(CudaRmsNorm, EmptyRowsAndArgumentErrors) {
   MT_REQUIRE_GPU();
-  Tensor x = Tensor::zeros({0, 16}, DType::BF16, Device::CUDA), w = Tensor::zeros({16}, DType::BF16, Device::CUDA);
+  Tensor x = Tensor::zeros({0, 16}, DType::BF16, Device::CUDA), w = Tensor::zeros({16}, DType::F32, Device::CUDA);
   Tensor y = Tensor::zeros({0, 16}, DType::BF16, Device::CUDA), rstd = Tensor::zeros({0}, DType::F32, Device::CUDA);
   cuda::rms_norm_fwd(x, w, 1e-6f, y, rstd);
   Tensor dw = Tensor::zeros({16}, DType::F32, Device::CUDA);
@@ -224,12 +227,14 @@ TEST(CudaRmsNorm, EmptyRowsAndArgumentErrors) {
   Tensor y2 = Tensor::zeros({2, 16}, DType::BF16, Device::CUDA);
   std::string msg = error_of([&] { cuda::rms_norm_fwd(xi, w, 1e-6f, y2, rstd2); });
   EXPECT_NE(msg.find("rms_norm_fwd x_ND has dtype i32, expected bf16 or f32"), std::string::npos) << msg;
-  Tensor x2 = Tensor::zeros({2, 16}, DType::BF16, Device::CUDA), w8 = Tensor::zeros({8}, DType::BF16, Device::CUDA);
+  Tensor x2 = Tensor::zeros({2, 16}, DType::BF16, Device::CUDA), w8 = Tensor::zeros({8}, DType::F32, Device::CUDA);
   Tensor y32 = Tensor::zeros({2, 16}, DType::F32, Device::CUDA), dw16 = Tensor::zeros({16}, DType::F32, Device::CUDA);
   msg = error_of([&] { cuda::rms_norm_fwd(x2, w, 1e-6f, y32, rstd2); });  // y stays bf16
   EXPECT_NE(msg.find("rms_norm_fwd y_ND has dtype f32, expected bf16"), std::string::npos) << msg;
-  msg = error_of([&] { cuda::rms_norm_bwd(y32, x2, w, rstd2, y32, dw16); });  // dy stays bf16
-  EXPECT_NE(msg.find("rms_norm_bwd dy_ND has dtype f32, expected bf16"), std::string::npos) << msg;
+  Tensor w16 = Tensor::zeros({16}, DType::BF16, Device::CUDA);  // a bf16 copy of the gain is refused
+  msg = error_of([&] { cuda::rms_norm_fwd(x2, w16, 1e-6f, y2, rstd2); });
+  EXPECT_NE(msg.find("rms_norm_fwd w_D (the gain is read in fp32) has dtype bf16, expected f32"), std::string::npos)
+      << msg;
   msg = error_of([&] { cuda::rms_norm_fwd(x2, w8, 1e-6f, y2, rstd2); });
   EXPECT_NE(msg.find("rms_norm_fwd w_D has shape [8], expected [16]"), std::string::npos) << msg;
 }
@@ -266,7 +271,7 @@ TEST(CudaF32Residual, EmbedAddNormRoundTripMatchesCpu) {
     cuda::add_(h_g, to_cuda(branch, DType::BF16), 1.0f);
     EXPECT_EQ(rel_l2(h_g, h), 0.0) << "h";
     Tensor y_g = cuda_filled({c.T, c.D}, DType::BF16, kNaN), rstd_g = cuda_filled({c.T}, DType::F32, kNaN);
-    cuda::rms_norm_fwd(h_g, to_cuda(w, DType::BF16), eps, y_g, rstd_g);
+    cuda::rms_norm_fwd(h_g, to_cuda(w, DType::F32), eps, y_g, rstd_g);
     EXPECT_LT(rel_l2(rstd_g, rstd), 1e-5);
     // Round-to-nearest moves a value by at most half a bf16 ulp, 2^-8 of its magnitude; the f32 value
     // before rounding differs from the CPU's only through rstd (~1e-7 relative).
@@ -290,7 +295,7 @@ TEST(CudaF32Residual, EmbedAddNormRoundTripMatchesCpu) {
 
     Tensor dh_g = cuda_filled({c.T, c.D}, DType::F32, kNaN), dw_g = Tensor::zeros({c.D}, DType::F32, Device::CUDA);
     Tensor dtable_g = Tensor::zeros({c.V, c.D}, DType::F32, Device::CUDA);
-    cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), h_g, to_cuda(w, DType::BF16), rstd_g, dh_g, dw_g);
+    cuda::rms_norm_bwd(to_cuda(dy, DType::BF16), h_g, to_cuda(w, DType::F32), rstd_g, dh_g, dw_g);
     cuda::add_(dh_g, to_cuda(dbranch, DType::BF16), 1.0f);
     cuda::embedding_bwd(ids_g, dh_g, dtable_g);
     // The GPU's own rstd (as in the model) adds its ~1e-7 to the backward's f32 error (see BackwardMatchesCpu).

@@ -131,14 +131,17 @@ TEST_P(CudaLinear, BackwardMatchesCpuForBothDxContractsAndDwAccumulates) {
   cpu::linear_bwd(dy, x, w, &dx_want, false, dw_want);
   const Tensor xc = to_cuda(x, DType::BF16), wc = to_cuda(w, DType::BF16);
   for (DType dy_dt : {DType::BF16, DType::F32}) {
-    for (bool acc : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "dy " << dtype_name(dy_dt) << (acc ? ", dx +=" : ", dx ="));
-      Tensor dx = acc ? to_cuda(dx0, DType::BF16) : cuda_filled({T, I}, DType::BF16, kNaN);
-      Tensor dw = to_cuda(dw0, DType::F32);
-      cuda::linear_bwd(to_cuda(dy, dy_dt), xc, wc, &dx, acc, dw);
-      const std::string tag = str("_dy_", dtype_name(dy_dt), acc ? "_acc" : "_set");
-      expect_rel(dx, acc ? plus(dx_want, dx0) : dx_want, kBf16Out, "dx" + tag);
-      expect_rel(dw, dw_want, kF32Gemm, "dw" + tag);
+    for (DType dx_dt : {DType::BF16, DType::F32}) {  // f32 dx: several GEMMs sum into it (q, k, v)
+      for (bool acc : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "dy " << dtype_name(dy_dt) << ", dx " << dtype_name(dx_dt)
+                                          << (acc ? " +=" : " ="));
+        Tensor dx = acc ? to_cuda(dx0, dx_dt) : cuda_filled({T, I}, dx_dt, kNaN);
+        Tensor dw = to_cuda(dw0, DType::F32);
+        cuda::linear_bwd(to_cuda(dy, dy_dt), xc, wc, &dx, acc, dw);
+        const std::string tag = str("_dy_", dtype_name(dy_dt), "_dx_", dtype_name(dx_dt), acc ? "_acc" : "_set");
+        expect_rel(dx, acc ? plus(dx_want, dx0) : dx_want, dx_dt == DType::F32 ? kF32Gemm : kBf16Out, "dx" + tag);
+        expect_rel(dw, dw_want, kF32Gemm, "dw" + tag);
+      }
     }
   }
   // dx may be null: only dw is computed.
@@ -172,6 +175,40 @@ TEST(CudaLinearF32Dy, NonBf16DyIsRoundedOnceAndStaysClose) {
   expect_rel(dw, dw_want, 5e-3, "dw");
 }
 
+// An f32 weight (the router) runs the whole layer in true fp32: full-precision f32 operands that no
+// bf16 (or TF32, 10 mantissa bits) GEMM could reproduce to 1e-5. A bf16 x is widened exactly.
+TEST_P(CudaLinear, Fp32WeightComputesInFp32) {
+  MT_REQUIRE_GPU();
+  const auto [T, I, O] = GetParam();
+  Rng rng(14);
+  Tensor x32 = Tensor::empty({T, I}), w = Tensor::empty({O, I}), dy = Tensor::empty({T, O});
+  Tensor dx0 = Tensor::empty({T, I}), dw0 = Tensor::empty({O, I});
+  for (Tensor* t : {&x32, &dy, &dx0, &dw0}) rng.fill_normal(*t, 0.0f, 1.0f);
+  rng.fill_normal(w, 0.0f, 0.05f);
+  const Tensor x16 = rand_bf16_exact({T, I}, rng);
+  const Tensor wc = w.to(Device::CUDA), dyc = dy.to(Device::CUDA);
+  for (DType xdt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(::testing::Message() << "x " << dtype_name(xdt));
+    const Tensor& x = xdt == DType::F32 ? x32 : x16;
+    const Tensor xc = to_cuda(x, xdt);
+    Tensor want = Tensor::empty({T, O});
+    cpu::linear_fwd(x, w, want);
+    Tensor y = cuda_filled({T, O}, DType::F32, kNaN);
+    cuda::linear_fwd(xc, wc, y);
+    // f32 accumulation over I <= 2048 terms against the CPU's: a few 1e-7 relative.
+    expect_rel(y, want, 1e-5, "y");
+    for (bool acc : {false, true}) {
+      Tensor dx_want = acc ? dx0.clone() : Tensor::zeros({T, I}), dw_want = dw0.clone();
+      cpu::linear_bwd(dy, x, w, &dx_want, acc, dw_want, !acc);
+      Tensor dx = acc ? dx0.to(Device::CUDA) : cuda_filled({T, I}, DType::F32, kNaN), dw = dw0.to(Device::CUDA);
+      cuda::linear_bwd(dyc, xc, wc, &dx, acc, dw, !acc);
+      // dw sums T (up to 4096) products per element in f32.
+      expect_rel(dx, dx_want, 1e-5, acc ? "dx_acc" : "dx_set");
+      expect_rel(dw, dw_want, 1e-5, acc ? "dw_set" : "dw_acc");
+    }
+  }
+}
+
 TEST(CudaLinearArgs, RejectsWrongShapesAndDtypesNamingTheTensor) {
   MT_REQUIRE_GPU();
   Tensor x = Tensor::zeros({4, 8}, DType::BF16, Device::CUDA), w = Tensor::zeros({6, 8}, DType::BF16, Device::CUDA);
@@ -187,7 +224,17 @@ TEST(CudaLinearArgs, RejectsWrongShapesAndDtypesNamingTheTensor) {
     cuda::linear_fwd(x_f32, w, y);
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("linear_fwd x_TI"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("linear_fwd x_TI must be bf16 with a bf16 weight"), std::string::npos)
+        << e.what();
+  }
+  // An f32 weight gives f32 outputs only.
+  Tensor w32 = Tensor::zeros({6, 8}, DType::F32, Device::CUDA);
+  try {
+    cuda::linear_fwd(x, w32, y);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_fwd y_TO must be f32 with an f32 weight"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -30,8 +30,8 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// trans_a, trans_b, M, N, K, lda, ldb, ldc, c dtype, alignment of A, B, C
-using PlanKey = std::array<int64_t, 12>;
+// trans_a, trans_b, M, N, K, lda, ldb, ldc, c dtype, alignment of A, B, C, operand dtype
+using PlanKey = std::array<int64_t, 13>;
 
 // Per-expert GEMMs see a new row count almost every step, so the cache is bounded: past this many
 // entries it is emptied and refilled (a heuristic query costs tens of microseconds).
@@ -64,8 +64,8 @@ std::string describe(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
 }
 
 Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-               int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t c_type, uint32_t align_a, uint32_t align_b,
-               uint32_t align_c) {
+               int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab_type, cudaDataType_t c_type, uint32_t align_a,
+               uint32_t align_b, uint32_t align_c) {
   const std::string ctx = str(op, ": ", what);
   Plan p;
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -77,8 +77,8 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
   // Layouts describe the stored (column-major) matrices before the transpose is applied.
   const uint64_t a_rows = trans_b ? uint64_t(K) : uint64_t(N), a_cols = trans_b ? uint64_t(N) : uint64_t(K);
   const uint64_t b_rows = trans_a ? uint64_t(M) : uint64_t(K), b_cols = trans_a ? uint64_t(K) : uint64_t(M);
-  MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, a_rows, a_cols, ldb));
-  MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, b_rows, b_cols, lda));
+  MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.a, ab_type, a_rows, a_cols, ldb));
+  MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.b, ab_type, b_rows, b_cols, lda));
   MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.c, c_type, uint64_t(N), uint64_t(M), ldc));
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -112,11 +112,11 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
   return p;
 }
 
-}  // namespace
-
-void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
-          int64_t lda, const __nv_bfloat16* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
-          float alpha) {
+// The GEMM for both operand types: A and B are ab_dtype (bf16, or f32 with CUBLAS_COMPUTE_32F, which
+// cuBLASLt runs as true fp32, not TF32), C is bf16 or f32.
+void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
+              const void* B, int64_t ldb, DType ab_dtype, float beta, void* C, DType c_dtype, int64_t ldc,
+              float alpha) {
   MT_CHECK(c_dtype == DType::BF16 || c_dtype == DType::F32, op, ": GEMM output must be bf16 or f32, got ",
            dtype_name(c_dtype));
   MT_CHECK(M >= 0 && N >= 0 && K >= 0, op, ": ", describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype),
@@ -138,7 +138,9 @@ void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int6
 
   const uint32_t align_a = alignment_of(A), align_b = alignment_of(B), align_c = alignment_of(C);
   const cudaDataType_t c_type = c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
-  const PlanKey key{trans_a, trans_b, M, N, K, lda, ldb, ldc, int64_t(c_dtype), align_a, align_b, align_c};
+  const cudaDataType_t ab_type = ab_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+  const PlanKey key{trans_a, trans_b, M,       N,       K,       lda, ldb, ldc, int64_t(c_dtype), align_a, align_b,
+                    align_c, int64_t(ab_dtype)};
   // The lock is held through the (asynchronous, cheap) matmul call so that no other thread can clear
   // the cache while its descriptors are in use.
   PlanCache& cache = plan_cache();
@@ -146,10 +148,11 @@ void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int6
   auto it = cache.plans.find(key);
   if (it == cache.plans.end()) {
     if (cache.plans.size() >= kMaxPlans) cache.clear();
-    const std::string what = describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype);
+    const std::string what = describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype) +
+                             (ab_dtype == DType::F32 ? " (f32 operands)" : "");
     it = cache.plans
-             .emplace(key,
-                      make_plan(op, what, trans_a, trans_b, M, N, K, lda, ldb, ldc, c_type, align_a, align_b, align_c))
+             .emplace(key, make_plan(op, what, trans_a, trans_b, M, N, K, lda, ldb, ldc, ab_type, c_type, align_a,
+                                     align_b, align_c))
              .first;
   }
   const Plan& plan = it->second;
@@ -159,6 +162,19 @@ void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int6
   if (st != CUBLAS_STATUS_SUCCESS)
     MT_THROW(op, ": ", describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype),
              ": cublasLtMatmul failed with cublas status ", int(st));
+}
+
+}  // namespace
+
+void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
+          int64_t lda, const __nv_bfloat16* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
+          float alpha) {
+  gemm_any(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, DType::BF16, beta, C, c_dtype, ldc, alpha);
+}
+
+void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc, float alpha) {
+  gemm_any(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, DType::F32, beta, C, c_dtype, ldc, alpha);
 }
 
 void* DeviceScratch::get(size_t bytes, const char* op) {

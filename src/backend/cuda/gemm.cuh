@@ -21,6 +21,10 @@ namespace mt::cuda {
 void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
           int64_t lda, const __nv_bfloat16* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
           float alpha = 1.0f);
+// The same with f32 operands, computed in true fp32 (no TF32): for the few small GEMMs whose inputs
+// must not be rounded to bf16 (the MoE router).
+void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc, float alpha = 1.0f);
 
 // A device buffer that grows on demand and is reused by later calls of one op. Reuse is safe because
 // every op runs on stream(): the next call's writes are ordered after this call's reads. Growing

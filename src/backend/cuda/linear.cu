@@ -1,6 +1,8 @@
 // CUDA linear layers (HF layout, w_OI is [out, in]) on the cuBLASLt GEMM, f32 accumulation.
-// Contract (ops.h): y = x @ w^T (bf16 or f32 y); dx = (or +=) dy @ w (bf16); dw += (or =) dy^T @ x (f32).
-// An f32 dy is rounded to bf16 once (a temporary) because the GEMM takes bf16 operands.
+// Contract (ops.h): y = x @ w^T; dx = (or +=) dy @ w; dw += (or =) dy^T @ x (f32).
+// A bf16 weight: bf16 GEMM operands (an f32 dy is rounded to bf16 once, a temporary), y and dx bf16 or
+// f32. An f32 weight (the MoE router, kept in fp32 end to end): fp32 GEMMs, bf16 inputs widened to
+// f32 first (exact), y and dx f32.
 #include <algorithm>
 
 #include "backend/cuda/cuda_ops.h"
@@ -13,6 +15,38 @@ namespace {
 __global__ void f32_to_bf16_kernel(const float* __restrict__ in, __nv_bfloat16* __restrict__ out, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ in, float* __restrict__ out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
+unsigned grid_for(int64_t n) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(blocks_for(n, 256), 65535)));
+}
+
+// t as bf16: itself, or rounded once into `scratch`.
+const __nv_bfloat16* as_bf16(const Tensor& t, DeviceScratch& scratch, const char* op) {
+  if (t.dtype() == DType::BF16 || t.numel() == 0) return static_cast<const __nv_bfloat16*>(t.raw());
+  __nv_bfloat16* tmp = scratch.as<__nv_bfloat16>(t.numel(), op);
+  f32_to_bf16_kernel<<<grid_for(t.numel()), 256, 0, stream()>>>(t.data<float>(), tmp, t.numel());
+  MT_CUDA_LAUNCH_CHECK(op);
+  return tmp;
+}
+
+// t as f32: itself, or widened (exactly) into `scratch`.
+const float* as_f32(const Tensor& t, DeviceScratch& scratch, const char* op) {
+  if (t.dtype() == DType::F32 || t.numel() == 0) return static_cast<const float*>(t.raw());
+  float* tmp = scratch.as<float>(t.numel(), op);
+  bf16_to_f32_kernel<<<grid_for(t.numel()), 256, 0, stream()>>>(static_cast<const __nv_bfloat16*>(t.raw()), tmp,
+                                                                 t.numel());
+  MT_CUDA_LAUNCH_CHECK(op);
+  return tmp;
+}
+
+void check_float(const Tensor& t, const char* what) {
+  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " must be bf16 or f32, got ", t.desc());
 }
 
 void check_matrix(const Tensor& t, const char* what) {
@@ -29,13 +63,22 @@ const __nv_bfloat16* bf16_ptr(const Tensor& t) {
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   check_matrix(x_TI, "linear_fwd x_TI");
   check_matrix(w_OI, "linear_fwd w_OI");
-  check_dtype(x_TI, DType::BF16, "linear_fwd x_TI");
+  check_float(x_TI, "linear_fwd x_TI");
+  check_float(w_OI, "linear_fwd w_OI");
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
-  check_cuda(w_OI, DType::BF16, {O, I}, "linear_fwd w_OI");
+  check_shape(w_OI, {O, I}, "linear_fwd w_OI");
   check_cuda(y_TO, "linear_fwd y_TO");
   check_shape(y_TO, {T, O}, "linear_fwd y_TO");
-  MT_CHECK(y_TO.dtype() == DType::BF16 || y_TO.dtype() == DType::F32, "linear_fwd y_TO must be bf16 or f32, got ",
-           y_TO.desc());
+  check_float(y_TO, "linear_fwd y_TO");
+  if (w_OI.dtype() == DType::F32) {
+    MT_CHECK(y_TO.dtype() == DType::F32, "linear_fwd y_TO must be f32 with an f32 weight (fp32 GEMM), got ",
+             y_TO.desc());
+    static DeviceScratch x32;
+    gemm("linear_fwd (fp32)", false, true, T, O, I, as_f32(x_TI, x32, "linear_fwd"), I, w_OI.data<float>(), I, 0.0f,
+         y_TO.raw(), DType::F32, O);
+    return;
+  }
+  MT_CHECK(x_TI.dtype() == DType::BF16, "linear_fwd x_TI must be bf16 with a bf16 weight, got ", x_TI.desc());
   gemm("linear_fwd", false, true, T, O, I, bf16_ptr(x_TI), I, bf16_ptr(w_OI), I, 0.0f, y_TO.raw(), y_TO.dtype(), O);
 }
 
@@ -43,28 +86,38 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
                 Tensor& dw_OI, bool accumulate_dw) {
   check_matrix(x_TI, "linear_bwd x_TI");
   check_matrix(w_OI, "linear_bwd w_OI");
-  check_dtype(x_TI, DType::BF16, "linear_bwd x_TI");
+  check_float(x_TI, "linear_bwd x_TI");
+  check_float(w_OI, "linear_bwd w_OI");
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
-  check_cuda(w_OI, DType::BF16, {O, I}, "linear_bwd w_OI");
+  check_shape(w_OI, {O, I}, "linear_bwd w_OI");
   check_cuda(dy_TO, "linear_bwd dy_TO");
   check_shape(dy_TO, {T, O}, "linear_bwd dy_TO");
-  MT_CHECK(dy_TO.dtype() == DType::BF16 || dy_TO.dtype() == DType::F32, "linear_bwd dy_TO must be bf16 or f32, got ",
-           dy_TO.desc());
+  check_float(dy_TO, "linear_bwd dy_TO");
   check_cuda(dw_OI, DType::F32, {O, I}, "linear_bwd dw_OI");
-  if (dx_TI) check_cuda(*dx_TI, DType::BF16, {T, I}, "linear_bwd dx_TI");
-
-  const __nv_bfloat16* dy = bf16_ptr(dy_TO);
-  if (dy_TO.dtype() == DType::F32 && T * O > 0) {
-    static DeviceScratch dy_bf16;
-    __nv_bfloat16* tmp = dy_bf16.as<__nv_bfloat16>(T * O, "linear_bwd");
-    const unsigned blocks = unsigned(std::min<int64_t>(blocks_for(T * O, 256), 65535));
-    f32_to_bf16_kernel<<<blocks, 256, 0, stream()>>>(dy_TO.data<float>(), tmp, T * O);
-    MT_CUDA_LAUNCH_CHECK("linear_bwd");
-    dy = tmp;
+  if (dx_TI) {
+    check_cuda(*dx_TI, "linear_bwd dx_TI");
+    check_shape(*dx_TI, {T, I}, "linear_bwd dx_TI");
+    check_float(*dx_TI, "linear_bwd dx_TI");
   }
+  if (w_OI.dtype() == DType::F32) {
+    if (dx_TI)
+      MT_CHECK(dx_TI->dtype() == DType::F32, "linear_bwd dx_TI must be f32 with an f32 weight (fp32 GEMM), got ",
+               dx_TI->desc());
+    static DeviceScratch dy32, x32;
+    const float* dy = as_f32(dy_TO, dy32, "linear_bwd");
+    if (dx_TI)
+      gemm("linear_bwd dx (fp32)", false, false, T, I, O, dy, O, w_OI.data<float>(), I, accumulate_dx ? 1.0f : 0.0f,
+           dx_TI->raw(), DType::F32, I);
+    gemm("linear_bwd dw (fp32)", true, false, O, I, T, dy, O, as_f32(x_TI, x32, "linear_bwd"), I,
+         accumulate_dw ? 1.0f : 0.0f, dw_OI.raw(), DType::F32, I);
+    return;
+  }
+  MT_CHECK(x_TI.dtype() == DType::BF16, "linear_bwd x_TI must be bf16 with a bf16 weight, got ", x_TI.desc());
+  static DeviceScratch dy16;
+  const __nv_bfloat16* dy = as_bf16(dy_TO, dy16, "linear_bwd");
   if (dx_TI)
     gemm("linear_bwd dx", false, false, T, I, O, dy, O, bf16_ptr(w_OI), I, accumulate_dx ? 1.0f : 0.0f, dx_TI->raw(),
-         DType::BF16, I);
+         dx_TI->dtype(), I);
   gemm("linear_bwd dw", true, false, O, I, T, dy, O, bf16_ptr(x_TI), I, accumulate_dw ? 1.0f : 0.0f, dw_OI.raw(),
        DType::F32, I);
 }

@@ -1,13 +1,16 @@
 // CUDA RMSNorm over the last dim, the same function as backend/cpu/rms_norm.cpp:
-// y = w * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), with w, y, dy in bf16, rstd and dw in f32, and x
-// and dx each bf16 or f32 (an f32 residual stream keeps x and dx in f32; the per-head q/k norms use
-// bf16 for both). Row sums are accumulated in f32 (rstd itself is formed in double from that sum, as
-// the CPU does, and rounded to f32 once); the backward uses the saved rstd as is.
+// y = w * (x * rstd), rstd = 1/sqrt(mean(x^2) + eps), with y in bf16, the gain w, rstd and dw in f32
+// (the gains are read from the fp32 master weights: a bf16 copy of a gain near 1 cannot move by less
+// than 2^-8, so small updates would reach the forward only in jumps), and x, dx and dy each bf16 or
+// f32 (an f32 residual stream keeps x and dx in f32, the gradients summed from several GEMMs arrive
+// in f32; the per-head q/k norms use bf16). Row sums are accumulated in f32 (rstd itself is formed
+// in double from that sum, as the CPU does, and rounded to f32 once); the backward uses the saved
+// rstd as is.
 //
 // Launch: a group of G lanes per row, G = 32 (a warp) for long rows and G = 4 for short ones such as
 // the per-head q/k norms (Hd = 16..128), so that one warp covers 8 short rows instead of idling. Rows
-// are read with vector accesses (16 bytes of the widest element type: 8 elements when x and dx are
-// bf16, 4 when either is f32) when D is a multiple of the width and the bases are 16-byte aligned.
+// are read with vector accesses (16 bytes of the widest element type; with the f32 gain that is 4
+// elements) when D is a multiple of the width and the bases are 16-byte aligned.
 // Backward: dw (+=) is folded across the groups of a warp with shuffles, across the warps of a block in
 // shared memory, and across blocks with one float atomicAdd per column and block (so dw's last bits
 // depend on the order in which blocks finish).
@@ -52,10 +55,11 @@ __device__ __forceinline__ float group_sum(float v) {
 }
 
 template <class TX, int G, int VEC>
-__global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const bf16* __restrict__ w, float eps,
+__global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const float* __restrict__ w, float eps,
                                     bf16* __restrict__ y, float* __restrict__ rstd, int64_t N, int D) {
   using PX = Pack<TX, VEC>;
   using P = Pack<bf16, VEC>;
+  using PW = Pack<float, VEC>;
   const int lane_g = threadIdx.x % G;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const bool valid = row < N;
@@ -75,24 +79,25 @@ __global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const bf16* __rest
   if (!valid) return;
   const float r = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
   if (lane_g == 0) rstd[row] = r;
-  const P* wr = reinterpret_cast<const P*>(w);
+  const PW* wr = reinterpret_cast<const PW*>(w);
   P* yr = reinterpret_cast<P*>(y + row * D);
   for (int c = lane_g; c < chunks; c += G) {
     const PX a = xr[c];
-    const P b = wr[c];
+    const PW b = wr[c];
     P out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(__bfloat162float(b.v[j]) * (to_f32(a.v[j]) * r));
+    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(b.v[j] * (to_f32(a.v[j]) * r));
     yr[c] = out;
   }
 }
 
 // Grid-stride over groups of rows; see the file comment for how dw is reduced.
-template <class TX, class TDX, int G, int VEC>
-__global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const TX* __restrict__ x, const bf16* __restrict__ w,
+template <class TDY, class TX, class TDX, int G, int VEC>
+__global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __restrict__ x, const float* __restrict__ w,
                                     const float* __restrict__ rstd, TDX* __restrict__ dx, float* __restrict__ dw,
                                     int64_t N, int D) {
-  using P = Pack<bf16, VEC>;
+  using PDY = Pack<TDY, VEC>;
+  using PW = Pack<float, VEC>;
   using PX = Pack<TX, VEC>;
   using PDX = Pack<TDX, VEC>;
   extern __shared__ float s_dw[];  // [D]
@@ -102,14 +107,14 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const TX* __res
   const int lane = threadIdx.x % 32, lane_g = threadIdx.x % G;
   const int groups = blockDim.x / G;
   const int chunks = D / VEC;
-  const P* wr = reinterpret_cast<const P*>(w);
+  const PW* wr = reinterpret_cast<const PW*>(w);
   // row0 is the same for the whole block, so every lane runs the same iterations (the shuffles need it).
   for (int64_t row0 = int64_t(blockIdx.x) * groups; row0 < N; row0 += int64_t(gridDim.x) * groups) {
     const int64_t row = row0 + threadIdx.x / G;
     const bool valid = row < N;
     const int64_t base = (valid ? row : 0) * D;
     const PX* xr = reinterpret_cast<const PX*>(x + base);
-    const P* dyr = reinterpret_cast<const P*>(dy + base);
+    const PDY* dyr = reinterpret_cast<const PDY*>(dy + base);
     PDX* dxr = reinterpret_cast<PDX*>(dx + base);
     const float r = valid ? rstd[row] : 0.0f;
 
@@ -117,9 +122,10 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const TX* __res
     if (valid)
       for (int c = lane_g; c < chunks; c += G) {
         const PX a = xr[c];
-        const P g = dyr[c], b = wr[c];
+        const PDY g = dyr[c];
+        const PW b = wr[c];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) dot += __bfloat162float(g.v[j]) * __bfloat162float(b.v[j]) * (to_f32(a.v[j]) * r);
+        for (int j = 0; j < VEC; ++j) dot += to_f32(g.v[j]) * b.v[j] * (to_f32(a.v[j]) * r);
       }
     const float mean_dot = group_sum<G>(dot) / float(D);
 
@@ -128,13 +134,14 @@ __global__ void rms_norm_bwd_kernel(const bf16* __restrict__ dy, const TX* __res
       float part[VEC];
       if (valid && c < chunks) {
         const PX a = xr[c];
-        const P g = dyr[c], b = wr[c];
+        const PDY g = dyr[c];
+        const PW b = wr[c];
         PDX out;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xn = to_f32(a.v[j]) * r;
-          const float gy = __bfloat162float(g.v[j]);
-          out.v[j] = from_f32<TDX>(r * (gy * __bfloat162float(b.v[j]) - xn * mean_dot));
+          const float gy = to_f32(g.v[j]);
+          out.v[j] = from_f32<TDX>(r * (gy * b.v[j] - xn * mean_dot));
           part[j] = gy * xn;
         }
         dxr[c] = out;
@@ -209,13 +216,13 @@ int sm_count() {
   return n;
 }
 
-// Checks x_ND (2-D bf16 or f32), w_D (bf16 [D]) and rstd_N (f32 [N]) on CUDA; returns {N, D}.
+// Checks x_ND (2-D bf16 or f32), w_D (f32 [D]) and rstd_N (f32 [N]) on CUDA; returns {N, D}.
 std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
                                             const char* op) {
   if (x_ND.dim() != 2) MT_THROW(op, " x_ND must be 2-D, got shape ", shape_str(x_ND.shape()));
   const int64_t N = x_ND.size(0), D = x_ND.size(1);
   check_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND"));
-  check_cuda(w_D, DType::BF16, {D}, str(op, " w_D").c_str());
+  check_cuda(w_D, DType::F32, {D}, str(op, " w_D (the gain is read in fp32)").c_str());
   check_cuda(rstd_N, DType::F32, {N}, str(op, " rstd_N").c_str());
   if (D > kMaxD) MT_THROW(op, ": D (", D, ") is above the CUDA kernel's limit of ", kMaxD);
   return {N, D};
@@ -228,13 +235,13 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
   if (!(eps >= 0.0f)) MT_THROW("rms_norm_fwd: eps (", eps, ") must be >= 0");
   check_cuda(y_ND, DType::BF16, {N, D}, "rms_norm_fwd y_ND");
   if (N == 0) return;
-  const auto* w = static_cast<const bf16*>(w_D.raw());
+  const float* w = w_D.data<float>();
   auto* y = static_cast<bf16*>(y_ND.raw());
   float* rstd = rstd_N.data<float>();
   dispatch_float(x_ND.dtype(), [&](auto x_tag) {
     using TX = decltype(x_tag);
     const auto* x = static_cast<const TX*>(x_ND.raw());
-    constexpr int VW = kVecOf<TX>;
+    constexpr int VW = kVecOf<TX, float>;
     dispatch_launch<VW>(pick_launch(D, VW, {x, w, y}), [&]<int G, int VEC>() {
       const int64_t rows_per_block = kThreads / G;
       const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
@@ -247,28 +254,32 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw) {
   const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
-  check_cuda(dy_ND, DType::BF16, {N, D}, "rms_norm_bwd dy_ND");
+  check_bf16_or_f32(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
   check_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
   check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
   // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats).
   if (!accumulate_dw && D > 0)
     MT_CUDA_CHECK("rms_norm_bwd", cudaMemsetAsync(dw_D.raw(), 0, size_t(D) * sizeof(float), stream()));
   if (N == 0 || D == 0) return;
-  const auto* dy = static_cast<const bf16*>(dy_ND.raw());
-  const auto* w = static_cast<const bf16*>(w_D.raw());
-  dispatch_float(x_ND.dtype(), [&](auto x_tag) {
-    dispatch_float(dx_ND.dtype(), [&](auto dx_tag) {
-      using TX = decltype(x_tag);
-      using TDX = decltype(dx_tag);
-      const auto* x = static_cast<const TX*>(x_ND.raw());
-      auto* dx = static_cast<TDX*>(dx_ND.raw());
-      constexpr int VW = kVecOf<TX, TDX>;
-      dispatch_launch<VW>(pick_launch(D, VW, {dy, x, w, dx}), [&]<int G, int VEC>() {
-        const int64_t rows_per_block = kThreads / G;
-        // Enough blocks to fill the GPU; more would only add dw atomics.
-        const int64_t blocks = std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
-        rms_norm_bwd_kernel<TX, TDX, G, VEC><<<unsigned(blocks), kThreads, size_t(D) * sizeof(float), stream()>>>(
-            dy, x, w, rstd_N.data<float>(), dx, dw_D.data<float>(), N, int(D));
+  const float* w = w_D.data<float>();
+  dispatch_float(dy_ND.dtype(), [&](auto dy_tag) {
+    dispatch_float(x_ND.dtype(), [&](auto x_tag) {
+      dispatch_float(dx_ND.dtype(), [&](auto dx_tag) {
+        using TDY = decltype(dy_tag);
+        using TX = decltype(x_tag);
+        using TDX = decltype(dx_tag);
+        const auto* dy = static_cast<const TDY*>(dy_ND.raw());
+        const auto* x = static_cast<const TX*>(x_ND.raw());
+        auto* dx = static_cast<TDX*>(dx_ND.raw());
+        constexpr int VW = kVecOf<TDY, TX, TDX, float>;
+        dispatch_launch<VW>(pick_launch(D, VW, {dy, x, w, dx}), [&]<int G, int VEC>() {
+          const int64_t rows_per_block = kThreads / G;
+          // Enough blocks to fill the GPU; more would only add dw atomics.
+          const int64_t blocks =
+              std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
+          rms_norm_bwd_kernel<TDY, TX, TDX, G, VEC><<<unsigned(blocks), kThreads, size_t(D) * sizeof(float), stream()>>>(
+              dy, x, w, rstd_N.data<float>(), dx, dw_D.data<float>(), N, int(D));
+        });
       });
     });
   });
