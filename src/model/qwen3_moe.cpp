@@ -406,7 +406,9 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     const int64_t Tr = etp ? T : Tl, R = Tr * K;
     const Tensor& wts_e = etp ? a.wts_g : a.wts;
     Tensor dout_e = etp ? tp_gather(dout, W) : dout;
-    Tensor dxe = W.zeros({Tr, D}, act_);
+    // The experts' input gradient goes straight into the f32 dxn2, except under etp (partial sums of
+    // all T rows, reduce-scattered in the compute dtype first).
+    Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
     Tensor dwts;
     if (dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
@@ -447,8 +449,6 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       Tensor dw_local = W.alloc({Tl, K});
       tp_reduce_scatter(dwts, dw_local);
       dwts = dw_local;
-    } else {
-      ops::add_(dxn2, dxe);
     }
     Tensor dprobs;
     if (aux_scale != 0) {

@@ -119,7 +119,7 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
                         Tensor& row_of_assign_TK);
 // xp_RD[r] = x_TD[assign_of_row[r] / K]
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD);
-// dx_TD += scatter of dxp_RD back to tokens
+// dx_TD += scatter of dxp_RD back to tokens. CUDA: dxp bf16; dx bf16|f32.
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD);
 // y_TD[t] = sum_k w_TK[t,k] * yp_RD[row_of_assign[t,k]]   (y =). CUDA: yp bf16; y bf16|f32.
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD);

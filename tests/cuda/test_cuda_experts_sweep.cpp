@@ -205,10 +205,12 @@ TEST_P(CudaExpertsSweep, PlanAndPermutationsMatchCpu) {
 
     Tensor dx_want = dx0.clone();
     cpu::permute_bwd(dxp, want.assign_of_row, K, dx_want);
-    Guarded dx(dx0, DType::BF16);
-    cuda::permute_bwd(dxpc, d_aor, K, dx.t);
-    EXPECT_LE(rel_l2(dx.t, dx_want), kTol) << "permute_bwd";
-    expect_margins(dx, "permute_bwd");
+    for (DType dxd : {DType::BF16, DType::F32}) {  // f32: the FFN norm's input gradient
+      Guarded dx(dx0, dxd);
+      cuda::permute_bwd(dxpc, d_aor, K, dx.t);
+      EXPECT_LE(rel_l2(dx.t, dx_want), kTol) << "permute_bwd, dx " << dtype_name(dxd);
+      expect_margins(dx, "permute_bwd");
+    }
 
     Tensor y_want = Tensor::empty({T, D});
     cpu::unpermute_fwd(yp, want.row_of_assign, w, y_want);

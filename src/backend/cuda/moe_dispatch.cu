@@ -10,8 +10,10 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 
 #include "backend/cuda/cuda_ops.h"
+
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/moe_dispatch.cuh"
 
@@ -173,10 +175,11 @@ __global__ void permute_fwd_kernel(const __nv_bfloat16* __restrict__ x, const in
   }
 }
 
-// dx[t] += sum over k (in order) of dxp[inv[t*K + k]], in f32; inv[a] < 0 means no row.
-template <int V>
+// dx[t] += sum over k (in order) of dxp[inv[t*K + k]], in f32; inv[a] < 0 means no row. TDX is bf16
+// or float (an f32 dx is the FFN norm's input gradient, which the router's adds to).
+template <class TDX, int V>
 __global__ void permute_bwd_kernel(const __nv_bfloat16* __restrict__ dxp, const int32_t* __restrict__ inv, int64_t K,
-                                   int64_t D, __nv_bfloat16* __restrict__ dx) {
+                                   int64_t D, TDX* __restrict__ dx) {
   const int64_t t = blockIdx.x;
   for (int64_t j = int64_t(threadIdx.x) * V; j < D; j += int64_t(blockDim.x) * V) {
     float acc[V];
@@ -365,7 +368,7 @@ void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K,
   check_matrix(dxp_RD, DType::BF16, "permute_bwd dxp_RD");
   check_cuda(assign_of_row_R, DType::I32, "permute_bwd assign_of_row_R");
   MT_CHECK(K >= 1, "permute_bwd: K (", K, ") must be at least 1");
-  check_matrix(dx_TD, DType::BF16, "permute_bwd dx_TD");
+  check_matrix_bf16_or_f32(dx_TD, "permute_bwd dx_TD");
   const int64_t R = dxp_RD.size(0), D = dxp_RD.size(1), T = dx_TD.size(0);
   check_shape(assign_of_row_R, {R}, "permute_bwd assign_of_row_R");
   check_shape(dx_TD, {T, D}, "permute_bwd dx_TD");
@@ -381,11 +384,17 @@ void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K,
   }
   MT_CHECK(T < (int64_t(1) << 31), "permute_bwd: T (", T, ") exceeds the grid size");
   const __nv_bfloat16* dxp = bf16_in(dxp_RD);
-  __nv_bfloat16* dx = bf16_out(dx_TD);
-  if (use_vec8(D, {dxp, dx}))
-    permute_bwd_kernel<8><<<unsigned(T), kRowThreads, 0, stream()>>>(dxp, inv, K, D, dx);
+  auto launch = [&](auto* dx) {
+    using TDX = std::remove_pointer_t<decltype(dx)>;
+    if (use_vec8(D, {dxp, dx}))
+      permute_bwd_kernel<TDX, 8><<<unsigned(T), kRowThreads, 0, stream()>>>(dxp, inv, K, D, dx);
+    else
+      permute_bwd_kernel<TDX, 1><<<unsigned(T), kRowThreads, 0, stream()>>>(dxp, inv, K, D, dx);
+  };
+  if (dx_TD.dtype() == DType::F32)
+    launch(dx_TD.data<float>());
   else
-    permute_bwd_kernel<1><<<unsigned(T), kRowThreads, 0, stream()>>>(dxp, inv, K, D, dx);
+    launch(bf16_out(dx_TD));
   MT_CUDA_LAUNCH_CHECK(op);
 }
 

@@ -9,8 +9,9 @@
 //
 // Launch: a group of G lanes per row, G = 32 (a warp) for long rows and G = 4 for short ones such as
 // the per-head q/k norms (Hd = 16..128), so that one warp covers 8 short rows instead of idling. Rows
-// are read with vector accesses (16 bytes of the widest element type; with the f32 gain that is 4
-// elements) when D is a multiple of the width and the bases are 16-byte aligned.
+// are read with vector accesses (16 bytes of the widest of x, y, dy and dx: 8 elements when all are
+// bf16, else 4) when D is a multiple of the width and the bases are 16-byte aligned. The gain (D
+// floats, L1-resident) is read element by element, so it does not narrow the rows' accesses.
 // Backward: dw (+=) is folded across the groups of a warp with shuffles, across the warps of a block in
 // shared memory, and across blocks with one float atomicAdd per column and block (so dw's last bits
 // depend on the order in which blocks finish).
@@ -59,7 +60,6 @@ __global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const float* __res
                                     bf16* __restrict__ y, float* __restrict__ rstd, int64_t N, int D) {
   using PX = Pack<TX, VEC>;
   using P = Pack<bf16, VEC>;
-  using PW = Pack<float, VEC>;
   const int lane_g = threadIdx.x % G;
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / G;
   const bool valid = row < N;
@@ -79,14 +79,12 @@ __global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const float* __res
   if (!valid) return;
   const float r = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
   if (lane_g == 0) rstd[row] = r;
-  const PW* wr = reinterpret_cast<const PW*>(w);
   P* yr = reinterpret_cast<P*>(y + row * D);
   for (int c = lane_g; c < chunks; c += G) {
     const PX a = xr[c];
-    const PW b = wr[c];
     P out;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(b.v[j] * (to_f32(a.v[j]) * r));
+    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(w[c * VEC + j] * (to_f32(a.v[j]) * r));
     yr[c] = out;
   }
 }
@@ -97,7 +95,6 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
                                     const float* __restrict__ rstd, TDX* __restrict__ dx, float* __restrict__ dw,
                                     int64_t N, int D) {
   using PDY = Pack<TDY, VEC>;
-  using PW = Pack<float, VEC>;
   using PX = Pack<TX, VEC>;
   using PDX = Pack<TDX, VEC>;
   extern __shared__ float s_dw[];  // [D]
@@ -107,7 +104,6 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
   const int lane = threadIdx.x % 32, lane_g = threadIdx.x % G;
   const int groups = blockDim.x / G;
   const int chunks = D / VEC;
-  const PW* wr = reinterpret_cast<const PW*>(w);
   // row0 is the same for the whole block, so every lane runs the same iterations (the shuffles need it).
   for (int64_t row0 = int64_t(blockIdx.x) * groups; row0 < N; row0 += int64_t(gridDim.x) * groups) {
     const int64_t row = row0 + threadIdx.x / G;
@@ -123,9 +119,8 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
       for (int c = lane_g; c < chunks; c += G) {
         const PX a = xr[c];
         const PDY g = dyr[c];
-        const PW b = wr[c];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) dot += to_f32(g.v[j]) * b.v[j] * (to_f32(a.v[j]) * r);
+        for (int j = 0; j < VEC; ++j) dot += to_f32(g.v[j]) * w[c * VEC + j] * (to_f32(a.v[j]) * r);
       }
     const float mean_dot = group_sum<G>(dot) / float(D);
 
@@ -135,13 +130,12 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
       if (valid && c < chunks) {
         const PX a = xr[c];
         const PDY g = dyr[c];
-        const PW b = wr[c];
         PDX out;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xn = to_f32(a.v[j]) * r;
           const float gy = to_f32(g.v[j]);
-          out.v[j] = from_f32<TDX>(r * (gy * b.v[j] - xn * mean_dot));
+          out.v[j] = from_f32<TDX>(r * (gy * w[c * VEC + j] - xn * mean_dot));
           part[j] = gy * xn;
         }
         dxr[c] = out;
@@ -222,7 +216,10 @@ std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_
   if (x_ND.dim() != 2) MT_THROW(op, " x_ND must be 2-D, got shape ", shape_str(x_ND.shape()));
   const int64_t N = x_ND.size(0), D = x_ND.size(1);
   check_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND"));
-  check_cuda(w_D, DType::F32, {D}, str(op, " w_D (the gain is read in fp32)").c_str());
+  check_cuda(w_D, str(op, " w_D").c_str());
+  MT_CHECK(w_D.dtype() == DType::F32, op, " w_D must be f32 (the gain is read from the fp32 master weights), got ",
+           w_D.desc());
+  check_shape(w_D, {D}, str(op, " w_D").c_str());
   check_cuda(rstd_N, DType::F32, {N}, str(op, " rstd_N").c_str());
   if (D > kMaxD) MT_THROW(op, ": D (", D, ") is above the CUDA kernel's limit of ", kMaxD);
   return {N, D};
@@ -241,8 +238,8 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
   dispatch_float(x_ND.dtype(), [&](auto x_tag) {
     using TX = decltype(x_tag);
     const auto* x = static_cast<const TX*>(x_ND.raw());
-    constexpr int VW = kVecOf<TX, float>;
-    dispatch_launch<VW>(pick_launch(D, VW, {x, w, y}), [&]<int G, int VEC>() {
+    constexpr int VW = kVecOf<TX, bf16>;
+    dispatch_launch<VW>(pick_launch(D, VW, {x, y}), [&]<int G, int VEC>() {
       const int64_t rows_per_block = kThreads / G;
       const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
       rms_norm_fwd_kernel<TX, G, VEC><<<grid, kThreads, 0, stream()>>>(x, w, eps, y, rstd, N, int(D));
@@ -271,8 +268,8 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
         const auto* dy = static_cast<const TDY*>(dy_ND.raw());
         const auto* x = static_cast<const TX*>(x_ND.raw());
         auto* dx = static_cast<TDX*>(dx_ND.raw());
-        constexpr int VW = kVecOf<TDY, TX, TDX, float>;
-        dispatch_launch<VW>(pick_launch(D, VW, {dy, x, w, dx}), [&]<int G, int VEC>() {
+        constexpr int VW = kVecOf<TDY, TX, TDX>;
+        dispatch_launch<VW>(pick_launch(D, VW, {dy, x, dx}), [&]<int G, int VEC>() {
           const int64_t rows_per_block = kThreads / G;
           // Enough blocks to fill the GPU; more would only add dw atomics.
           const int64_t blocks =
