@@ -638,7 +638,7 @@ TEST(CudaOverwriteGrads, LinearRmsNormAndEmbeddingWriteTheirGradients) {
   Tensor dxn_want = Tensor::empty({T, I}), dwn_want = Tensor::zeros({I});
   cpu::rms_norm_bwd(dyn, x, wn, rstd, dxn_want, dwn_want);
   Tensor dxn = cuda_filled({T, I}, DType::BF16, kNaN), dwn = cuda_filled({I}, DType::F32, kNaN);
-  cuda::rms_norm_bwd(to_cuda(dyn, DType::BF16), to_cuda(x, DType::BF16), to_cuda(wn, DType::BF16),
+  cuda::rms_norm_bwd(to_cuda(dyn, DType::BF16), to_cuda(x, DType::BF16), to_cuda(wn, DType::F32),
                      rstd.to(Device::CUDA), dxn, dwn, false);
   expect_rel(dwn, dwn_want, 1e-5, "rms_norm_dw");
 
