@@ -19,7 +19,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   const int tp = m.size(Axis::Tp), etp = m.size(Axis::Etp);
   TpGroups tg;
   comm::Communicator* shard = dist.dense_shard();
-  ReduceComms rc{dist.dense_shard_reduce(), dist.expert_dp_reduce()};
+  ReduceComms rc{dist.dense_shard_reduce(), dist.expert_shard_reduce()};
   if (tp > 1) {
     // Every tp rank holds the tp-local layout; tp-replicated units are sharded over the dense ranks.
     pm.tp = std::make_shared<TpLayout>(c, tp, etp);
@@ -47,7 +47,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   if (m.size(Axis::Ep) > 1) {
     m.check_experts(int(c.num_experts));
     eg.ep = dist.ep();
-    eg.expert_shard = dist.expert_dp();
+    eg.expert_shard = dist.expert_shard();
     pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts, dopt);
   }
   pm.fsdp = std::make_unique<FsdpParams>(lc, lt, device, *shard, dist.dp_replicate(), opt, eg, rc, tg);
