@@ -94,9 +94,10 @@ void DistContext::check_schedules() {
 }
 
 std::vector<comm::Communicator*> DistContext::all_comms() {
-  std::vector<comm::Communicator*> v{world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
-                                     ep_.get(),         expert_shard_.get(), shard_reduce_.get(), expert_shard_reduce_.get(),
-                                     sp_.get(),         dp_sp_.get(),     shard_sp_.get(),     shard_sp_reduce_.get()};
+  std::vector<comm::Communicator*> v{
+      world_comm_.get(), shard_.get(),        replicate_.get(),    dp_.get(),
+      ep_.get(),         expert_shard_.get(), shard_reduce_.get(), expert_shard_reduce_.get(),
+      sp_.get(),         dp_sp_.get(),        shard_sp_.get(),     shard_sp_reduce_.get()};
   for (auto& c : adopted_) v.push_back(c.get());
   return v;
 }
