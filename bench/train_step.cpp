@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
     // --sp: each of the sp ranks of a data-parallel rank takes its chunk of every sequence.
     MicroBatch mb = shard_micro_batch(all.input_ids.rows(dist->dp_rank() * batch, batch),
                                       all.labels.rows(dist->dp_rank() * batch, batch), dist->mesh().size(Axis::Sp),
-                                      dist->sp_rank());
+                                      dist->sp_rank(), tp);
     const int64_t targets = global * (seq - 1), tokens = global * seq;
     std::vector<double> losses;
 

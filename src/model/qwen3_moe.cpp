@@ -305,13 +305,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, a.probs, a.idx, a.wts, bias_E.defined() ? &bias_E : nullptr);
       a.zlse = keep_.alloc({Tl});
-      if (sp_)
-        for_valid_rows([&](int64_t r0, int64_t n) {  // padding adds nothing to the z-loss
-          Tensor zlse = a.zlse.rows(r0, n);
-          ops::router_z_loss_fwd(logits.rows(r0, n), zlse, zsum_);
-        });
-      else
-        ops::router_z_loss_fwd(logits, a.zlse, zsum_);
+      for_valid_rows([&](int64_t r0, int64_t n) {  // padding (sp chunks, tp remainder) adds nothing to the z-loss
+        Tensor zlse = a.zlse.rows(r0, n);
+        ops::router_z_loss_fwd(logits.rows(r0, n), zlse, zsum_);
+      });
       if (!replay_.empty()) replay_routing(l, a);
       if (etp) {  // the routing of every row of the tp group, kept with the decision
         a.idx_g = tp_gather(a.idx, keep_);
@@ -453,13 +450,10 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dprobs;
     if (aux_scale != 0) {
       dprobs = W.zeros({Tl, E});
-      if (sp_)
-        for_valid_rows([&](int64_t r0, int64_t n) {  // padding rows are not part of the aux loss
-          Tensor d = dprobs.rows(r0, n);
-          ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), d);
-        });
-      else
-        ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), dprobs);
+      for_valid_rows([&](int64_t r0, int64_t n) {  // padding rows are not part of the aux loss
+        Tensor d = dprobs.rows(r0, n);
+        ops::aux_loss_bwd(counts_E_, aux_rows_, float(aux_scale), d);
+      });
     }
     Tensor dlogits = W.alloc({Tl, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
@@ -553,12 +547,18 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   work_.reset();
   B_ = ids.size(0);
   S_ = ids.size(1);
+  // Tensor parallelism: this rank's rows of the flattened micro-batch. When B × S does not divide by
+  // tp, every sequence is padded at its end to the shortest S' with B × S' divisible by tp, exactly as
+  // sequence parallelism pads its chunks: padded tokens (id 0, label -100) come after every real token
+  // of their sequence, so under causal attention no real query sees them, their rows get a zero
+  // gradient, and for_valid_rows keeps them out of every router statistic (aux loss, z-loss, load).
+  const int64_t ntp = tp ? tp->size() : 1, S_in = S_;
+  if (!shard)
+    while (B_ * S_ % ntp != 0) ++S_;
   T_ = B_ * S_;
-  // Tensor parallelism: this rank's rows of the flattened micro-batch.
-  const int64_t ntp = tp ? tp->size() : 1;
-  if (T_ % ntp != 0)
-    MT_THROW("micro-batch of ", B_, " x ", S_, " = ", T_, " tokens cannot be split evenly over tp (", ntp,
-             ") ranks; use a token count divisible by ", ntp);
+  if (T_ % ntp != 0)  // a sequence shard comes padded by shard_micro_batch (its row_multiple)
+    MT_THROW("sequence chunks of ", B_, " x ", S_, " = ", T_, " tokens cannot be split evenly over tp (", ntp,
+             ") ranks; shard the micro-batch with shard_micro_batch(..., row_multiple = ", ntp, ")");
   if (tp && !replay_.empty()) MT_THROW("routing replay is not supported with tensor parallelism (tp ", ntp, ")");
   Tl_ = T_ / ntp;
   const int64_t row0 = tp ? int64_t(tp->rank()) * Tl_ : 0;
@@ -573,7 +573,14 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   Tensor ids_host = ids.to(Device::CPU);
   sp_ = shard != nullptr;
   S_full_ = shard ? shard->padded_len : S_;
-  valid_ = shard ? shard->valid : S_;
+  valid_ = shard ? shard->valid : S_in;
+  Tensor ids_dev = ids;
+  if (S_ != S_in) {
+    Tensor padded = Tensor::zeros({B_, S_}, DType::I64);
+    for (int64_t b = 0; b < B_; ++b)
+      std::copy_n(ids_host.data<int64_t>() + b * S_in, S_in, padded.data<int64_t>() + b * S_);
+    ids_dev = padded;
+  }
   if (shard) {
     pos_host = shard->positions;
     if (has_labels) lab_host = shard->shifted_labels;
@@ -585,19 +592,20 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
       for (int64_t s = 0; s < S_; ++s) {
         pos_host.data<int32_t>()[b * S_ + s] = int32_t(s);
         lab_host.data<int64_t>()[b * S_ + s] =
-            has_labels && s + 1 < S_ ? labels_host.data<int64_t>()[b * S_ + s + 1] : int64_t(-100);
+            has_labels && s + 1 < S_in ? labels_host.data<int64_t>()[b * S_in + s + 1] : int64_t(-100);
       }
   }
   pos_T_ = cpu ? pos_host : pos_host.to(device_);
   lab_host = lab_host.rows(row0, T);  // from here on: this rank's rows (all of them without tp)
   Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
-  Tensor ids_T = ids.to(device_).view({T_}).rows(row0, T);
+  Tensor ids_T = ids_dev.to(device_).view({T_}).rows(row0, T);
 
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
-  // The aux loss's N: router rows of the whole sequences (under sequence parallelism the sp ranks'
-  // real tokens together, which reduce_aux_stats then does not sum again).
-  aux_rows_ = (shard ? B_ * shard->seq_len : T) * n_sparse;
+  // The aux loss's N: router rows of the whole real sequences of this data-parallel rank (under sequence
+  // and tensor parallelism the sp and tp ranks' real tokens together; reduce_aux_stats multiplies by
+  // the data-parallel ranks only).
+  aux_rows_ = B_ * (shard ? shard->seq_len : S_in) * n_sparse;
   if (n_sparse > 0) {
     counts_E_ = keep_.zeros({E}, DType::I64);
     sums_E_ = keep_.zeros({E});

@@ -86,10 +86,15 @@ class Qwen3MoeModel {
   bool aux_enabled() const;  // output_router_logits and at least one sparse layer
 
   // Forward and backward of one micro-batch. Gradients of ce_scale * ce_sum + aux_scale * aux
-  // are accumulated into grads(). If logits_out is given, it receives the logits (B*S, V).
+  // are accumulated into grads(). If logits_out is given, it receives the logits (B*S, V); under tensor
+  // parallelism this rank's rows of the B × padded_seq_len() rows (padding only when B × S does not
+  // divide by tp).
   LossParts forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out = nullptr);
   // Forward only; labels optional. logits_out receives (B*S, V) when given.
   LossParts forward(const MicroBatch& mb, Tensor* logits_out);
+  // The last micro-batch's local sequence length as the model ran it: S, or under tensor parallelism
+  // the shortest S' >= S with B × S' divisible by tp (each sequence padded at its end).
+  int64_t padded_seq_len() const { return S_; }
 
   // Routing replay: with ids set (i32 [T, K] per sparse layer, in layer order, any device), each
   // sparse layer uses those experts instead of its own top-k; the weights are the layer's own
@@ -134,7 +139,8 @@ class Qwen3MoeModel {
   // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
   // the aux loss is the one of the global batch. Under sequence parallelism the counts and sums are
   // this rank's real tokens only, and the row count is already that of the whole sequences of its
-  // micro-batch (B × S × sparse layers), so the hook sums counts over dp × sp and rows over dp.
+  // micro-batch (B × S × sparse layers, real tokens only; the same under tensor parallelism), so the
+  // hook sums counts over dp × sp (× tp) and multiplies rows by dp.
   // Called once per micro-batch between the forward and the loss, only when the aux loss is enabled
   // (the same on every rank). Unset = one device.
   std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
@@ -201,18 +207,21 @@ class Qwen3MoeModel {
   std::vector<int> block_units(int64_t l) const;
   Arena keep_, work_;
   // Per micro-batch state planned before the layers run.
+  // S_: the local sequence length, padded at the end of each sequence when B × S does not divide by tp
+  // (the real tokens are then the first valid_ of each sequence).
   int64_t B_ = 0, S_ = 0, T_ = 0;
   int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
   Tensor pos_T_;                 // i32 positions (t % S, or the shard's global positions)
   // Sequence parallelism: the padded whole-sequence length S' (= S_ without a shard) and the real
-  // tokens at the start of each local sequence chunk (= S_ without a shard).
+  // tokens at the start of each local sequence chunk (without a shard: the unpadded S, = S_ unless the
+  // tp remainder was padded).
   int64_t S_full_ = 0, valid_ = 0;
   bool sp_ = false;  // this micro-batch is a sequence chunk (attention through ulysses)
   // Calls f(first_row, rows) for each run of real (not padding) local token rows.
   template <class F>
   void for_valid_rows(F&& f) const;
   Tensor counts_E_, sums_E_;     // aux-loss statistics pooled over sparse layers
-  int64_t aux_rows_ = 0;         // N = T * sparse layers
+  int64_t aux_rows_ = 0;         // N = real tokens of the whole sequences (B × S) * sparse layers
   std::vector<LayerActs> acts_;
   double forward_s_ = 0, backward_s_ = 0;
   std::vector<Tensor> replay_;

@@ -19,7 +19,7 @@ struct SeqShard {
   int sp = 1;              // ranks of the sequence-parallel group
   int rank = 0;            // this rank's chunk
   int64_t seq_len = 0;     // S: the real length of every sequence
-  int64_t padded_len = 0;  // S' = ceil(S / sp) × sp
+  int64_t padded_len = 0;  // S' = ceil(S / sp) × sp, or more sp steps until B × C divides by tp
   int64_t chunk = 0;       // C = S' / sp: local tokens per sequence
   // Real (not padding) tokens at the start of each local sequence chunk: clamp(S − rank C, 0, C).
   // Padding is always a suffix of a chunk, so this count is the whole validity mask.

@@ -16,9 +16,9 @@ DistContext::~DistContext() {
   shard_sp_.reset();
   dp_sp_.reset();
   sp_.reset();
-  expert_dp_reduce_.reset();
+  expert_shard_reduce_.reset();
   shard_reduce_.reset();
-  expert_dp_.reset();
+  expert_shard_.reset();
   ep_.reset();
   dp_.reset();
   replicate_.reset();
@@ -48,8 +48,9 @@ std::unique_ptr<DistContext> DistContext::create(Device device, const DistOption
   d->dp_ = d->world_comm_->split(m.dp_color(r), d->dp_rank(), "dp");
   if (m.size(Axis::Ep) > 1) {
     d->ep_ = d->world_comm_->split(m.group_color(Axis::Ep, r), m.coord(Axis::Ep, r), "ep");
-    d->expert_dp_ = d->world_comm_->split(m.group_color(Axis::ExpertDp, r), m.coord(Axis::ExpertDp, r), "expert_dp");
-    d->expert_dp_reduce_ = d->expert_dp_->split(0, d->expert_dp_->rank(), "expert_dp.reduce");
+    d->expert_shard_ =
+        d->world_comm_->split(m.group_color(Axis::ExpertShard, r), m.coord(Axis::ExpertShard, r), "expert_shard");
+    d->expert_shard_reduce_ = d->expert_shard_->split(0, d->expert_shard_->rank(), "expert_shard.reduce");
   }
   d->shard_reduce_ = d->shard_->split(0, d->shard_->rank(), "dp_shard.reduce");
   if (m.size(Axis::Sp) > 1) {
@@ -93,9 +94,10 @@ void DistContext::check_schedules() {
 }
 
 std::vector<comm::Communicator*> DistContext::all_comms() {
-  std::vector<comm::Communicator*> v{world_comm_.get(), shard_.get(),     replicate_.get(),    dp_.get(),
-                                     ep_.get(),         expert_dp_.get(), shard_reduce_.get(), expert_dp_reduce_.get(),
-                                     sp_.get(),         dp_sp_.get(),     shard_sp_.get(),     shard_sp_reduce_.get()};
+  std::vector<comm::Communicator*> v{
+      world_comm_.get(), shard_.get(),        replicate_.get(),    dp_.get(),
+      ep_.get(),         expert_shard_.get(), shard_reduce_.get(), expert_shard_reduce_.get(),
+      sp_.get(),         dp_sp_.get(),        shard_sp_.get(),     shard_sp_reduce_.get()};
   for (auto& c : adopted_) v.push_back(c.get());
   return v;
 }

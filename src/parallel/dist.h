@@ -35,15 +35,17 @@ class DistContext {
   comm::Communicator* dp_shard() { return shard_.get(); }
   comm::Communicator* dp_replicate() { return replicate_.get(); }
   comm::Communicator* dp() { return dp_.get(); }
-  // Expert parallelism (ep > 1): the ranks that split the experts, and the ranks that hold the same
-  // experts (expert data parallelism). Null when ep = 1.
+  // Expert parallelism (ep > 1): the ranks that split the experts, and the ranks of this rank's
+  // dp_replicate replica that hold the same experts (expert data parallelism within the replica, over
+  // which expert units are sharded; all expert_dp ranks without HSDP). Under HSDP the same expert shard's
+  // replicas are the dp_replicate group (mesh.h). Null when ep = 1.
   comm::Communicator* ep() { return ep_.get(); }
-  comm::Communicator* expert_dp() { return expert_dp_.get(); }
-  // Second communicators over the same ranks as dp_shard and expert_dp, for FSDP's gradient
+  comm::Communicator* expert_shard() { return expert_shard_.get(); }
+  // Second communicators over the same ranks as dp_shard and expert_shard, for FSDP's gradient
   // reductions: on CUDA each communicator has its own stream, so the reduce-scatters of one block
   // run beside the next block's weight all-gathers instead of queueing behind them.
   comm::Communicator* dp_shard_reduce() { return shard_reduce_.get(); }
-  comm::Communicator* expert_dp_reduce() { return expert_dp_reduce_.get(); }
+  comm::Communicator* expert_shard_reduce() { return expert_shard_reduce_.get(); }
   // Takes ownership of a communicator made from this context's (e.g. the tensor-parallel groups, built
   // by parallel/tensor_parallel.h from the model's shape): the watchdog watches it and check_schedules
   // covers it. Returns it.
@@ -73,8 +75,8 @@ class DistContext {
   int rank_ = 0, world_ = 1, local_rank_ = 0;
   DeviceMesh mesh_;
   std::unique_ptr<comm::Store> store_;
-  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_dp_, shard_reduce_,
-      expert_dp_reduce_;
+  std::unique_ptr<comm::Communicator> world_comm_, shard_, replicate_, dp_, ep_, expert_shard_, shard_reduce_,
+      expert_shard_reduce_;
   std::vector<std::unique_ptr<comm::Communicator>> adopted_;
   std::unique_ptr<comm::Communicator> sp_, dp_sp_, shard_sp_, shard_sp_reduce_;
   std::unique_ptr<comm::Watchdog> watchdog_;

@@ -76,7 +76,12 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
              "tensor parallelism needs the tp-split (and kv) communicators");
   if (plan_.ep > 1) {
     MT_CHECK(expert_shard_, "expert parallelism needs the expert data-parallel communicator");
-    if (replicate_) MT_THROW("expert parallelism with dp_replicate ", replicate_->size(), " > 1 is not supported yet");
+    // Every element of the experts is held once per replica (expert_shard × ep covers the experts of a
+    // replica, whose ranks shard_ spans), so the grad norm's sum over shard_ counts each expert element
+    // once and the all-reduce over dp_replicate reaches exactly the same shard in the other replicas.
+    MT_CHECK(shard_.size() % (expert_shard_->size() * plan_.ep) == 0, "the expert shard group (", expert_shard_->size(),
+             " ranks) × ep (", plan_.ep, ") must divide the dense shard group (", shard_.size(),
+             " ranks): the experts of one replica are sharded within it");
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     const int64_t W = comm_of(int(u)).size();

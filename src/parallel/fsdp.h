@@ -49,7 +49,10 @@ struct FsdpOptions {
 };
 
 // Expert parallelism: the ep group (its rank order is the experts' order) and the ranks that hold
-// the same experts (expert data parallelism), over which expert units are sharded. Null: no EP.
+// the same experts (expert data parallelism) within this rank's dp_replicate replica, over which
+// expert units are sharded. Under HSDP the expert units are all-reduced over dp_replicate like every
+// unit: the ranks holding the same expert shard in other replicas are the dp_replicate group
+// (parallel/mesh.h). Null: no EP.
 struct ExpertGroups {
   comm::Communicator* ep = nullptr;
   comm::Communicator* expert_shard = nullptr;

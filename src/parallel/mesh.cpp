@@ -13,6 +13,7 @@ const char* axis_name(Axis a) {
     case Axis::ExpertDp: return "expert_dp";
     case Axis::Ep: return "ep";
     case Axis::Etp: return "etp";
+    case Axis::ExpertShard: return "expert_shard";
   }
   return "?";
 }
@@ -42,6 +43,15 @@ DeviceMesh::DeviceMesh(const MeshSpec& spec, int world_size) : world_(world_size
   if (world_ % (s_.ep * s_.etp) != 0)
     MT_THROW("world size ", world_, " is not divisible by ep ", s_.ep, " × etp ", s_.etp, " (expert layers fold the world into expert_dp × ep × etp)");
   expert_dp_ = world_ / (s_.ep * s_.etp);
+  expert_shard_ = expert_dp_;
+  if (s_.ep > 1 && s_.dp_replicate > 1) {
+    const int replica = world_ / s_.dp_replicate;
+    if (replica % (s_.ep * s_.etp) != 0)
+      MT_THROW("ep ", s_.ep, " × etp ", s_.etp, " = ", s_.ep * s_.etp, " must divide the ", replica,
+               " ranks of one dp_replicate replica (dp_shard ", s_.dp_shard, " × sp ", s_.sp, " × tp ", s_.tp,
+               "): under HSDP every replica holds all experts");
+    expert_shard_ = replica / (s_.ep * s_.etp);
+  }
 }
 
 int DeviceMesh::size(Axis a) const {
@@ -53,6 +63,7 @@ int DeviceMesh::size(Axis a) const {
     case Axis::ExpertDp: return expert_dp_;
     case Axis::Ep: return s_.ep;
     case Axis::Etp: return s_.etp;
+    case Axis::ExpertShard: return expert_shard_;
   }
   return 1;
 }
@@ -68,6 +79,7 @@ static int stride_of(const DeviceMesh& m, Axis a) {
     case A::Etp: return 1;
     case A::Ep: return m.size(A::Etp);
     case A::ExpertDp: return m.size(A::Etp) * m.size(A::Ep);
+    case A::ExpertShard: return m.size(A::Etp) * m.size(A::Ep);  // the fast part of expert_dp
   }
   return 1;
 }
@@ -138,7 +150,8 @@ void DeviceMesh::check_experts(int num_experts) const {
 
 std::string DeviceMesh::describe() const {
   return str("world ", world_, " = dp_replicate ", s_.dp_replicate, " × dp_shard ", s_.dp_shard, " × sp ", s_.sp,
-             " × tp ", s_.tp, "; experts: expert_dp ", expert_dp_, " × ep ", s_.ep, " × etp ", s_.etp);
+             " × tp ", s_.tp, "; experts: expert_dp ", expert_dp_, " × ep ", s_.ep, " × etp ", s_.etp,
+             expert_shard_ != expert_dp_ ? str(" (expert_shard ", expert_shard_, " per replica)") : std::string());
 }
 
 }  // namespace mt

@@ -2,6 +2,12 @@
 // dp_replicate × dp_shard × sp × tp (tp varies fastest); expert layers re-fold the same ranks as
 // expert_dp × ep × etp (etp fastest), where etp is 1 or tp (DESIGN.md, "parallel folding"). "axis"
 // is a mesh axis; "dim" is a tensor dimension. Invalid layouts are rejected naming every degree.
+//
+// Under HSDP (dp_replicate > 1) with expert parallelism every replica (the dp_shard × sp × tp ranks of
+// one dp_replicate coordinate, a contiguous block of world / dp_replicate ranks) holds all experts:
+// ep × etp must divide the replica, and expert_dp splits into dp_replicate (slowest) × expert_shard,
+// the ranks of one replica that hold the same experts. The ranks holding the same expert shard in
+// the other replicas are then exactly the rank's dp_replicate group (same position in the replica).
 #pragma once
 #include <initializer_list>
 #include <string>
@@ -9,7 +15,8 @@
 
 namespace mt {
 
-enum class Axis { DpReplicate, DpShard, Sp, Tp, ExpertDp, Ep, Etp };
+// ExpertShard: the expert_dp ranks of one dp_replicate replica (= ExpertDp without HSDP).
+enum class Axis { DpReplicate, DpShard, Sp, Tp, ExpertDp, Ep, Etp, ExpertShard };
 const char* axis_name(Axis a);  // "dp_replicate", ...
 
 struct MeshSpec {
@@ -47,7 +54,7 @@ class DeviceMesh {
  private:
   int world_;
   MeshSpec s_;
-  int expert_dp_ = 1;
+  int expert_dp_ = 1, expert_shard_ = 1;
 };
 
 }  // namespace mt

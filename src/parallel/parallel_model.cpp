@@ -19,7 +19,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   const int tp = m.size(Axis::Tp), etp = m.size(Axis::Etp);
   TpGroups tg;
   comm::Communicator* shard = dist.dense_shard();
-  ReduceComms rc{dist.dense_shard_reduce(), dist.expert_dp_reduce()};
+  ReduceComms rc{dist.dense_shard_reduce(), dist.expert_shard_reduce()};
   if (tp > 1) {
     // Every tp rank holds the tp-local layout; tp-replicated units are sharded over the dense ranks.
     pm.tp = std::make_shared<TpLayout>(c, tp, etp);
@@ -47,7 +47,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
   if (m.size(Axis::Ep) > 1) {
     m.check_experts(int(c.num_experts));
     eg.ep = dist.ep();
-    eg.expert_shard = dist.expert_dp();
+    eg.expert_shard = dist.expert_shard();
     pm.dispatcher = std::make_unique<moe::ExpertDispatcher>(*dist.ep(), c.num_experts, dopt);
   }
   pm.fsdp = std::make_unique<FsdpParams>(lc, lt, device, *shard, dist.dp_replicate(), opt, eg, rc, tg);
@@ -82,10 +82,10 @@ void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
   model.ulysses = ulysses.get();
   if (!dist.distributed() || !model.aux_enabled()) return;
   // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
-  // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with tp);
-  // the model's row count already covers its whole sequences, so only the data-parallel ranks multiply
-  // it. Under tp alone the row count is this rank's T / tp rows, multiplied by every rank.
-  const int n = ulysses || !tp ? dist.dp_size() : dist.world_size();
+  // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with tp).
+  // The model's row count covers the real tokens of its whole sequences (all sp and tp ranks of its
+  // data-parallel rank together, padding excluded), so only the data-parallel ranks multiply it.
+  const int n = dist.dp_size();
   comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
   model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
     dp->all_reduce(counts)->wait();

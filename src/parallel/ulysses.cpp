@@ -19,7 +19,7 @@ void check_sp_heads(const ModelConfig& c, int sp) {
              "over sp / G ranks");
 }
 
-MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank) {
+MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank, int row_multiple) {
   if (sp == 1) return MicroBatch{ids_BS, labels_BS};
   if (ids_BS.dim() != 2 || ids_BS.dtype() != DType::I64) MT_THROW("input_ids must be i64 [B, S], got ", ids_BS.desc());
   const bool labels = labels_BS.defined();
@@ -31,7 +31,9 @@ MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int 
   sh->sp = sp;
   sh->rank = sp_rank;
   sh->seq_len = S;
+  MT_CHECK(row_multiple >= 1, "row_multiple ", row_multiple);
   sh->padded_len = (S + sp - 1) / sp * sp;
+  while (B * (sh->padded_len / sp) % row_multiple != 0) sh->padded_len += sp;  // tp splits the B × C rows
   const int64_t C = sh->chunk = sh->padded_len / sp, s0 = int64_t(sp_rank) * C;
   sh->valid = std::max<int64_t>(0, std::min(C, S - s0));
   Tensor ids = ids_BS.to(Device::CPU), lab = labels ? labels_BS.to(Device::CPU) : Tensor();

@@ -29,8 +29,9 @@ void check_sp_heads(const ModelConfig& c, int sp);
 
 // This rank's piece of a micro-batch (ids, labels: i64 [B, S], HF semantics) for sequence chunk
 // sp_rank of sp (see SeqShard). labels may be undefined (forward only). sp = 1 returns the batch
-// as it is (no shard). Host computation only: no collective.
-MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank);
+// as it is (no shard). row_multiple (tp): the sequences are padded further, by whole sp steps, until
+// the chunk's B × C rows divide by it. Host computation only: no collective.
+MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank, int row_multiple = 1);
 
 class UlyssesExchange {
  public:

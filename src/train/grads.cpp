@@ -85,7 +85,7 @@ GradsResult run_grads(const GradsOptions& opt) {
     local = MicroBatch{mb.input_ids.rows(r0, n), mb.labels.rows(r0, n)};
   }
   // Sequence parallelism: this rank's chunk of every sequence, planned here from the whole batch.
-  local = shard_micro_batch(local.input_ids, local.labels, sp, dist->sp_rank());
+  local = shard_micro_batch(local.input_ids, local.labels, sp, dist->sp_rank(), dist->mesh().size(Axis::Tp));
 
   if (fsdp) fsdp->zero_grads();
   else model.zero_grads();
@@ -105,8 +105,16 @@ GradsResult run_grads(const GradsOptions& opt) {
   // a dp rank's rows, and the world's rank order is dp-major).
   comm::Communicator* rows_comm = pm.tp ? dist->world() : dist->dp();
   if (rows_comm && rows_comm->size() > 1 && sp == 1) {
-    all_logits = Tensor::empty({B * S, cfg.vocab_size});
-    rows_comm->all_gather(logits, all_logits)->wait();
+    // Under tp the model may have padded each sequence to S' (B × S' divisible by tp): the gathered
+    // rows are [B, S'], and the padding is dropped.
+    const int64_t Sp = model.padded_seq_len(), V = cfg.vocab_size;
+    Tensor gathered = Tensor::empty({int64_t(rows_comm->size()) * logits.size(0), V});
+    rows_comm->all_gather(logits, gathered)->wait();
+    all_logits = gathered;
+    if (Sp != S) {
+      all_logits = Tensor::empty({B * S, V});
+      for (int64_t b = 0; b < B; ++b) all_logits.rows(b * S, S).copy_from(gathered.rows(b * Sp, S));
+    }
     ce_sum = 0;
     for (double v : comm::all_gather_doubles(*rows_comm, {lp.ce_sum})) ce_sum += v;
   } else if (sp > 1) {

@@ -281,7 +281,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
         b.labels = b.labels.rows(r0, n);
       }
       // Sequence parallelism: this rank's chunk of every sequence, planned from the whole rows.
-      batches.push_back(shard_micro_batch(b.input_ids, b.labels, sp, dist->sp_rank()));
+      batches.push_back(shard_micro_batch(b.input_ids, b.labels, sp, dist->sp_rank(), dist->mesh().size(Axis::Tp)));
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
