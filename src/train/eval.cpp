@@ -1,6 +1,8 @@
 #include "train/eval.h"
 
+#include <algorithm>
 #include <map>
+#include <string>
 
 #include "data/char_tokenizer.h"
 
@@ -48,6 +50,14 @@ std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const st
   return out;
 }
 
+std::string describe_answer(const Problem& p, const std::vector<int64_t>& generated) {
+  static const CharTokenizer tok;
+  auto eos = std::find(generated.begin(), generated.end(), tok.eos_id());
+  const bool ok = check_answer(p, generated);
+  return str(p.a, "+", p.b, "= -> ", tok.decode(std::vector<int64_t>(generated.begin(), eos), true),
+             eos == generated.end() ? " (no <eos>)" : "", " (expected ", p.answer, ", ", ok ? "ok" : "wrong", ")");
+}
+
 EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits,
                              const AgreeFn& agree) {
   std::vector<std::vector<int64_t>> prompts;
@@ -59,9 +69,7 @@ EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& p
   for (size_t i = 0; i < problems.size(); ++i) {
     bool ok = check_answer(problems[i], gen[i]);
     r.correct += ok ? 1 : 0;
-    if (r.samples.size() < 3)
-      r.samples.push_back(str(problems[i].a, "+", problems[i].b, "= -> ", tok.decode(gen[i], true), " (expected ",
-                              problems[i].answer, ", ", ok ? "ok" : "wrong", ")"));
+    if (r.samples.size() < 3) r.samples.push_back(describe_answer(problems[i], gen[i]));
   }
   return r;
 }

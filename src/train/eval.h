@@ -4,6 +4,7 @@
 // training forward, which is what we want to measure.
 #pragma once
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "data/synthetic.h"
@@ -30,6 +31,9 @@ std::vector<std::vector<int64_t>> greedy_generate(Qwen3MoeModel& model, const st
                                                   int64_t max_new, int64_t eos_id, const AgreeFn& agree = {},
                                                   int64_t vocab_limit = 0);
 
+// One evaluated problem for the log: "69+73= -> 241 (expected 241, ok)", the generated answer up to its
+// <eos> (the tokens a batch generates after it are not part of the answer), or "(no <eos>)".
+std::string describe_answer(const Problem& p, const std::vector<int64_t>& generated);
 EvalResult evaluate_addition(Qwen3MoeModel& model, const std::vector<Problem>& problems, int max_digits,
                              const AgreeFn& agree = {});
 

@@ -16,10 +16,12 @@
 #ifdef MT_HAVE_CUDA
 #include "backend/cuda/grouped_gemm.cuh"
 #endif
+#include "comm/communicator.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
+#include "parallel/fsdp.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -243,4 +245,74 @@ TEST(CudaTrain, DefaultDemoReachesEightyFivePercentExactMatch) {
   std::printf("[cuda demo] %s\n", s.summary_line.c_str());
   ASSERT_TRUE(s.evaluated);
   EXPECT_GE(s.eval.exact_match(), 85.0) << s.summary_line;
+}
+
+// The RMSNorm gains and the router are read from the fp32 masters, not from the bf16 compute copy.
+// Each of them is moved by less than its bf16 rounding interval (so the bf16 copy stays bit for bit
+// the same): the logits must change, through a model that holds its own weights and through FSDP (one
+// rank over NCCL, whose per-pass f32 copy must follow the masters the optimizer changed in place),
+// and FSDP must give the single-device logits.
+TEST(CudaModel, NormGainsAndRouterAreReadFromTheFp32Masters) {
+  MT_REQUIRE_GPU();
+  const ModelConfig c = preset_model_config("demo");
+  const ParamTable table(c);
+  Tensor host = Tensor::zeros({table.total()});
+  init_weights(c, table, host, 21);
+  Tensor moved = host.clone();
+  const Tensor rounded = host.to(DType::BF16).to(DType::F32);
+  int64_t n_moved = 0;
+  for (const ParamEntry& e : table.entries()) {
+    if (!fp32_compute_param(e.name)) continue;
+    for (int64_t i = e.offset; i < e.offset + e.numel; ++i) {
+      const float w = host.data<float>()[i], r = rounded.data<float>()[i];
+      // Halfway to its bf16 value, or 2^-10 of itself when it is one (below half a bf16 ulp).
+      const float m = w != r ? r + (w - r) / 2 : w * (1.0f + 1.0f / 1024.0f);
+      moved.data<float>()[i] = m;
+      n_moved += m != w;
+    }
+  }
+  ASSERT_GT(n_moved, 1000);
+  ASSERT_EQ(rel_l2(moved.to(DType::BF16).to(DType::F32), rounded), 0.0) << "every move stays below bf16 resolution";
+  Rng rng(22);
+  const int64_t B = 4, S = 64;
+  MicroBatch mb{Tensor::empty({B, S}, DType::I64), Tensor()};
+  for (int64_t i = 0; i < B * S; ++i) mb.input_ids.data<int64_t>()[i] = rng.randint(0, 22);
+
+  auto logits_of = [&](Qwen3MoeModel& m) {
+    Tensor logits;
+    m.forward(mb, &logits);
+    return logits.to(Device::CPU).to(DType::F32);
+  };
+  Qwen3MoeModel local(c, Device::CUDA);
+  local.params().copy_from(host.to(Device::CUDA));
+  local.refresh_compute_weights();
+  const Tensor l0 = logits_of(local), l0_again = logits_of(local);
+  local.params().copy_from(moved.to(Device::CUDA));
+  local.refresh_compute_weights();
+  EXPECT_EQ(rel_l2(local.compute_params()->to(Device::CPU).to(DType::F32), rounded), 0.0)
+      << "the bf16 copy must not see the move";
+  const Tensor l1 = logits_of(local);
+  const double noise = rel_l2(l0_again, l0), moved_by = rel_l2(l1, l0);
+  std::printf("[fp32 reads] repeat %.3g, gains and router moved below bf16 resolution: logits moved %.3g\n", noise,
+              moved_by);
+  EXPECT_GT(moved_by, 1e-5);
+  EXPECT_GT(moved_by, 100 * noise);
+
+  auto store = comm::make_memory_store();
+  auto world = comm::make_world(Device::CUDA, 0, 1, *store, {});
+  FsdpParams fsdp(c, table, Device::CUDA, *world, nullptr);
+  auto load = [&](const Tensor& flat) {
+    for (const FlatRange& p : fsdp.owned_pieces()) {
+      Tensor dst = fsdp.params().rows(p.dst_offset, p.end - p.begin);
+      dst.copy_from(flat.rows(p.begin, p.end - p.begin).to(Device::CUDA));
+    }
+    fsdp.refresh_compute_weights();
+  };
+  Qwen3MoeModel sharded(c, Device::CUDA, &fsdp);
+  load(host);
+  const Tensor f0 = logits_of(sharded);
+  load(moved);  // the masters change between passes, as an optimizer step changes them
+  const Tensor f1 = logits_of(sharded);
+  EXPECT_LE(rel_l2(f0, l0), 1e-6) << "FSDP's fp32 copy holds the masters";
+  EXPECT_LE(rel_l2(f1, l1), 1e-6) << "FSDP refreshes its fp32 copy each pass";
 }

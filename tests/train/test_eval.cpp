@@ -48,6 +48,18 @@ TEST(Eval, GreedyDecodingChoosesOnlyTheTokenizersIds) {
   EXPECT_EQ(r.samples.size(), 3u);
 }
 
+// What the log shows of an answer stops at its <eos>: batched decoding goes on after it, and the run
+// printed "491+94= -> 5857 (expected 585, ok)" for a correct answer.
+TEST(Eval, SampleLineShowsTheAnswerUpToItsEos) {
+  const CharTokenizer tok;
+  const Problem p = make_addition_problem(491, 94);  // 585, reversed "585"
+  std::vector<int64_t> gen = tok.encode("585");
+  gen.push_back(tok.eos_id());
+  for (int64_t id : tok.encode("7")) gen.push_back(id);
+  EXPECT_EQ(describe_answer(p, gen), "491+94= -> 585 (expected 585, ok)");
+  EXPECT_EQ(describe_answer(p, tok.encode("5857")), "491+94= -> 5857 (no <eos>) (expected 585, wrong)");
+}
+
 TEST(Eval, VocabLimitOutsideTheModelsVocabularyIsAnError) {
   Qwen3MoeModel m(preset_model_config("demo"));
   prefer_padding_ids(m);
