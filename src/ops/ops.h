@@ -1,5 +1,6 @@
-// The op interface: one signature per op, implemented by every backend (backend/cpu now,
-// backend/cuda next). The model calls only these.
+// The op interface: one signature per op, implemented by every backend (backend/cpu and
+// backend/cuda; ops.cpp runs the CUDA version when the op's tensors are on CUDA). The model calls
+// only these.
 //
 // Contracts (as in llm.c):
 //   - tensors are contiguous row-major; all tensors of one call live on one device;
