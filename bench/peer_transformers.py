@@ -3,7 +3,7 @@
 (default bench-4L), random init, random tokens, one training step = forward + backward + AdamW.
 
 Variants (--variant):
-  bf16        bf16 weights and bf16 AdamW states (what the DESIGN.md peer table measured)
+  bf16        bf16 weights and bf16 AdamW states (what the docs/design.md peer table measured)
   fp32master  fp32 weights and AdamW states with bf16 autocast (moetrain's precision policy)
 and --compile wraps the model in torch.compile. Experts use transformers' "grouped_mm" implementation,
 attention "sdpa". Prints one JSON line like train_step's. Usage:

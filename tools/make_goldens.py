@@ -242,7 +242,7 @@ def forward_loss(model, input_ids, labels):
     return out, aux
 
 def reference_forward(w, cfg, input_ids, labels):
-    """Independent re-implementation of the maths in DESIGN.md ("The model") from on-disk tensors `w` (either
+    """Independent re-implementation of the maths in docs/design.md ("The model") from on-disk tensors `w` (either
     expert layout) and the config.json dict `cfg`. Returns (logits, cross-entropy, unscaled aux loss, smallest
     gap between the k-th and (k+1)-th router probability). Used to cross-check transformers and to make sure
     no token's routing sits on a near tie (which would make the goldens fragile for another implementation)."""

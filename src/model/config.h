@@ -1,5 +1,5 @@
 // ModelConfig: the Qwen3-MoE / Qwen3 architecture hyper-parameters, read from and written to a
-// Hugging Face config.json, plus the built-in presets of DESIGN.md (tiny, demo, bench-4L,
+// Hugging Face config.json, plus the built-in presets of docs/design.md (tiny, demo, bench-4L,
 // qwen3-30b-a3b). Dense Qwen3 is the same model with num_experts = 0.
 #pragma once
 #include <cstdint>

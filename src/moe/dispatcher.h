@@ -8,7 +8,7 @@
 //     overlap them with other work later;
 //   - `prepare` makes the only decision (routing order, capacity drops, counts; one fixed-size
 //     counts exchange). Everything later, forward, backward and a recompute, reads the plan and
-//     issues exactly one all_to_all_v per call, never a collective of its own choosing (DESIGN.md:
+//     issues exactly one all_to_all_v per call, never a collective of its own choosing (docs/design.md:
 //     recompute never re-decides routing);
 //   - rows arrive grouped by local expert (all rows of local expert 0 from every source, source
 //     rank ascending, then local expert 1, ...), within a source in assignment order (t*K + k), so the

@@ -1,6 +1,6 @@
 // The device mesh: which rank plays which role. Dense layers see the world as
 // dp_replicate × dp_shard × sp × tp (tp varies fastest); expert layers re-fold the same ranks as
-// expert_dp × ep × etp (etp fastest), where etp is 1 or tp (DESIGN.md, "parallel folding"). "axis"
+// expert_dp × ep × etp (etp fastest), where etp is 1 or tp (docs/design.md, "parallel folding"). "axis"
 // is a mesh axis; "dim" is a tensor dimension. Invalid layouts are rejected naming every degree.
 //
 // Under HSDP (dp_replicate > 1) with expert parallelism every replica (the dp_shard × sp × tp ranks of

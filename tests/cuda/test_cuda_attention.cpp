@@ -9,7 +9,7 @@
 //   lse (f32): 1e-5. Both paths compute it in f32 from the same inputs, so it differs from the
 //     CPU's fp64 softmax only by f32 rounding in the dot products and the sum of exponentials
 //     (~1e-7 per operation). Measured 3e-8..7e-8 on both paths.
-//   dq, dk, dv (bf16): 2e-2 (DESIGN.md's bf16 budget). They are built from the bf16 forward output
+//   dq, dk, dv (bf16): 2e-2 (docs/design.md's bf16 budget). They are built from the bf16 forward output
 //     (D = dO . O carries its rounding into dS) and rounded to bf16 once more; cuDNN also rounds P
 //     and dS to bf16 in its products. Measured 1.7e-3..2.2e-3 (reference), 2.3e-3..3.2e-3 (cuDNN).
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The whole model on CUDA (bf16 compute, fp32 masters) against the transformers goldens and the CPU
-// training curve, within DESIGN.md's bf16 tolerance (relative L2 <= 2e-2).
+// training curve, within docs/design.md's bf16 tolerance (relative L2 <= 2e-2).
 //
 // The golden comparison replays the routing of the fp32 CPU model (which matches transformers): bf16
 // rounding moves router logits by ~1e-3, enough to flip a near-tie top-k choice of a few of the 32
@@ -69,7 +69,7 @@ TEST_P(CudaGolden, LossLogitsAndGradientsWithinBf16Tolerance) {
     double want = exp.read_f32("loss").data<float>()[0];
     EXPECT_LE(std::abs(lp.loss - want), 2e-2 * want) << lp.loss << " vs " << want;
     EXPECT_LE(rel_l2(logits, exp.read_f32("logits").view({-1, cfg.vocab_size})), 2e-2);
-    // The gradient as a whole within DESIGN.md's 2e-2; each tensor within 5e-2, because the small
+    // The gradient as a whole within docs/design.md's 2e-2; each tensor within 5e-2, because the small
     // ones (RMSNorm weights, the router) sum bf16 products over every token with cancellation, and
     // sit near 3e-2 (measured 2.2e-2 to 3.5e-2 on an H200 over the six goldens).
     double worst = 0, num = 0, den = 0;

@@ -266,7 +266,7 @@ TEST(ModelConfig, SparseLayerRuleMatchesTransformers) {
 
 TEST(ModelConfig, ParameterCounts) {
   ModelConfig b = preset_model_config("bench-4L");
-  // DESIGN.md: 3.11 B parameters, 0.537 B active matmul parameters per token.
+  // docs/design.md: 3.11 B parameters, 0.537 B active matmul parameters per token.
   EXPECT_NEAR(double(b.num_parameters()) / 3.11e9, 1.0, 0.005);
   EXPECT_NEAR(double(b.active_matmul_parameters()) / 0.537e9, 1.0, 0.005);
   EXPECT_EQ(b.num_parameters(), 3114814464);

@@ -1,5 +1,5 @@
 // The model against transformers: goldens made by tools/make_goldens.py (fp32, eager attention).
-// Tolerances from DESIGN.md (relative L2): logits and loss <= 1e-5, every gradient <= 1e-4, the
+// Tolerances from docs/design.md (relative L2): logits and loss <= 1e-5, every gradient <= 1e-4, the
 // parameters after 3 AdamW steps with clipping <= 1e-5.
 #include <gtest/gtest.h>
 
