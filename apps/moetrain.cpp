@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "comm/comm_selftest.h"
-#include "comm/dist_selftest.h"
-#include "comm/launch.h"
+#include "selftest/comm_selftest.h"
+#include "selftest/dist_selftest.h"
+#include "launch/launch.h"
 #include "core/error.h"
 #include "train/grads.h"
 #include "train/train_config.h"

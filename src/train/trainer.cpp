@@ -12,11 +12,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/gemm.h"
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
 #include "ops/ops.h"
+#include "ops/threads.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
@@ -79,7 +79,7 @@ ModelConfig resolve_model_config(const std::string& model) {
 
 TrainSummary run_training(const TrainConfig& cfg) {
   validate_train_config(cfg);
-  cpu::set_blas_threads(int(cfg.threads));
+  ops::set_cpu_threads(int(cfg.threads));
   Device device = resolve_device(cfg.device);
   ModelConfig mc = resolve_model_config(cfg.model);
 

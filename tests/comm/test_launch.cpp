@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/launch.h"
+#include "launch/launch.h"
 #include "test_util.h"
 
 namespace mt::comm {

@@ -1,7 +1,7 @@
 // The launcher: fork/exec of the ranks, one poll() loop in the calling thread over their output
 // pipes and a self-pipe fed by the signal handlers (no other threads, so nothing between fork and
 // exec can deadlock), and the stop protocol described in launch.h.
-#include "comm/launch.h"
+#include "launch/launch.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>

@@ -10,7 +10,7 @@
 //                       SIGTERM, so that the launcher's stop protocol cannot pre-empt the error they
 //                       must raise themselves (the launcher's SIGKILL after its grace period still
 //                       ends a rank that hangs)
-#include "comm/comm_selftest.h"
+#include "selftest/comm_selftest.h"
 
 #include <unistd.h>
 

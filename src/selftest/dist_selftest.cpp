@@ -6,7 +6,7 @@
 //   --absent-rank R       rank R never reaches the barrier (sleeps forever before it)
 //   --ignore-sigterm      ranks that hang or stay absent ignore SIGTERM (the launcher must SIGKILL)
 //   --numa                bind each rank to the NUMA node of GPU <local rank> first (logs one line)
-#include "comm/dist_selftest.h"
+#include "selftest/dist_selftest.h"
 
 #include <unistd.h>
 
