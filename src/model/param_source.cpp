@@ -118,9 +118,10 @@ UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_ra
 
 std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t) { return plan_units(c, t).units; }
 
-LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device) : plan_(plan_units(c, t)) {
+LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights)
+    : plan_(plan_units(c, t)) {
   params_ = Tensor::zeros({t.total()}, DType::F32, device);
-  grads_ = Tensor::zeros({t.total()}, DType::F32, device);
+  if (weights == Weights::Trainable) grads_ = Tensor::zeros({t.total()}, DType::F32, device);
   // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
   compute_ = device == Device::CUDA ? Tensor::zeros({t.total()}, DType::BF16, device) : params_;
 }
@@ -131,9 +132,16 @@ Tensor LocalParams::acquire_weights(int u) {
   return compute_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
+Tensor& LocalParams::grads() {
+  if (!grads_.defined())
+    MT_THROW("these parameters are frozen (Weights::Frozen): they have no gradients; build the model with "
+             "Weights::Trainable to train it");
+  return grads_;
+}
+
 Tensor LocalParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && size_t(u) < units_.size(), "unit ", u, " of ", units_.size());
-  return grads_.rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
+  return grads().rows(units_[size_t(u)].begin(), units_[size_t(u)].numel);
 }
 
 Tensor LocalParams::fp32_param(const ParamEntry& e) {

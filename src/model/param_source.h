@@ -61,9 +61,14 @@ UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep = 1, int e
 // The single-piece units of ep = 1 (embedding, each block, head).
 std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t);
 
+// Trainable: the source holds gradients (unit_grads) for a backward. Frozen: weights only (a reference
+// model, a generator): no gradient memory, and asking for gradients is an error.
+enum class Weights { Trainable, Frozen };
+
 class ParamSource {
  public:
   virtual ~ParamSource() = default;
+  virtual bool trainable() const { return true; }
   virtual const UnitPlan& plan() const = 0;
   // Compute-dtype weights of unit u (its pieces back to back, numel elements). Valid until
   // release_weights(u). Acquiring a unit that is already held returns the same memory.
@@ -91,7 +96,8 @@ class ParamSource {
 // and (on CUDA) the bf16 compute copy are flat buffers over the whole model.
 class LocalParams final : public ParamSource {
  public:
-  LocalParams(const ModelConfig& c, const ParamTable& t, Device device);
+  LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights = Weights::Trainable);
+  bool trainable() const override { return grads_.defined(); }
   const UnitPlan& plan() const override { return plan_; }
   Tensor acquire_weights(int u) override;
   void release_weights(int) override {}
@@ -106,7 +112,7 @@ class LocalParams final : public ParamSource {
   std::vector<std::pair<int64_t, int64_t>> unit_ranges() const;
 
   Tensor& params() { return params_; }  // f32 master weights
-  Tensor& grads() { return grads_; }    // f32
+  Tensor& grads();                       // f32; an error when frozen
   // bf16 on CUDA; on the CPU the master weights themselves.
   Tensor& compute() { return compute_; }
   bool has_compute_copy() const { return compute_.raw() != params_.raw(); }

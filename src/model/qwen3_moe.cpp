@@ -57,17 +57,19 @@ void Qwen3MoeModel::for_valid_rows(F&& f) const {
 // combined rows alias the expert outputs in an arena, and nothing travels anyway.
 bool Qwen3MoeModel::keeps_exchanges(const LayerActs& a) const { return dispatcher && a.ep_plan && a.ep_plan->ep > 1; }
 
-Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source)
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source, Weights weights)
     : cfg_(config),
       device_(device),
       act_(device == Device::CUDA ? DType::BF16 : DType::F32),
       table_(config),
       keep_(0, device),
       work_(0, device) {
+  MT_CHECK(!(source && weights == Weights::Frozen), "Weights::Frozen applies to a model that holds its own "
+           "parameters; an external source decides for itself (FsdpOptions::weights)");
   if (source) {
     src_ = source;
   } else {
-    local_ = std::make_unique<LocalParams>(cfg_, table_, device);
+    local_ = std::make_unique<LocalParams>(cfg_, table_, device, weights);
     src_ = local_.get();
   }
   plan_ = &src_->plan();
@@ -535,6 +537,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   if (!shard && has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
     MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids.shape()), ", got ", mb.labels.desc());
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
+  if (backward && !src_->trainable())
+    MT_THROW("forward_backward on frozen weights (Weights::Frozen, no gradients): a frozen model runs forward only");
   if (aux_scale != 0 && !aux_enabled())
     MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
   const double z_scale = backward ? z_loss_scale : 0.0;

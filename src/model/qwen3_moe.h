@@ -65,7 +65,10 @@ class Qwen3MoeModel {
  public:
   // With no ParamSource the model holds all parameters itself (LocalParams); otherwise it reads and
   // writes them through `source` (FSDP), which must outlive the model.
-  explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU, ParamSource* source = nullptr);
+  // With no source the model holds its own parameters (LocalParams), trainable or frozen (`weights`:
+  // a frozen model has no gradient memory and only runs forward()); with a source, the source decides.
+  explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU, ParamSource* source = nullptr,
+                         Weights weights = Weights::Trainable);
   ~Qwen3MoeModel();
 
   const ModelConfig& config() const { return cfg_; }

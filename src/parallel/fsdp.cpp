@@ -93,7 +93,7 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
   written_.assign(units_.size(), 0);
   in_backward_.assign(units_.size(), 0);
   params_ = Tensor::zeros({local_numel_}, DType::F32, device);
-  grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
+  if (opt.weights == Weights::Trainable) grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
   compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
   if (compute_.raw() != params_.raw()) plan_fp32_params(t);
 }
@@ -240,8 +240,15 @@ void FsdpParams::drop_kept() {
   std::fill(in_backward_.begin(), in_backward_.end(), char(0));
 }
 
+Tensor& FsdpParams::grads() {
+  if (!grads_.defined())
+    MT_THROW("these sharded parameters are frozen (FsdpOptions::weights = Frozen): they have no gradients");
+  return grads_;
+}
+
 Tensor FsdpParams::unit_grads(int u) {
   MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
+  grads();  // frozen: the error, before any buffer is taken
   in_backward_[size_t(u)] = 1;
   auto it = unit_grads_.find(u);
   if (it == unit_grads_.end()) {
@@ -364,7 +371,7 @@ Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {
   auto [mb, me] = part(cm.rank());
   Tensor mine = Tensor::zeros({longest}, DType::F32, device_);
   if (me > mb)
-    mine.rows(0, me - mb).copy_from((grads ? grads_ : params_).rows(offset_[size_t(u)] + (mb - cm.rank() * c), me - mb));
+    mine.rows(0, me - mb).copy_from((grads ? this->grads() : params_).rows(offset_[size_t(u)] + (mb - cm.rank() * c), me - mb));
   Tensor all = Tensor::empty({W * longest}, DType::F32, device_);
   cm.all_gather(mine, all)->wait();
   device_mem::synchronize(device_);
@@ -396,11 +403,12 @@ void FsdpParams::check_grads_complete() const {
 }
 
 double FsdpParams::global_grad_sq() {
+  Tensor& g = grads();  // frozen: the error first
   check_grads_complete();
   // Every rank adds all ranks' sums in double in rank order: the same value on every rank. A NaN or
   // inf on any rank reaches every rank, so all of them skip the step together.
   double sum = 0;
-  for (double v : comm::all_gather_doubles(shard_, {ops::sum_squares(grads_)})) sum += v;
+  for (double v : comm::all_gather_doubles(shard_, {ops::sum_squares(g)})) sum += v;
   return sum;
 }
 
@@ -472,7 +480,7 @@ Tensor FsdpParams::local_shard(int u, bool grads) {
   MT_CHECK(u >= 0 && u < num_units(), "unit ", u, " of ", num_units());
   auto [lo, hi] = owned_elements(u);
   // Rank r's elements start at r × chunk, which is where its chunk of the local buffer starts.
-  return (grads ? grads_ : params_).rows(offset_[size_t(u)], hi - lo);
+  return (grads ? this->grads() : params_).rows(offset_[size_t(u)], hi - lo);
 }
 
 std::string FsdpParams::unit_name(int u) const {

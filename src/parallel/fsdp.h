@@ -46,6 +46,8 @@ struct FsdpOptions {
   // backward releases them (FSDP2's reshard_after_forward=False): no all-gather in the backward,
   // at the cost of holding every unit's full compute-dtype weights between forward and backward.
   bool reshard_after_forward = true;
+  // Frozen: the weights only (a reference model): no gradient shard, no unit gradients.
+  Weights weights = Weights::Trainable;
 };
 
 // Expert parallelism: the ep group (its rank order is the experts' order) and the ranks that hold
@@ -101,7 +103,8 @@ class FsdpParams final : public ParamSource {
 
   // Local shards (1-D, local_numel() elements).
   Tensor& params() { return params_; }
-  Tensor& grads() { return grads_; }
+  Tensor& grads();  // an error when frozen
+  bool trainable() const override { return grads_.defined(); }
   Tensor* compute_params() { return compute_.raw() == params_.raw() ? nullptr : &compute_; }
   void refresh_compute_weights();
   // Starts a step's gradients: the first reduction of each unit overwrites its shard (no pass over
