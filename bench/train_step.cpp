@@ -41,6 +41,7 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/optimizer.h"
+#include "train/session.h"
 #include "train/trainer.h"
 
 using namespace mt;
@@ -144,30 +145,34 @@ int main(int argc, char** argv) {
     dopt.mesh.tp = tp;
     dopt.mesh.etp = etp;
     dopt.mesh.sp = sp;
-    std::unique_ptr<DistContext> dist = DistContext::create(dev, dopt);  // selects the local GPU first
-    const int dp = dist->dp_size();
-    double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
-    device_mem::cuda_reset_peak();
-
-    auto t_init = Clock::now();
-    ParamTable table(mc);
     FsdpOptions fo;
     if (reduce_dtype != "f32" && reduce_dtype != "bf16")
       MT_THROW("--grad-reduce-dtype '", reduce_dtype, "' is not supported; allowed: f32, bf16");
     fo.reduce_dtype = reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
     fo.reshard_after_forward = reshard;
-    ParallelModel pm = make_parallel_model(*dist, mc, table, dev, fo);
-    FsdpParams* fsdp = pm.fsdp.get();
-    Qwen3MoeModel m(pm.model_config(mc), dev, fsdp);
-    pm.attach(m, *dist);
-    m.recompute = parse_recompute(rc);
     if (prefetch_depth < 1) MT_THROW("--prefetch-depth ", prefetch_depth, " must be >= 1");
+    SessionOptions so;
+    so.device = dev;
+    so.dist = dopt;
+    so.fsdp = fo;
+    so.recompute = parse_recompute(rc);
+    // init_s: the session (distributed context, parallel parts, model) and the weights' init and
+    // optimizer; the GEMM and copy measurements between them are not counted, nor their memory.
+    auto t_session = Clock::now();
+    TrainSession session(mc, so);  // its distributed context selects the local GPU first
+    const double session_s = secs(t_session);
+    DistContext* dist = &session.dist();
+    const int dp = dist->dp_size();
+    double gemm_tflops = measure_gemm_tflops(dev), copy_gbps = measure_copy_gbps(dev);
+    if (dev == Device::CUDA) device_mem::cuda_reset_peak();
+    auto t_init = Clock::now();
+    FsdpParams* fsdp = session.fsdp();
+    Qwen3MoeModel& m = session.model();
     m.prefetch_depth = prefetch_depth;
-    Tensor& master = pm.master(m);
-    Tensor& grads = pm.grads(m);
-    Tensor* compute = pm.compute(m);
-    pm.init_weights(m, table, 1);
-    pm.refresh_compute_weights(m);
+    Tensor& master = session.master();
+    Tensor& grads = session.grads();
+    Tensor* compute = session.compute();
+    session.init_weights(1);
     AdamWConfig oc;
     AdamW opt(master.numel(), dev, oc);
     const bool overlap = opt_overlap && !fsdp && dev == Device::CUDA;  // as the trainer decides
@@ -175,7 +180,7 @@ int main(int argc, char** argv) {
       opt.overlap_units(m.local().unit_ranges());
       m.local().wait_for(&opt.ready());
     }
-    double init_s = secs(t_init);
+    double init_s = session_s + secs(t_init);
 
     // The global batch (batch rows per data-parallel rank) is the same on every rank; each trains on
     // its rows (the tp ranks of a dp rank share them and split their tokens).
@@ -185,9 +190,7 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < global * seq; ++i)
       all.input_ids.data<int64_t>()[i] = all.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
     // --sp: each of the sp ranks of a data-parallel rank takes its chunk of every sequence.
-    MicroBatch mb = shard_micro_batch(all.input_ids.rows(dist->dp_rank() * batch, batch),
-                                      all.labels.rows(dist->dp_rank() * batch, batch), dist->mesh().size(Axis::Sp),
-                                      dist->sp_rank(), tp);
+    MicroBatch mb = session.local_micro_batch(all.input_ids, all.labels);
     const int64_t targets = global * (seq - 1), tokens = global * seq;
     std::vector<double> losses;
 
@@ -200,7 +203,7 @@ int main(int argc, char** argv) {
       m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
       m.ep_backward_overlap = ep_overlap;
       LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      OptimStepResult r = opt.step(master, grads, 1e-4, compute, pm.global_grad_sq());
+      OptimStepResult r = opt.step(master, grads, 1e-4, compute, session.parallel().global_grad_sq());
       if (dist->distributed()) {  // the loss of the global batch: every rank's sum
         const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
         lp.ce_sum = 0;
@@ -250,7 +253,7 @@ int main(int argc, char** argv) {
     double flops_per_token = 6.0 * double(mc.active_matmul_parameters()) +
                              6.0 * double(L) * double(seq) * double(mc.num_attention_heads * mc.head_dim);
     double tflops = flops_per_token * double(tokens) / step_s / 1e12 / double(dist->world_size());  // per GPU
-    const int64_t P = table.total();
+    const int64_t P = session.table().total();
     double adamw_bytes = 30.0 * double(master.numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
@@ -277,7 +280,7 @@ int main(int argc, char** argv) {
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
                      {"optimizer_overlap", overlap},
                      {"ep_backward_overlap", ep_overlap},
-                     {"peak_reserved_gib", double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30)},
+                     {"peak_reserved_gib", dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},
                      {"split_s", split},

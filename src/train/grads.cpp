@@ -12,6 +12,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
 #include "parallel/ulysses.h"
+#include "train/session.h"
 
 namespace mt {
 
@@ -54,17 +55,18 @@ GradsResult run_grads(const GradsOptions& opt) {
   dopt.mesh.tp = opt.tp;
   dopt.mesh.etp = opt.etp;
   dopt.mesh.sp = opt.sp;
-  std::unique_ptr<DistContext> dist = DistContext::create(Device::CPU, dopt);
-  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank(), sp = dist->mesh().size(Axis::Sp);
-  ParamTable table(cfg);
-  ParallelModel pm = make_parallel_model(*dist, cfg, table, Device::CPU);
-  FsdpParams* fsdp = pm.fsdp.get();
-  Qwen3MoeModel model(pm.model_config(cfg), Device::CPU, fsdp);
-  pm.attach(model, *dist);
-  model.recompute = opt.recompute;
-  model.score_before_experts = opt.score_before_experts;
-  LoadReport rep = load_hf_weights_ranges(opt.model_dir, cfg, table, pm.pieces(table), pm.master(model));
-  pm.refresh_compute_weights(model);
+  SessionOptions so;
+  so.dist = dopt;
+  so.recompute = opt.recompute;
+  so.score_before_experts = opt.score_before_experts;
+  TrainSession session(cfg, so);
+  DistContext* dist = &session.dist();
+  const int sp = dist->mesh().size(Axis::Sp);
+  const ParamTable& table = session.table();
+  ParallelModel& pm = session.parallel();
+  FsdpParams* fsdp = session.fsdp();
+  Qwen3MoeModel& model = session.model();
+  LoadReport rep = session.load(opt.model_dir);
   log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes read, ", expert_layout_name(rep.layout),
            " experts) from ", opt.model_dir, " in ", rep.seconds, " s");
 
@@ -78,14 +80,8 @@ GradsResult run_grads(const GradsOptions& opt) {
   int64_t n_valid = count_target_tokens(mb.labels);
   if (n_valid == 0) MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
   double aux_scale = model.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
-  MicroBatch local = mb;
-  const int64_t rows = B / dp_size;
-  if (dp_size > 1) {
-    auto [r0, n] = dp_rows(B, dp_rank, dp_size);
-    local = MicroBatch{mb.input_ids.rows(r0, n), mb.labels.rows(r0, n)};
-  }
-  // Sequence parallelism: this rank's chunk of every sequence, planned here from the whole batch.
-  local = shard_micro_batch(local.input_ids, local.labels, sp, dist->sp_rank(), dist->mesh().size(Axis::Tp));
+  const int64_t rows = B / dist->dp_size();
+  MicroBatch local = session.local_micro_batch(mb.input_ids, mb.labels);  // this rank's rows (and sp chunk)
 
   if (fsdp) fsdp->zero_grads();
   else model.zero_grads();

@@ -25,6 +25,7 @@
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
+#include "train/session.h"
 
 namespace mt {
 
@@ -97,23 +98,26 @@ TrainSummary run_training(const TrainConfig& cfg) {
   dopt.comm.schedule_check = cfg.schedule_check == "off"      ? comm::ScheduleCheck::Off
                              : cfg.schedule_check == "per_op" ? comm::ScheduleCheck::PerOp
                                                               : comm::ScheduleCheck::Periodic;
-  std::unique_ptr<DistContext> dist = DistContext::create(device, dopt);
+  SessionOptions so;
+  so.device = device;
+  so.dist = dopt;
+  so.fsdp.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+  so.fsdp.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+  so.fsdp.reshard_after_forward = cfg.reshard_after_forward != 0;
+  so.moe_capacity_factor = cfg.moe_capacity_factor;
+  so.recompute = parse_recompute(cfg.recompute);
+  so.score_before_experts = cfg.score_before_experts != 0;
+  TrainSession session(mc, so);
+  DistContext* dist = &session.dist();
   const bool lead = dist->rank() == 0;
-  const int dp_size = dist->dp_size(), dp_rank = dist->dp_rank(), sp = dist->mesh().size(Axis::Sp);
+  const int dp_size = dist->dp_size();
   if (cfg.micro_batch_size % dp_size != 0)
     MT_THROW("micro_batch_size ", cfg.micro_batch_size, " cannot be split evenly over ", dp_size,
              " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp_size);
-  ParamTable table(mc);
-  FsdpOptions fo;
-  fo.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
-  fo.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
-  fo.reshard_after_forward = cfg.reshard_after_forward != 0;
-  ParallelModel pm = make_parallel_model(*dist, mc, table, device, fo, cfg.moe_capacity_factor);
-  FsdpParams* fsdp = pm.fsdp.get();
-  Qwen3MoeModel model(pm.model_config(mc), device, fsdp);
-  model.recompute = parse_recompute(cfg.recompute);
-  model.score_before_experts = cfg.score_before_experts != 0;
-  pm.attach(model, *dist);
+  const ParamTable& table = session.table();
+  ParallelModel& pm = session.parallel();
+  FsdpParams* fsdp = session.fsdp();
+  Qwen3MoeModel& model = session.model();
   // Load balancing beside the aux loss (docs/model.md): both need MoE layers.
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;
@@ -128,7 +132,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   Tensor* compute = pm.compute(model);
   auto t_init = Clock::now();
   if (cfg.init_from.empty()) {
-    pm.init_weights(model, table, uint64_t(cfg.seed));
+    session.init_weights(uint64_t(cfg.seed));
     if (dist->distributed())
       log_info("rank ", dist->rank(), ": initialised ", master.numel(), " parameters (its shard) in ",
                seconds_since(t_init), " s");
@@ -145,13 +149,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_info("rank ", dist->rank(), ": loaded its shards from rank 0's broadcast of ", cfg.init_from, ": ",
                rep.buckets, " buckets, ", rep.bytes_broadcast / 1e6, " MB broadcast, ", rep.bytes_read / 1e6,
                " MB read here, in ", rep.seconds, " s");
+      session.refresh_compute_weights();
     } else {
-      LoadReport rep = load_hf_weights_ranges(cfg.init_from, mc, table, pm.pieces(table), master);
+      LoadReport rep = session.load(cfg.init_from);
       log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
                " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
     }
   }
-  pm.refresh_compute_weights(model);
   if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty()) {
     // Rank 0 reads the bias and every rank receives it (some ranks may not see the files): the
     // routing must be the same function on every rank.
@@ -275,13 +279,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       Batch b = data->next();
       targets += count_target_tokens(b.labels);
       tokens += b.input_ids.numel();
-      if (dp_size > 1) {  // this rank's rows of the global micro-batch
-        auto [r0, n] = dp_rows(b.input_ids.size(0), dp_rank, dp_size);
-        b.input_ids = b.input_ids.rows(r0, n);
-        b.labels = b.labels.rows(r0, n);
-      }
-      // Sequence parallelism: this rank's chunk of every sequence, planned from the whole rows.
-      batches.push_back(shard_micro_batch(b.input_ids, b.labels, sp, dist->sp_rank(), dist->mesh().size(Axis::Tp)));
+      batches.push_back(session.local_micro_batch(b.input_ids, b.labels));  // this rank's rows (and sp chunk)
     }
     t_data += seconds_since(td);
     if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
