@@ -2,27 +2,80 @@
 """Generates the op plumbing from src/ops/ops.h, so that one signature per op stays the single source:
   src/backend/cpu/cpu_ops.h     declarations of mt::cpu:: implementations
   src/backend/cuda/cuda_ops.h   declarations of mt::cuda:: implementations
-  src/ops/ops.cpp               mt::ops:: entry points: check devices, call the backend
+  src/ops/ops.cpp               mt::ops:: entry points: check devices, open the op's profiling scope, call the backend
   src/backend/cuda/cuda_ops_stub.cpp   mt::cuda:: versions that fail, for builds without nvcc
-Run from the repository root after changing ops.h: python3 tools/gen_op_dispatch.py"""
-import re
+These four files are never edited by hand; the test GenOpDispatch.UpToDate fails when they differ from this output.
+Run from anywhere after changing ops.h or the tables below: python3 tools/gen_op_dispatch.py [--out DIR]
 
-src = open("src/ops/ops.h").read()
+Every op in ops.h is a plain op (each backend has a twin with the same signature, the dispatch calls it)
+unless one of the two tables says otherwise:
+  COMPOSITE      ops built in the dispatch from other backend ops: no backend twin, no stub; the table gives
+                 the body's local declaration and the backend calls, emitted once per backend.
+  CPU_CALLS_LAST callback parameters only the CUDA backend takes (it queues them in stream order); the CPU
+                 twin lacks the parameter and the dispatch calls the callback after the CPU op returns.
+An op with a `check_<op>` declared in src/ops/op_checks.h (shape and scalar checks both backends share) gets
+that called, with all of its arguments, after the device check and before the backend.
+The output is already clang-format clean (.clang-format: 120 columns, parameters packed and aligned after
+the open bracket), so no formatter is needed to regenerate; after adding an op, check once that
+`clang-format --dry-run --Werror` passes on the four files."""
+import argparse, os, re
+
+COMPOSITE = {
+    "permute_weighted_fwd": ("Tensor no_rows, no_dw;  // the rows half of unpermute_bwd: dyp = w * dy",
+                             ["unpermute_bwd(x_TD, no_rows, row_of_assign_TK, w_TK, xp_RD, no_dw)"]),
+    "permute_weighted_bwd": ("Tensor no_rows;  // the dot half of unpermute_bwd: dw = <x[t], dxp[row]>",
+                             ["unpermute_fwd(dxp_RD, row_of_assign_TK, w_TK, dx_TD)",
+                              "unpermute_bwd(x_TD, dxp_RD, row_of_assign_TK, w_TK, no_rows, dw_TK)"]),
+}
+CPU_CALLS_LAST = {"experts_bwd": "after_dx"}
+W = 120  # .clang-format ColumnLimit
+
+
+def wrap(head, items, tail):
+    """head, then items joined by ', ', then tail; packed into W columns, continuations aligned under the
+    first item (clang-format's BinPackParameters with AlignAfterOpenBracket)."""
+    lines, cur = [], head
+    for i, it in enumerate(items):
+        piece = it + ("," if i + 1 < len(items) else tail)
+        if cur != head and len(cur) + 1 + len(piece) > W:
+            lines, cur = lines + [cur], " " * len(head) + piece
+        else:
+            cur += ("" if cur == head else " ") + piece
+    return "\n".join(lines + [cur or head + tail])
+
+
+def call(indent, lead, text):  # a statement `lead fn(args);`, text being "fn(args)"
+    fn, args = re.match(r"(\w+)\((.*)\)$", text).groups()
+    return wrap(indent + lead + fn + "(", args.split(", "), ");")
+
+
+root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("--out", default=root, help="directory to write src/... under (default: the repository)")
+out = ap.parse_args().out
+
+src = open(os.path.join(root, "src/ops/ops.h")).read()
 body = src[src.index("namespace mt::ops {") + len("namespace mt::ops {"):src.rindex("}  // namespace mt::ops")]
 code = "\n".join(re.sub(r"//.*$", "", l) for l in body.split("\n"))
-code = code.replace(re.search(r"struct AdamWHyper \{.*?\};", code, re.S).group(0), "")
-ops = []
-for d in [d.strip() for d in code.split(";") if d.strip()]:
-    d = " ".join(d.split())
+code = re.sub(r"struct AdamWHyper \{.*?\};", "", code, flags=re.S)
+ops = []  # (return type, name, [(parameter with default, without default, its name)])
+for d in [" ".join(d.split()) for d in code.split(";") if d.strip()]:
     ret, name, args = re.match(r"(.*?)\s+(\w+)\((.*)\)$", d).groups()
-    argl = [a.strip() for a in args.split(",")]
-    decl = ", ".join(a.split("=")[0].strip() for a in argl)
-    # The backend declarations keep ops.h's default arguments (tests call the backends directly);
-    # definitions (dispatch, stub) cannot repeat them.
-    full = ", ".join(argl)
-    names = [re.findall(r"(\w+)$", a.split("=")[0].strip())[0] for a in argl]
-    tens = [("" if "*" in a else "&") + n for a, n in zip(argl, names) if "Tensor" in a]
-    ops.append((ret, name, decl, names, tens, full))
+    ps = [(a.strip(), a.split("=")[0].strip(), re.findall(r"(\w+)$", a.split("=")[0].strip())[0]) for a in args.split(",")]
+    ops.append((ret, name, ps))
+checked = set(re.findall(r"\bvoid check_(\w+)\(", open(os.path.join(root, "src/ops/op_checks.h")).read()))
+assert set(COMPOSITE) | set(CPU_CALLS_LAST) | checked <= {n for _, n, _ in ops}, "a table or op_checks.h names an op ops.h lacks"
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(os.path.join(out, path)), exist_ok=True)
+    with open(os.path.join(out, path), "w") as f:
+        f.write(text)
+
+
+def decl(ret, name, ps, end, full=False):  # the signature: with ops.h's default arguments when full
+    return wrap(f"{ret} {name}(", [p[0] if full else p[1] for p in ps], end)
+
 
 hdr = """// GENERATED by tools/gen_op_dispatch.py from src/ops/ops.h: do not edit.
 // {what}
@@ -36,30 +89,52 @@ using ops::AdamWHyper;
 
 }}  // namespace mt::{ns}
 """
-decls = "\n".join(f"{r} {n}({f});" for r, n, _, _, _, f in ops)
-open("src/backend/cpu/cpu_ops.h", "w").write(hdr.format(
+twins = [(r, n, ps) for r, n, ps in ops if n not in COMPOSITE]
+cpu_ps = lambda n, ps: [p for p in ps if p[2] != CPU_CALLS_LAST.get(n)]
+write("src/backend/cpu/cpu_ops.h", hdr.format(
     what="CPU reference implementations of every op in ops/ops.h, same signatures and contracts.", ns="cpu",
-    decls=decls))
-open("src/backend/cuda/cuda_ops.h", "w").write(hdr.format(
+    decls="\n".join(decl(r, n, cpu_ps(n, ps), ");", True) for r, n, ps in twins)))
+write("src/backend/cuda/cuda_ops.h", hdr.format(
     what="CUDA implementations of every op in ops/ops.h, same signatures and contracts (dtypes as ops.h says).",
-    ns="cuda", decls=decls))
+    ns="cuda", decls="\n".join(decl(r, n, ps, ");", True) for r, n, ps in twins)))
 
 disp = []
-for r, n, d, names, tens, _ in ops:
-    call = ", ".join(names)
-    disp.append(f"""{r} {n}({d}) {{
-  const bool cuda = on_cuda("{n}", {{{", ".join(tens)}}});
-  OpScope scope("{n}", cuda);
-  if (cuda) return cuda::{n}({call});
-  return cpu::{n}({call});
-}}
-""")
-open("src/ops/ops.cpp", "w").write("""// GENERATED by tools/gen_op_dispatch.py from src/ops/ops.h: do not edit.
+for r, n, ps in ops:
+    tens = [("" if "*" in p[1] else "&") + p[2] for p in ps if "Tensor" in p[1]]
+    f = [decl(r, n, ps, ") {")]
+    line, col = f'  const bool cuda = on_cuda("{n}", {{{", ".join(tens)}}});', len("  const bool cuda = on_cuda(")
+    if len(line) <= W:
+        f.append(line)
+    elif col + len(", ".join(tens)) + 4 <= W:  # the list fits on a line of its own
+        f.append(f'  const bool cuda = on_cuda("{n}",\n' + " " * col + "{" + ", ".join(tens) + "});")
+    else:
+        f.append(wrap(f'  const bool cuda = on_cuda("{n}", {{', tens, "});"))
+    f.append(f'  OpScope scope("{n}", cuda);')
+    if n in checked:
+        f.append(call("  ", "", f"check_{n}({', '.join(p[2] for p in ps)})"))
+    local, calls = COMPOSITE.get(n, (None, [f"{n}({', '.join(p[2] for p in ps)})"]))
+    if local:
+        f.append("  " + local)
+    cb = CPU_CALLS_LAST.get(n)
+    cpu_calls = [c.replace(f", {cb})", ")") for c in calls] if cb else calls
+    if len(calls) == 1:
+        one = call("  ", "if (cuda) return cuda::", calls[0])
+        f.append(one if "\n" not in one else "  if (cuda)\n" + call("    ", "return cuda::", calls[0]))
+    else:
+        f += ["  if (cuda) {"] + [call("    ", "return cuda::" if i + 1 == len(calls) else "cuda::", c)
+                                  for i, c in enumerate(calls)] + ["  }"]
+    lone = len(cpu_calls) == 1 and not cb  # then the CPU call is the last statement and returns its value
+    f += [call("  ", "return cpu::" if lone else "cpu::", c) for c in cpu_calls]
+    if cb:
+        f.append(f"  if ({cb}) {cb}();")
+    disp.append("\n".join(f) + "\n}\n")
+write("src/ops/ops.cpp", """// GENERATED by tools/gen_op_dispatch.py from src/ops/ops.h: do not edit.
 // Op dispatch: every op checks that its tensors share one device and runs that backend's version.
 #include "ops/ops.h"
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "ops/op_checks.h"
 #include "ops/profile.h"
 
 namespace mt::ops {
@@ -74,10 +149,8 @@ static bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
 
 """ + "\n".join(disp) + "\n}  // namespace mt::ops\n")
 
-stub = []
-for r, n, d, names, tens, _ in ops:
-    stub.append(f"{r} {n}({d}) {{ no_cuda(\"{n}\"); }}")
-open("src/backend/cuda/cuda_ops_stub.cpp", "w").write("""// GENERATED by tools/gen_op_dispatch.py from src/ops/ops.h: do not edit.
+stub = [decl(r, n, ps, ") {") + f'\n  no_cuda("{n}");\n}}' for r, n, ps in twins]
+write("src/backend/cuda/cuda_ops_stub.cpp", """// GENERATED by tools/gen_op_dispatch.py from src/ops/ops.h: do not edit.
 // Built when the toolchain has no nvcc: a CUDA tensor cannot exist then, so these only guard.
 #include "backend/cuda/cuda_ops.h"
 
@@ -85,10 +158,9 @@ open("src/backend/cuda/cuda_ops_stub.cpp", "w").write("""// GENERATED by tools/g
 
 namespace mt::cuda {
 
-[[noreturn]] static void no_cuda(const char* op) { MT_THROW("op ", op, ": this moetrain was built without CUDA"); }
+[[noreturn]] static void no_cuda(const char* op) {
+  MT_THROW("op ", op, ": this moetrain was built without CUDA");
+}
 
-""" + "\n".join(stub).replace("(const", "(const").replace(") { no_cuda", ") { no_cuda") + "\n\n}  // namespace mt::cuda\n")
-import subprocess
-subprocess.run(["clang-format", "-i", "src/ops/ops.cpp", "src/backend/cpu/cpu_ops.h", "src/backend/cuda/cuda_ops.h",
-                "src/backend/cuda/cuda_ops_stub.cpp"], check=True)
-print(f"{len(ops)} ops")
+""" + "\n".join(stub) + "\n\n}  // namespace mt::cuda\n")
+print(f"{len(ops)} ops ({len(COMPOSITE)} composite) written under {out}")

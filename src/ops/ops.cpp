@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "ops/op_checks.h"
 #include "ops/profile.h"
 
 namespace mt::ops {
@@ -303,6 +304,7 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
                 Tensor* p_compute) {
   const bool cuda = on_cuda("adamw_step", {&p, &g, &m, &v, p_compute});
   OpScope scope("adamw_step", cuda);
+  check_adamw_step(p, g, m, v, h, grad_scale, p_compute);
   if (cuda) return cuda::adamw_step(p, g, m, v, h, grad_scale, p_compute);
   return cpu::adamw_step(p, g, m, v, h, grad_scale, p_compute);
 }

@@ -1,6 +1,7 @@
 // The op interface: one signature per op, implemented by every backend (backend/cpu and
 // backend/cuda; ops.cpp runs the CUDA version when the op's tensors are on CUDA). The model calls
-// only these.
+// only these. tools/gen_op_dispatch.py generates the dispatch and the backends' declarations from
+// this file; ops in its COMPOSITE table (permute_weighted_*) are built from other backend ops there.
 //
 // Contracts (as in llm.c):
 //   - tensors are contiguous row-major; all tensors of one call live on one device;

@@ -621,17 +621,24 @@ TEST(OpsAAdamW, FirstStepMovesByLearningRate) {
 }
 
 TEST(OpsAAdamW, ArgumentErrors) {
+  // Shapes and hyper-parameters are checked by the dispatch (ops/op_checks.h), the dtypes by the backend.
   Tensor p = Tensor::zeros({4}), g = Tensor::zeros({4}), m = Tensor::zeros({4}), v = Tensor::zeros({5});
   ops::AdamWHyper h;
-  std::string msg = error_of([&] { cpu::adamw_step(p, g, m, v, h, 1.0f, nullptr); });
+  std::string msg = error_of([&] { ops::adamw_step(p, g, m, v, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("adamw_step v has shape [5], expected [4]"), std::string::npos) << msg;
   Tensor v_ok = Tensor::zeros({4});
+  Tensor p_compute = Tensor::zeros({3}, DType::BF16);
+  msg = error_of([&] { ops::adamw_step(p, g, m, v_ok, h, 1.0f, &p_compute); });
+  EXPECT_NE(msg.find("adamw_step p_compute has shape [3], expected [4]"), std::string::npos) << msg;
+  Tensor g_bf16 = Tensor::zeros({4}, DType::BF16);
+  msg = error_of([&] { cpu::adamw_step(p, g_bf16, m, v_ok, h, 1.0f, nullptr); });
+  EXPECT_NE(msg.find("adamw_step g has dtype bf16, expected f32"), std::string::npos) << msg;
   h.step = 0;
-  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
+  msg = error_of([&] { ops::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("step (0) must be >= 1"), std::string::npos) << msg;
   h.step = 1;
   h.beta2 = 1.0f;
-  msg = error_of([&] { cpu::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
+  msg = error_of([&] { ops::adamw_step(p, g, m, v_ok, h, 1.0f, nullptr); });
   EXPECT_NE(msg.find("beta2 (1) must be in [0, 1)"), std::string::npos) << msg;
 }
 

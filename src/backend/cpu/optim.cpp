@@ -19,25 +19,14 @@ static void check_f32(const Tensor& t, const char* what) {
   check_dtype(t, DType::F32, what);
 }
 
+// Shapes and hyper-parameters are checked once by the dispatch (ops/op_checks.h), dtypes here.
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute) {
   check_f32(p, "adamw_step p");
   check_f32(g, "adamw_step g");
   check_f32(m, "adamw_step m");
   check_f32(v, "adamw_step v");
-  check_shape(g, p.shape(), "adamw_step g");
-  check_shape(m, p.shape(), "adamw_step m");
-  check_shape(v, p.shape(), "adamw_step v");
-  if (p_compute) {
-    check_dtype(*p_compute, DType::BF16, "adamw_step p_compute");
-    check_shape(*p_compute, p.shape(), "adamw_step p_compute");
-  }
-  if (h.step < 1) MT_THROW("adamw_step: step (", h.step, ") must be >= 1 (1-based count after this update)");
-  if (!(h.lr >= 0.0f)) MT_THROW("adamw_step: lr (", h.lr, ") must be >= 0");
-  if (!(h.beta1 >= 0.0f && h.beta1 < 1.0f)) MT_THROW("adamw_step: beta1 (", h.beta1, ") must be in [0, 1)");
-  if (!(h.beta2 >= 0.0f && h.beta2 < 1.0f)) MT_THROW("adamw_step: beta2 (", h.beta2, ") must be in [0, 1)");
-  if (!(h.eps >= 0.0f)) MT_THROW("adamw_step: eps (", h.eps, ") must be >= 0");
-  if (!(h.weight_decay >= 0.0f)) MT_THROW("adamw_step: weight_decay (", h.weight_decay, ") must be >= 0");
+  if (p_compute) check_dtype(*p_compute, DType::BF16, "adamw_step p_compute");
 
   const double lr = h.lr, b1 = h.beta1, b2 = h.beta2;
   const float decay = float(1.0 - lr * double(h.weight_decay));

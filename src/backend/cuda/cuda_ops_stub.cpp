@@ -103,7 +103,8 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 }
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
-                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw, const std::function<void()>&) {
+                 Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw,
+                 const std::function<void()>& after_dx) {
   no_cuda("experts_bwd");
 }
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
