@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "ops/ops.h"
-#include "parallel/ulysses.h"
+#include "moe/ulysses.h"
 
 namespace mt {
 

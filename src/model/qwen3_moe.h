@@ -26,12 +26,12 @@
 #include "model/config.h"
 #include "model/param_source.h"
 #include "model/params.h"
-#include "model/seq_shard.h"
+#include "model/micro_batch.h"
 #include "moe/dispatcher.h"
 
 namespace mt {
 
-class UlyssesExchange;  // parallel/ulysses.h
+class UlyssesExchange;  // moe/ulysses.h
 
 // none: keep every activation. full: keep each block's input and routing decision, recompute the
 // rest before the block's backward. selective: as full, but also keep the attention output and its
@@ -40,18 +40,6 @@ class UlyssesExchange;  // parallel/ulysses.h
 enum class Recompute { None, Full, Selective };
 Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selective"
 const char* recompute_name(Recompute r);
-
-struct MicroBatch {
-  MicroBatch() = default;
-  MicroBatch(Tensor ids, Tensor labels_, std::shared_ptr<const SeqShard> shard_ = nullptr)
-      : input_ids(std::move(ids)), labels(std::move(labels_)), shard(std::move(shard_)) {}
-  Tensor input_ids;  // i64 (B, S)
-  Tensor labels;     // i64 (B, S), HF semantics (shifted inside), -100 = ignore; may be undefined for forward()
-  // Sequence parallelism: input_ids are this rank's chunk [B, C] of each sequence and the shard
-  // carries positions and shifted labels (labels unused); made by shard_micro_batch
-  // (parallel/ulysses.h). Null: the micro-batch is whole sequences.
-  std::shared_ptr<const SeqShard> shard;
-};
 
 struct LossParts {
   double ce_sum = 0;    // sum of token cross-entropies over valid labels

@@ -9,7 +9,7 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/ulysses.h"
+#include "moe/ulysses.h"
 
 namespace mt {
 

@@ -11,7 +11,6 @@
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
-#include "parallel/ulysses.h"
 #include "train/session.h"
 
 namespace mt {

@@ -1,6 +1,6 @@
 #include "train/session.h"
 
-#include "parallel/ulysses.h"
+#include "model/micro_batch.h"
 
 namespace mt {
 

@@ -21,7 +21,6 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
 #include "parallel/sharded_load.h"
-#include "parallel/ulysses.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"

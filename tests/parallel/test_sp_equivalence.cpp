@@ -16,9 +16,10 @@
 #include "comm/communicator.h"
 #include "io/safetensors.h"
 #include "model/hf_checkpoint.h"
+#include "model/micro_batch.h"
+#include "moe/ulysses.h"
 #include "parallel/equivalence_util.h"
 #include "parallel/launch_test_util.h"
-#include "parallel/ulysses.h"
 
 using namespace mt;
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // Ulysses sequence parallelism: the sp ranks of a group each hold a chunk of every sequence
-// (model/seq_shard.h); attention needs whole sequences, so q, k and v go through one all-to-all
+// (model/micro_batch.h); attention needs whole sequences, so q, k and v go through one all-to-all
 // from sequence-sharded / all heads to whole-sequence / head-sharded, attention runs on the whole
 // sequences for this rank's heads, and the output comes back with a second all-to-all. The
 // backward reverses both (dout to heads; dq, dk, dv back to tokens).
@@ -18,8 +18,8 @@
 #include <memory>
 
 #include "comm/communicator.h"
+#include "core/tensor.h"
 #include "model/config.h"
-#include "model/qwen3_moe.h"
 
 namespace mt {
 
@@ -27,11 +27,6 @@ namespace mt {
 // naming the numbers.
 void check_sp_heads(const ModelConfig& c, int sp);
 
-// This rank's piece of a micro-batch (ids, labels: i64 [B, S], HF semantics) for sequence chunk
-// sp_rank of sp (see SeqShard). labels may be undefined (forward only). sp = 1 returns the batch
-// as it is (no shard). row_multiple (tp): the sequences are padded further, by whole sp steps, until
-// the chunk's B × C rows divide by it. Host computation only: no collective.
-MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank, int row_multiple = 1);
 
 class UlyssesExchange {
  public:
