@@ -1,0 +1,97 @@
+// JSONL prompt reader: see prompts.h for the format and what each error names.
+#include "rollout/prompts.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mt {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A value for an error message: its JSON text, cut to a readable length.
+std::string shown(const std::string& text) {
+  constexpr size_t kMax = 120;
+  return text.size() <= kMax ? text : text.substr(0, kMax) + "...";
+}
+std::string shown(const json& v) {
+  return shown(v.dump());
+}
+
+bool blank(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+Prompt parse_line(const std::string& text, const std::string& where, int64_t line, int64_t vocab_size,
+                  int64_t max_positions) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    MT_THROW(where, ": not valid JSON (", e.what(), "): ", shown(text));
+  }
+  if (!j.is_object())
+    MT_THROW(where, ": expected a JSON object with \"prompt_ids\", got ", j.type_name(), " ", shown(j));
+  auto ids_it = j.find("prompt_ids");
+  if (ids_it == j.end()) {
+    if (j.contains("prompt"))
+      MT_THROW(where, ": \"prompt\" is text (", shown(j["prompt"]),
+               "); text prompts need a tokenizer in the model directory, which is not supported yet: give the "
+               "token ids as \"prompt_ids\"");
+    std::string keys;
+    for (auto it = j.begin(); it != j.end(); ++it) keys += (keys.empty() ? "" : ", ") + json(it.key()).dump();
+    MT_THROW(where, ": no \"prompt_ids\" (the line has ", keys.empty() ? std::string("no keys") : "keys " + keys, ")");
+  }
+  const json& ids = *ids_it;
+  if (!ids.is_array()) MT_THROW(where, ": \"prompt_ids\" must be a list of token ids, got ", shown(ids));
+  if (ids.empty()) MT_THROW(where, ": \"prompt_ids\" is empty; a prompt needs at least one token");
+  if (int64_t(ids.size()) > max_positions)
+    MT_THROW(where, ": the prompt has ", ids.size(), " tokens, more than the maximum of ", max_positions, " positions");
+  Prompt p;
+  p.line = line;
+  p.ids.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const json& v = ids[i];
+    if (!v.is_number_integer()) MT_THROW(where, ": prompt_ids[", i, "] is ", shown(v), ", not an integer token id");
+    const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(vocab_size)
+                                                 : v.get<int64_t>() >= 0 && v.get<int64_t>() < vocab_size;
+    if (!in_range)
+      MT_THROW(where, ": prompt_ids[", i, "] is ", shown(v), ", outside the vocabulary [0, ", vocab_size, ")");
+    p.ids.push_back(int32_t(v.get<int64_t>()));
+  }
+  j.erase(ids_it);
+  p.meta = std::move(j);
+  return p;
+}
+
+}  // namespace
+
+std::vector<Prompt> parse_prompts(std::istream& in, const std::string& origin, int64_t vocab_size,
+                                  int64_t max_positions) {
+  if (vocab_size < 1 || vocab_size > int64_t(std::numeric_limits<int32_t>::max()) + 1)
+    MT_THROW(origin, ": vocabulary size (", vocab_size, ") must be in [1, 2^31]");
+  if (max_positions < 1) MT_THROW(origin, ": max positions (", max_positions, ") must be >= 1");
+  std::vector<Prompt> prompts;
+  std::string text;
+  for (int64_t line = 1; std::getline(in, text); ++line) {
+    if (line == 1 && text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark
+    if (blank(text)) continue;
+    prompts.push_back(parse_line(text, origin + ":" + std::to_string(line), line, vocab_size, max_positions));
+  }
+  if (in.bad()) MT_THROW(origin, ": read error after ", prompts.size(), " prompts");
+  if (prompts.empty()) MT_THROW(origin, ": no prompts (the file is empty or holds only blank lines)");
+  return prompts;
+}
+
+std::vector<Prompt> read_prompts(const std::string& path, int64_t vocab_size, int64_t max_positions) {
+  std::ifstream f(path);
+  if (!f) MT_THROW("cannot open the prompt file ", path, ": ", std::strerror(errno));
+  return parse_prompts(f, path, vocab_size, max_positions);
+}
+
+}  // namespace mt
