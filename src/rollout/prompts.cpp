@@ -33,7 +33,12 @@ Prompt parse_line(const std::string& text, const std::string& where, int64_t lin
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    MT_THROW(where, ": not valid JSON (", e.what(), "): ", shown(text));
+    // nlohmann's text reads "[json.exception.parse_error.101] parse error at line 1, column 21: ..."; the
+    // line is always 1 within one line of the file, so only the column is kept.
+    std::string why = e.what();
+    if (const size_t at = why.find("] "); at != std::string::npos) why.erase(0, at + 2);
+    if (const size_t at = why.find("line 1, "); at != std::string::npos) why.erase(at, 8);
+    MT_THROW(where, ": not valid JSON (", why, "): ", shown(text));
   }
   if (!j.is_object())
     MT_THROW(where, ": expected a JSON object with \"prompt_ids\", got ", j.type_name(), " ", shown(j));

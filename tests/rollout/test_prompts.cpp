@@ -55,7 +55,7 @@ TEST(Prompts, ReadsIdsKeepsOtherKeysAndSkipsBlankLines) {
 
 TEST(Prompts, MalformedJsonNamesFileLineAndText) {
   const std::string e = parse_error("{\"prompt_ids\": [1]}\n{\"prompt_ids\": [1, 2\n");
-  EXPECT_EQ(e.rfind("p.jsonl:2: not valid JSON (", 0), 0u) << e;
+  EXPECT_EQ(e.rfind("p.jsonl:2: not valid JSON (parse error at column 21: ", 0), 0u) << e;
   EXPECT_NE(e.find("): {\"prompt_ids\": [1, 2"), std::string::npos) << e;
   EXPECT_EQ(parse_error("[1, 2]\n"), "p.jsonl:1: expected a JSON object with \"prompt_ids\", got array [1,2]");
 }
