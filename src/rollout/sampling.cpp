@@ -28,29 +28,25 @@ void check_logits(const float* x_V, int64_t V) {
   if (!any_finite) MT_THROW("all ", V, " logits are -inf: no token can be sampled");
 }
 
-// One row after temperature: z = logits / T, and log sum_i exp(z_i - z_max). Every weight
-// w_i = exp(z_i - z_max) is at most 1, and exactly 1 for the most probable token.
+// One row after temperature: z = logits / T, its maximum and log sum_i exp(z_i - z_max). The weight
+// w_i = exp(z_i - z_max) of a token is at most 1, and exactly 1 for the most probable token.
 struct Scaled {
-  std::vector<double> z_V;
+  const float* x_V = nullptr;
+  int64_t V = 0;
+  double T = 1;
   double z_max = -kInf;
   double log_sum = 0;
-  double weight(int32_t t) const { return std::exp(z_V[size_t(t)] - z_max); }
+  double z(int64_t t) const { return double(x_V[t]) / T; }
+  double logprob(int32_t t) const { return z(t) - z_max - log_sum; }
 };
 
-void scale(const float* x_V, int64_t V, double T, Scaled& s) {
-  s.z_V.resize(size_t(V));
-  s.z_max = -kInf;
-  for (int64_t i = 0; i < V; ++i) {
-    s.z_V[size_t(i)] = double(x_V[i]) / T;
-    s.z_max = std::max(s.z_max, s.z_V[size_t(i)]);
-  }
+Scaled scale(const float* x_V, int64_t V, double T) {
+  Scaled s{x_V, V, T};
+  for (int64_t i = 0; i < V; ++i) s.z_max = std::max(s.z_max, s.z(i));
   double sum = 0;
-  for (double z : s.z_V) sum += std::exp(z - s.z_max);
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(s.z(i) - s.z_max);
   s.log_sum = std::log(sum);
-}
-
-double logprob_of(const Scaled& s, int32_t token) {
-  return s.z_V[size_t(token)] - s.z_max - s.log_sum;
+  return s;
 }
 
 int32_t greedy_token(const float* x_V, int64_t V) {
@@ -60,39 +56,46 @@ int32_t greedy_token(const float* x_V, int64_t V) {
   return int32_t(best);
 }
 
+struct Candidate {
+  double z;
+  int32_t token;
+  double w;  // exp(z - z_max)
+};
+
 // The kept tokens, most probable first, after top-k, top-p and min-p; zero-weight tokens (-inf logits,
-// or exp underflow) are dropped since they can never be drawn.
-std::vector<int32_t> kept_tokens(const Scaled& s, const SamplingParams& p) {
-  const int64_t V = int64_t(s.z_V.size());
-  std::vector<int32_t> order = std::vector<int32_t>(size_t(V));
-  std::iota(order.begin(), order.end(), 0);
-  const auto before = [&](int32_t a, int32_t b) {
-    const double za = s.z_V[size_t(a)], zb = s.z_V[size_t(b)];
-    return za > zb || (za == zb && a < b);
+// or exp underflow) are dropped since they can never be drawn. The first has weight 1.
+std::vector<Candidate> kept_tokens(const Scaled& s, const SamplingParams& p) {
+  const int64_t V = s.V;
+  std::vector<Candidate> c;
+  c.reserve(size_t(V));
+  for (int64_t i = 0; i < V; ++i) c.push_back(Candidate{s.z(i), int32_t(i), 0.0});
+  const auto before = [](const Candidate& a, const Candidate& b) {
+    return a.z > b.z || (a.z == b.z && a.token < b.token);
   };
   const int64_t K = p.top_k > 0 ? std::min<int64_t>(p.top_k, V) : V;
-  if (K < V) std::nth_element(order.begin(), order.begin() + K, order.end(), before);
-  std::sort(order.begin(), order.begin() + K, before);
-  order.resize(size_t(K));
+  if (K < V) std::nth_element(c.begin(), c.begin() + K, c.end(), before);
+  std::sort(c.begin(), c.begin() + K, before);
+  c.resize(size_t(K));
+  for (Candidate& x : c) x.w = std::exp(x.z - s.z_max);
 
   int64_t n = K;
   if (p.top_p < 1.0f) {
     double mass_K = 0;
-    for (int32_t t : order) mass_K += s.weight(t);
+    for (const Candidate& x : c) mass_K += x.w;
     const double limit = double(p.top_p) * mass_K;
     double mass_before = 0;
     n = 0;
-    while (n < K && mass_before < limit) mass_before += s.weight(order[size_t(n++)]);
+    while (n < K && mass_before < limit) mass_before += c[size_t(n++)].w;
   }
   if (p.min_p > 0.0f) {
     // p_t >= min_p * p_max  <=>  w_t >= min_p, as w = 1 for the most probable token.
     int64_t m = 0;
-    while (m < n && s.weight(order[size_t(m)]) >= double(p.min_p)) ++m;
+    while (m < n && c[size_t(m)].w >= double(p.min_p)) ++m;
     n = m;
   }
-  while (n > 1 && s.weight(order[size_t(n - 1)]) == 0.0) --n;
-  order.resize(size_t(n));
-  return order;
+  while (n > 1 && c[size_t(n - 1)].w == 0.0) --n;
+  c.resize(size_t(n));
+  return c;
 }
 
 }  // namespace
@@ -109,43 +112,39 @@ std::vector<TokenProb> truncated_distribution(const float* logits_V, int64_t V, 
   validate_sampling_params(p);
   check_logits(logits_V, V);
   if (p.temperature == 0.0f) return {TokenProb{greedy_token(logits_V, V), 1.0}};
-  Scaled s;
-  scale(logits_V, V, double(p.temperature), s);
-  const std::vector<int32_t> kept = kept_tokens(s, p);
+  const std::vector<Candidate> kept = kept_tokens(scale(logits_V, V, double(p.temperature)), p);
   double total = 0;
-  for (int32_t t : kept) total += s.weight(t);
+  for (const Candidate& c : kept) total += c.w;
   std::vector<TokenProb> out;
   out.reserve(kept.size());
-  for (int32_t t : kept) out.push_back(TokenProb{t, s.weight(t) / total});
+  for (const Candidate& c : kept) out.push_back(TokenProb{c.token, c.w / total});
   return out;
 }
 
 SampledToken sample_row(const float* logits_V, int64_t V, const SamplingParams& p, DrawCounter counter) {
   validate_sampling_params(p);
   check_logits(logits_V, V);
-  Scaled s;
   if (p.temperature == 0.0f) {
-    scale(logits_V, V, 1.0, s);
     const int32_t token = greedy_token(logits_V, V);
-    return SampledToken{token, float(logprob_of(s, token))};
+    return SampledToken{token, float(scale(logits_V, V, 1.0).logprob(token))};
   }
-  scale(logits_V, V, double(p.temperature), s);
-  const std::vector<int32_t> kept = kept_tokens(s, p);
+  const Scaled s = scale(logits_V, V, double(p.temperature));
+  const std::vector<Candidate> kept = kept_tokens(s, p);
   double total = 0;
-  for (int32_t t : kept) total += s.weight(t);
+  for (const Candidate& c : kept) total += c.w;
   const double target = sampling_uniform(p.seed, counter.sample, counter.position) * total;
   // Rounding can leave target at or above the last partial sum; the last kept token then takes it
   // (kept_tokens dropped the zero-weight tail, so it has weight > 0).
-  int32_t token = kept.back();
+  int32_t token = kept.back().token;
   double cum = 0;
-  for (int32_t t : kept) {
-    cum += s.weight(t);
+  for (const Candidate& c : kept) {
+    cum += c.w;
     if (target < cum) {
-      token = t;
+      token = c.token;
       break;
     }
   }
-  return SampledToken{token, float(logprob_of(s, token))};
+  return SampledToken{token, float(s.logprob(token))};
 }
 
 std::vector<SampledToken> sample_tokens(const Tensor& logits_NV, std::span<const SamplingParams> params_N,
