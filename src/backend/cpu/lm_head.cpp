@@ -6,11 +6,7 @@ namespace mt::cpu {
 
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
-  const int64_t T = hn_TD.size(0), D = hn_TD.size(1), V = w_VD.size(0);
-  check_shape(w_VD, {V, D}, "lm_head_cross_entropy w_VD");
-  check_shape(labels_T, {T}, "lm_head_cross_entropy labels_T");
-  check_shape(loss_sum, {1}, "lm_head_cross_entropy loss_sum");
-  check_shape(dhn_TD, {T, D}, "lm_head_cross_entropy dhn_TD");
+  const int64_t T = hn_TD.size(0), V = w_VD.size(0);  // shapes: op_checks.h, checked by the dispatch
   check_dtype(loss_sum, DType::F32, "lm_head_cross_entropy loss_sum");
   if (chunk_rows <= 0) chunk_rows = std::max<int64_t>(1, (int64_t(64) << 20) / (4 * std::max<int64_t>(V, 1)));
   if (!accumulate_dw && T == 0) dw_VD.zero_();  // no chunk writes it
