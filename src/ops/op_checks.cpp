@@ -66,4 +66,24 @@ void check_lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const 
   check_shape(dw_VD, {V, D}, "lm_head_cross_entropy dw_VD");
 }
 
+void check_lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T,
+                            int64_t /*chunk_rows: <= 0 = backend's choice*/, const Tensor& logp_T,
+                            const Tensor* entropy_T) {
+  const char* op = "lm_head_logprobs";
+  const int64_t T = check_lm_head_shapes(hn_TD, w_VD, labels_T, op)[0];
+  check_shape(logp_T, {T}, "lm_head_logprobs logp_T");
+  if (entropy_T) check_shape(*entropy_T, {T}, "lm_head_logprobs entropy_T");
+}
+
+void check_lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                                 const Tensor* dentropy_T, int64_t /*chunk_rows: <= 0 = backend's choice*/,
+                                 const Tensor& dhn_TD, const Tensor& dw_VD, bool /*accumulate_dw*/) {
+  const char* op = "lm_head_objective_bwd";
+  const auto [T, D, V] = check_lm_head_shapes(hn_TD, w_VD, labels_T, op);
+  check_shape(dlogp_T, {T}, "lm_head_objective_bwd dlogp_T");
+  if (dentropy_T) check_shape(*dentropy_T, {T}, "lm_head_objective_bwd dentropy_T");
+  check_shape(dhn_TD, {T, D}, "lm_head_objective_bwd dhn_TD");
+  check_shape(dw_VD, {V, D}, "lm_head_objective_bwd dw_VD");
+}
+
 }  // namespace mt::ops

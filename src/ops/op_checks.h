@@ -24,5 +24,12 @@ void check_cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, co
 void check_lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
                                  int64_t chunk_rows, const Tensor& loss_sum, const Tensor& dhn_TD, const Tensor& dw_VD,
                                  bool accumulate_dw);
+// hn_TD and w_VD as above; labels_T, logp_T and entropy_T (when given) are [T].
+void check_lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                            const Tensor& logp_T, const Tensor* entropy_T);
+// hn_TD and w_VD as above; labels_T, dlogp_T and dentropy_T (when given) are [T], dhn_TD [T, D], dw_VD [V, D].
+void check_lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                                 const Tensor* dentropy_T, int64_t chunk_rows, const Tensor& dhn_TD,
+                                 const Tensor& dw_VD, bool accumulate_dw);
 
 }  // namespace mt::ops

@@ -303,6 +303,28 @@ void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor
   return cpu::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD, accumulate_dw);
 }
 
+void lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                      Tensor& logp_T, Tensor* entropy_T) {
+  const bool cuda = on_cuda("lm_head_logprobs", {&hn_TD, &w_VD, &labels_T, &logp_T, entropy_T});
+  OpScope scope("lm_head_logprobs", cuda);
+  check_lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+  if (cuda) return cuda::lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+  return cpu::lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+}
+
+void lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                           const Tensor* dentropy_T, int64_t chunk_rows, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw) {
+  const bool cuda = on_cuda("lm_head_objective_bwd", {&hn_TD, &w_VD, &labels_T, &dlogp_T, dentropy_T, &dhn_TD, &dw_VD});
+  OpScope scope("lm_head_objective_bwd", cuda);
+  check_lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD, accumulate_dw);
+  if (cuda)
+    return cuda::lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD,
+                                       accumulate_dw);
+  return cpu::lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD,
+                                    accumulate_dw);
+}
+
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute) {
   const bool cuda = on_cuda("adamw_step", {&p, &g, &m, &v, p_compute});
