@@ -14,4 +14,22 @@ namespace mt::ops {
 void check_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
                       float grad_scale, const Tensor* p_compute);
 
+// ---- cross-entropy and the LM head ----
+// logits_TV is 2-D [T, V]; labels_T and lse_T are [T]; V > 0 when T > 0.
+void check_cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, int64_t* n_valid);
+// As the forward, and dlogits_TV is [T, V] (V == 0 allowed: then every label must be -100).
+void check_cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, float scale,
+                             const Tensor& dlogits_TV);
+// hn_TD is 2-D [T, D], w_VD [V, D] with V > 0 when T > 0, labels_T [T], loss_sum [1], dhn_TD [T, D], dw_VD [V, D].
+void check_lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
+                                 int64_t chunk_rows, const Tensor& loss_sum, const Tensor& dhn_TD, const Tensor& dw_VD,
+                                 bool accumulate_dw);
+// hn_TD and w_VD as above; labels_T, logp_T and entropy_T (when given) are [T].
+void check_lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                            const Tensor& logp_T, const Tensor* entropy_T);
+// hn_TD and w_VD as above; labels_T, dlogp_T and dentropy_T (when given) are [T], dhn_TD [T, D], dw_VD [V, D].
+void check_lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                                 const Tensor* dentropy_T, int64_t chunk_rows, const Tensor& dhn_TD,
+                                 const Tensor& dw_VD, bool accumulate_dw);
+
 }  // namespace mt::ops

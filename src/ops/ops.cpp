@@ -278,6 +278,7 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
 double cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, Tensor& lse_T, int64_t* n_valid) {
   const bool cuda = on_cuda("cross_entropy_fwd", {&logits_TV, &labels_T, &lse_T});
   OpScope scope("cross_entropy_fwd", cuda);
+  check_cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
   if (cuda) return cuda::cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
   return cpu::cross_entropy_fwd(logits_TV, labels_T, lse_T, n_valid);
 }
@@ -286,6 +287,7 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
                        Tensor& dlogits_TV) {
   const bool cuda = on_cuda("cross_entropy_bwd", {&logits_TV, &labels_T, &lse_T, &dlogits_TV});
   OpScope scope("cross_entropy_bwd", cuda);
+  check_cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
   if (cuda) return cuda::cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
   return cpu::cross_entropy_bwd(logits_TV, labels_T, lse_T, scale, dlogits_TV);
 }
@@ -294,10 +296,33 @@ void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
   const bool cuda = on_cuda("lm_head_cross_entropy", {&hn_TD, &w_VD, &labels_T, &loss_sum, &dhn_TD, &dw_VD});
   OpScope scope("lm_head_cross_entropy", cuda);
+  check_lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD, accumulate_dw);
   if (cuda)
     return cuda::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD,
                                        accumulate_dw);
   return cpu::lm_head_cross_entropy(hn_TD, w_VD, labels_T, scale, chunk_rows, loss_sum, dhn_TD, dw_VD, accumulate_dw);
+}
+
+void lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                      Tensor& logp_T, Tensor* entropy_T) {
+  const bool cuda = on_cuda("lm_head_logprobs", {&hn_TD, &w_VD, &labels_T, &logp_T, entropy_T});
+  OpScope scope("lm_head_logprobs", cuda);
+  check_lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+  if (cuda) return cuda::lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+  return cpu::lm_head_logprobs(hn_TD, w_VD, labels_T, chunk_rows, logp_T, entropy_T);
+}
+
+void lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                           const Tensor* dentropy_T, int64_t chunk_rows, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw) {
+  const bool cuda = on_cuda("lm_head_objective_bwd", {&hn_TD, &w_VD, &labels_T, &dlogp_T, dentropy_T, &dhn_TD, &dw_VD});
+  OpScope scope("lm_head_objective_bwd", cuda);
+  check_lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD, accumulate_dw);
+  if (cuda)
+    return cuda::lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD,
+                                       accumulate_dw);
+  return cpu::lm_head_objective_bwd(hn_TD, w_VD, labels_T, dlogp_T, dentropy_T, chunk_rows, dhn_TD, dw_VD,
+                                    accumulate_dw);
 }
 
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,

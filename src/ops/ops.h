@@ -182,6 +182,21 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD,
                            bool accumulate_dw = true);
+// ---- LM head: per-token log-probabilities and entropies, forward only, chunked over tokens ----
+// logits = hn @ w^T per chunk (f32, never for the whole batch at once), p = softmax(logits) per row.
+// logp_T[t] = log p[labels_T[t]] (f32) and, when entropy_T is given, entropy_T[t] = -sum_v p_v log p_v,
+// on rows whose label != -100; both are 0 on ignored rows. Labels outside [0, V) other than -100 are an
+// error naming the row and value. chunk_rows <= 0 lets the backend choose. CUDA: hn, w bf16.
+void lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                      Tensor& logp_T, Tensor* entropy_T);
+// ---- LM head backward under a per-token objective L(logp, H), chunked over tokens ----
+// With g_T = dL/dlogp (f32 [T]) and h_T = dL/dH (f32 [T], optional; no entropy term when null):
+// dlogits[t, v] = g_t (onehot(label_t)_v - p_v) - h_t p_v (log p_v + H_t) on rows whose label != -100,
+// 0 on ignored rows; dhn = dlogits @ w (=), dw += dlogits^T @ hn (= unless accumulate_dw). With
+// g_t = -scale and no h this is lm_head_cross_entropy's gradient. CUDA: hn, w, dhn bf16; dw f32.
+void lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                           const Tensor* dentropy_T, int64_t chunk_rows, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw = true);
 
 // ---- optimizer and gradient utilities ----
 struct AdamWHyper {

@@ -13,6 +13,7 @@
 #include "backend/cpu/gemm.h"
 #include "core/rng.h"
 #include "fd_check.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -563,6 +564,36 @@ TEST(OpsACrossEntropy, BadLabelsNameRowAndValue) {
   Tensor labels32 = Tensor::zeros({3}, DType::I32);
   msg = error_of([&] { cpu::cross_entropy_fwd(logits, labels32, lse, nullptr); });
   EXPECT_NE(msg.find("cross_entropy_fwd labels_T has dtype i32, expected i64"), std::string::npos) << msg;
+}
+
+// The shapes are checked once, by the dispatch (ops/op_checks.h): through ops::, naming the op, the
+// tensor and both shapes.
+TEST(OpsACrossEntropy, DispatchChecksTheShapesOfCrossEntropyAndTheFusedLmHead) {
+  Rng rng(15);
+  const int64_t T = 6, D = 4, V = 7;
+  const Tensor logits = random_tensor({T, V}, rng), labels = i64_tensor({0, 1, 2, 3, 4, -100});
+  Tensor lse5 = Tensor::empty({5}), lse = Tensor::empty({T}), dlogits_bad = Tensor::empty({T, V + 1});
+  std::string msg = error_of([&] { ops::cross_entropy_fwd(logits, labels, lse5, nullptr); });
+  EXPECT_NE(msg.find("cross_entropy_fwd lse_T has shape [5], expected [6]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::cross_entropy_bwd(logits, labels, lse, 1.0f, dlogits_bad); });
+  EXPECT_NE(msg.find("cross_entropy_bwd dlogits_TV has shape [6, 8], expected [6, 7]"), std::string::npos) << msg;
+  const Tensor logits_3d = Tensor::zeros({T, V, 1});
+  msg = error_of([&] { ops::cross_entropy_fwd(logits_3d, labels, lse, nullptr); });
+  EXPECT_NE(msg.find("cross_entropy_fwd logits_TV must be 2-D [T, V], got shape [6, 7, 1]"), std::string::npos) << msg;
+  const Tensor no_vocab = Tensor::empty({T, 0}), all_ignored = i64_tensor({-100, -100, -100, -100, -100, -100});
+  msg = error_of([&] { ops::cross_entropy_fwd(no_vocab, all_ignored, lse, nullptr); });
+  EXPECT_NE(msg.find("cross_entropy_fwd: vocabulary size V is 0"), std::string::npos) << msg;
+
+  const Tensor hn = random_tensor({T, D}, rng), w = random_tensor({V, D}, rng);
+  Tensor loss = Tensor::zeros({1}), loss2 = Tensor::zeros({2}), dhn = Tensor::empty({T, D}), dw = Tensor::zeros({V, D}),
+         dw_bad = Tensor::zeros({V + 1, D});
+  msg = error_of([&] { ops::lm_head_cross_entropy(hn, w, labels, 1.0f, 0, loss, dhn, dw_bad); });
+  EXPECT_NE(msg.find("lm_head_cross_entropy dw_VD has shape [8, 4], expected [7, 4]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::lm_head_cross_entropy(hn, w, labels, 1.0f, 0, loss2, dhn, dw); });
+  EXPECT_NE(msg.find("lm_head_cross_entropy loss_sum has shape [2], expected [1]"), std::string::npos) << msg;
+  const Tensor w_bad = random_tensor({V, D + 1}, rng);
+  msg = error_of([&] { ops::lm_head_cross_entropy(hn, w_bad, labels, 1.0f, 0, loss, dhn, dw); });
+  EXPECT_NE(msg.find("lm_head_cross_entropy w_VD has shape [7, 5], expected [7, 4]"), std::string::npos) << msg;
 }
 
 // ---------------------------------------------------------------- AdamW and utilities

@@ -80,6 +80,14 @@ TEST(OverwriteGrads, LinearRmsNormEmbeddingAndLmHead) {
           ops::lm_head_cross_entropy(x, wv, labels, 0.25f, 3, loss, dhn, dw, acc);  // chunks 3, 3, 1
         },
         "lm_head_cross_entropy");
+    const Tensor g = randn({T}, rng), h = randn({T}, rng);
+    expect_set_equals_add_on_zero(
+        {V, I},
+        [&](Tensor& dw, bool acc) {
+          Tensor dhn = Tensor::empty({T, I});
+          ops::lm_head_objective_bwd(x, wv, labels, g, &h, 3, dhn, dw, acc);  // chunks 3, 3, 1
+        },
+        "lm_head_objective_bwd");
   }
 }
 

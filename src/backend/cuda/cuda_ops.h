@@ -58,6 +58,11 @@ void cross_entropy_bwd(const Tensor& logits_TV, const Tensor& labels_T, const Te
 void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, float scale,
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD,
                            bool accumulate_dw = true);
+void lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                      Tensor& logp_T, Tensor* entropy_T);
+void lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                           const Tensor* dentropy_T, int64_t chunk_rows, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw = true);
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute);
 double sum_squares(const Tensor& x);

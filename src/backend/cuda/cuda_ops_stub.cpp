@@ -127,6 +127,15 @@ void lm_head_cross_entropy(const Tensor& hn_TD, const Tensor& w_VD, const Tensor
                            int64_t chunk_rows, Tensor& loss_sum, Tensor& dhn_TD, Tensor& dw_VD, bool accumulate_dw) {
   no_cuda("lm_head_cross_entropy");
 }
+void lm_head_logprobs(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, int64_t chunk_rows,
+                      Tensor& logp_T, Tensor* entropy_T) {
+  no_cuda("lm_head_logprobs");
+}
+void lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const Tensor& labels_T, const Tensor& dlogp_T,
+                           const Tensor* dentropy_T, int64_t chunk_rows, Tensor& dhn_TD, Tensor& dw_VD,
+                           bool accumulate_dw) {
+  no_cuda("lm_head_objective_bwd");
+}
 void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyper& h, float grad_scale,
                 Tensor* p_compute) {
   no_cuda("adamw_step");
