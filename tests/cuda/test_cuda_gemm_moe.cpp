@@ -1,5 +1,6 @@
 // CUDA vs CPU tests of the GEMM-based ops: linear layers (cuBLASLt), the MoE dispatch plan and
-// (un)permutation, the experts (grouped and reference forms) and the fused LM head + cross-entropy.
+// (un)permutation, the experts (grouped and reference forms) and the fused LM head: with cross-entropy,
+// and the per-token log-probabilities, entropies and objective gradients.
 // Inputs are bf16-exact, so both backends see the same values. Tolerances, with their reasons:
 //   - kBf16Out = 1e-2 for bf16 outputs: one bf16 rounding of the output is up to 2^-8 relative per
 //     element (about 1.1e-3..1.5e-3 relative L2 over many elements); chains that also round an
@@ -614,6 +615,152 @@ TEST(CudaLmHeadLabels, OutOfRangeLabelPoisonsTheLossAndIsReportedByTheNextCall) 
   Tensor loss2 = Tensor::zeros({1}, DType::F32, Device::CUDA);
   cuda::lm_head_cross_entropy(hn, w, to_dev(labels), 1.0f, 0, loss2, dhn, dw);
   EXPECT_TRUE(std::isfinite(to_host_f32(loss2).data<float>()[0]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// LM head for per-token objectives: lm_head_logprobs and lm_head_objective_bwd
+
+// Sets MOETRAIN_LM_HEAD_GROUP_ROWS for one scope (0: leaves it unset, the byte budget decides).
+struct GroupRowsEnv {
+  explicit GroupRowsEnv(int64_t rows) {
+    if (rows > 0) ::setenv("MOETRAIN_LM_HEAD_GROUP_ROWS", std::to_string(rows).c_str(), 1);
+  }
+  ~GroupRowsEnv() { ::unsetenv("MOETRAIN_LM_HEAD_GROUP_ROWS"); }
+};
+
+struct LmHeadObjectiveCase {
+  int64_t T, D, V, chunk, group_rows;
+};
+
+class CudaLmHeadObjective : public ::testing::TestWithParam<LmHeadObjectiveCase> {};
+
+// Log-probs and entropies (with and without the entropy output), then the objective's gradients with
+// and without the entropy term, for both dw contracts. Ignored rows every 7th; g and h random per row.
+TEST_P(CudaLmHeadObjective, LogprobsEntropiesAndGradientsMatchCpu) {
+  MT_REQUIRE_GPU();
+  const auto [T, D, V, chunk, group_rows] = GetParam();
+  const GroupRowsEnv env(group_rows);
+  Rng rng(101 + uint64_t(V));
+  const Tensor hn = rand_bf16_exact({T, D}, rng), w = rand_bf16_exact({V, D}, rng, 1.0f / std::sqrt(float(D)));
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t % 7 == 3 ? -100 : rng.randint(0, V);
+  const Tensor hn_g = to_cuda(hn, DType::BF16), w_g = to_cuda(w, DType::BF16), labels_g = to_dev(labels);
+
+  Tensor logp_want = filled({T}, kNaN), ent_want = filled({T}, kNaN);
+  cpu::lm_head_logprobs(hn, w, labels, chunk, logp_want, &ent_want);
+  Tensor logp = cuda_filled({T}, DType::F32, kNaN), ent = cuda_filled({T}, DType::F32, kNaN);
+  cuda::lm_head_logprobs(hn_g, w_g, labels_g, chunk, logp, &ent);
+  // The same f32 logits up to summation order; f32 softmax statistics vs fp64: about 1e-6 relative.
+  expect_rel(logp, logp_want, 1e-4, "logp");
+  expect_rel(ent, ent_want, 1e-4, "entropy");
+  Tensor logp_only = cuda_filled({T}, DType::F32, kNaN);
+  cuda::lm_head_logprobs(hn_g, w_g, labels_g, chunk, logp_only, nullptr);
+  expect_rel(logp_only, logp_want, 1e-4, "logp_only");
+
+  Tensor g = Tensor::empty({T}), h = Tensor::empty({T});
+  rng.fill_uniform(g, -1.0f, 1.0f);
+  rng.fill_uniform(h, -1.0f, 1.0f);
+  const Tensor g_g = to_cuda(g, DType::F32), h_g = to_cuda(h, DType::F32);
+  const Tensor dw0 = rand_bf16_exact({V, D}, rng, 1e-3f);
+  for (bool with_h : {true, false}) {
+    for (bool acc : {true, false}) {
+      const std::string tag = std::string(with_h ? "gh" : "g") + (acc ? "_acc" : "_set");
+      SCOPED_TRACE(tag);
+      Tensor dhn_want = filled({T, D}, kNaN), dw_want = acc ? dw0.clone() : Tensor::zeros({V, D});
+      cpu::lm_head_objective_bwd(hn, w, labels, g, with_h ? &h : nullptr, chunk, dhn_want, dw_want, acc);
+      Tensor dhn = cuda_filled({T, D}, DType::BF16, kNaN),
+             dw = acc ? to_cuda(dw0, DType::F32) : cuda_filled({V, D}, DType::F32, kNaN);
+      cuda::lm_head_objective_bwd(hn_g, w_g, labels_g, g_g, with_h ? &h_g : nullptr, chunk, dhn, dw, acc);
+      expect_rel(dhn, dhn_want, kBf16Out, "dhn_" + tag);  // dlogits and dhn each rounded to bf16 once
+      expect_rel(dw, dw_want, kBf16Out, "dw_" + tag);     // dlogits rounded to bf16
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaLmHeadObjective,
+                         ::testing::Values(LmHeadObjectiveCase{300, 64, 1000, 128, 0},   // chunks 128, 128, 44
+                                           LmHeadObjectiveCase{300, 64, 1000, 25, 70},   // 5 groups of 3 chunks
+                                           LmHeadObjectiveCase{301, 40, 999, 25, 70},    // odd V (scalar path), groups
+                                           LmHeadObjectiveCase{33, 40, 999, 5, 0},       // odd V and D, one group
+                                           LmHeadObjectiveCase{64, 256, 151936, 0, 0}),  // the real vocabulary
+                         [](const auto& info) {
+                           return "T" + std::to_string(info.param.T) + "_V" + std::to_string(info.param.V) + "_chunk" +
+                                  std::to_string(info.param.chunk) + "_group" + std::to_string(info.param.group_rows);
+                         });
+
+// With g = -scale and no entropy term the objective's gradients are lm_head_cross_entropy's: on the GPU
+// the same row kernel arithmetic and the same GEMMs. Expected 0; the tolerance only allows for the
+// compiler contracting the label term into an FMA differently in the two instantiations (a 1-ulp f32
+// change that flips a few bf16 roundings of dlogits), far below a wrong sign or term (order 1).
+TEST(CudaLmHeadObjective, MinusScaleWithoutEntropyIsTheCrossEntropyGradient) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 100, D = 48, V = 1000;
+  Rng rng(111);
+  const Tensor hn = to_cuda(rand_bf16_exact({T, D}, rng), DType::BF16);
+  const Tensor w = to_cuda(rand_bf16_exact({V, D}, rng, 0.15f), DType::BF16);
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t % 9 == 4 ? -100 : rng.randint(0, V);
+  const float scale = 1.0f / 89.0f;
+  Tensor loss = Tensor::zeros({1}, DType::F32, Device::CUDA), dhn_ce = cuda_filled({T, D}, DType::BF16, kNaN),
+         dw_ce = cuda_filled({V, D}, DType::F32, kNaN);
+  cuda::lm_head_cross_entropy(hn, w, to_dev(labels), scale, 30, loss, dhn_ce, dw_ce, false);
+  Tensor dhn = cuda_filled({T, D}, DType::BF16, kNaN), dw = cuda_filled({V, D}, DType::F32, kNaN);
+  cuda::lm_head_objective_bwd(hn, w, to_dev(labels), to_cuda(filled({T}, -scale), DType::F32), nullptr, 30, dhn, dw,
+                              false);
+  expect_rel(dhn, dhn_ce, 1e-3, "dhn_vs_ce");
+  expect_rel(dw, dw_ce, 1e-3, "dw_vs_ce");
+}
+
+// A bad label makes its row's outputs NaN and is reported, naming the op that found it, by the next
+// call of any of the LM-head ops.
+TEST(CudaLmHeadObjectiveLabels, OutOfRangeLabelPoisonsItsRowAndIsReportedByTheNextCall) {
+  MT_REQUIRE_GPU();
+  const int64_t T = 20, D = 16, V = 1000;
+  Rng rng(112);
+  const Tensor hn = to_cuda(rand_bf16_exact({T, D}, rng), DType::BF16);
+  const Tensor w = to_cuda(rand_bf16_exact({V, D}, rng, 0.25f), DType::BF16);
+  Tensor labels = Tensor::empty({T}, DType::I64);
+  for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t;
+  labels.data<int64_t>()[5] = V;
+  Tensor logp = cuda_filled({T}, DType::F32, 0.0f), ent = cuda_filled({T}, DType::F32, 0.0f);
+  cuda::lm_head_logprobs(hn, w, to_dev(labels), 0, logp, &ent);
+  const Tensor logp_h = to_host_f32(logp), ent_h = to_host_f32(ent);  // reading waits for the device
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(std::isnan(logp_h.data<float>()[t]), t == 5) << t;
+    EXPECT_EQ(std::isnan(ent_h.data<float>()[t]), t == 5) << t;
+  }
+  labels.data<int64_t>()[5] = 5;
+  const Tensor g = to_cuda(filled({T}, 1.0f), DType::F32);
+  Tensor dhn = Tensor::empty({T, D}, DType::BF16, Device::CUDA), dw = Tensor::zeros({V, D}, DType::F32, Device::CUDA);
+  std::string msg;
+  try {
+    cuda::lm_head_objective_bwd(hn, w, to_dev(labels), g, nullptr, 0, dhn, dw);
+    ADD_FAILURE() << "expected the earlier bad label to be reported";
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("lm_head_objective_bwd: label 1000 at row 5 (of an earlier lm_head_logprobs call"),
+            std::string::npos)
+      << msg;
+
+  labels.data<int64_t>()[7] = -3;
+  cuda::lm_head_objective_bwd(hn, w, to_dev(labels), g, &g, 0, dhn, dw);
+  const Tensor dhn_h = to_host_f32(dhn);
+  for (int64_t t = 0; t < T; ++t) EXPECT_EQ(std::isnan(dhn_h.data<float>()[t * D]), t == 7) << t;
+  labels.data<int64_t>()[7] = 7;
+  msg.clear();
+  try {
+    cuda::lm_head_logprobs(hn, w, to_dev(labels), 0, logp, nullptr);
+    ADD_FAILURE() << "expected the earlier bad label to be reported";
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("lm_head_logprobs: label -3 at row 7 (of an earlier lm_head_objective_bwd call"),
+            std::string::npos)
+      << msg;
+  Tensor logp2 = cuda_filled({T}, DType::F32, kNaN);
+  cuda::lm_head_logprobs(hn, w, to_dev(labels), 0, logp2, nullptr);
+  EXPECT_TRUE(cpu::all_finite(to_host_f32(logp2)));
 }
 
 // ---------------------------------------------------------------------------------------------
