@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
     so.dist = dopt;
     so.fsdp = fo;
     so.recompute = parse_recompute(rc);
+    so.model.prefetch_depth = prefetch_depth;
+    so.model.ep_backward_overlap = ep_overlap;
     // init_s: the session (distributed context, parallel parts, model) and the weights' init and
     // optimizer; the GEMM and copy measurements between them are not counted, nor their memory.
     auto t_session = Clock::now();
@@ -168,57 +170,41 @@ int main(int argc, char** argv) {
     auto t_init = Clock::now();
     FsdpParams* fsdp = session.fsdp();
     Qwen3MoeModel& m = session.model();
-    m.prefetch_depth = prefetch_depth;
-    Tensor& master = session.master();
-    Tensor& grads = session.grads();
-    Tensor* compute = session.compute();
     session.init_weights(1);
     AdamWConfig oc;
-    AdamW opt(master.numel(), dev, oc);
-    const bool overlap = opt_overlap && !fsdp && dev == Device::CUDA;  // as the trainer decides
-    if (overlap) {
-      opt.overlap_units(m.local().unit_ranges());
-      m.local().wait_for(&opt.ready());
-    }
+    session.make_optimizer(oc, opt_overlap);  // overlap: one device, CUDA, as the trainer decides
+    AdamW& opt = session.optimizer();
+    const bool overlap = opt_overlap && !fsdp && dev == Device::CUDA;
     double init_s = session_s + secs(t_init);
 
     // The global batch (batch rows per data-parallel rank) is the same on every rank; each trains on
-    // its rows (the tp ranks of a dp rank share them and split their tokens).
+    // its rows (the tp ranks of a dp rank share them and split their tokens; --sp: each of the sp ranks
+    // of a data-parallel rank takes its chunk of every sequence).
     Rng rng(7);
     const int64_t global = batch * dp;
     MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};
     for (int64_t i = 0; i < global * seq; ++i)
       all.input_ids.data<int64_t>()[i] = all.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
-    // --sp: each of the sp ranks of a data-parallel rank takes its chunk of every sequence.
-    MicroBatch mb = session.local_micro_batch(all.input_ids, all.labels);
-    const int64_t targets = global * (seq - 1), tokens = global * seq;
+    const int64_t tokens = global * seq;
     std::vector<double> losses;
+    StepOptions step_opt;
+    step_opt.lr = 1e-4;
+    step_opt.zero_grads = zero_grads;  // default: gradients written with =, as the trainer does (no zeroing pass)
 
+    // The trainer's step (TrainSession::train_step): planning, forward and backward, the optimizer, the
+    // expert load and the metrics' reduction.
     auto one_step = [&]() {
-      if (zero_grads && !fsdp) {
-        opt.join();  // the last overlapped update still reads the gradients
-        m.zero_grads();
-      }
-      if (fsdp) fsdp->zero_grads();
-      m.first_micro_batch = !zero_grads;  // gradients written with =, as the trainer does: no zeroing pass
-      m.ep_backward_overlap = ep_overlap;
-      LossParts lp = m.forward_backward(mb, 1.0 / double(targets), 0.0);
-      OptimStepResult r = opt.step(master, grads, 1e-4, compute, session.parallel().global_grad_sq());
-      if (dist->distributed()) {  // the loss of the global batch: every rank's sum
-        const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {lp.ce_sum});
-        lp.ce_sum = 0;
-        for (double v : all) lp.ce_sum += v;
-      }
+      StepResult r = session.train_step({all}, step_opt);
       if (!overlap) device_mem::synchronize(dev);  // overlapped: the update runs on into the next forward
-      losses.push_back(lp.ce_sum / double(targets));
-      return std::make_pair(lp, r);
+      losses.push_back(r.ce);
+      return r;
     };
     // Sanity before timing: at init the loss is near log(V) and everything is finite.
-    auto [lp0, r0] = one_step();
-    double ce0 = lp0.ce_sum / double(targets);
-    if (!std::isfinite(ce0) || std::abs(ce0 - std::log(double(mc.vocab_size))) > 1.0 || !std::isfinite(r0.grad_norm))
+    const StepResult r0 = one_step();
+    const double ce0 = r0.ce;
+    if (!std::isfinite(ce0) || std::abs(ce0 - std::log(double(mc.vocab_size))) > 1.0 || !std::isfinite(r0.opt.grad_norm))
       MT_THROW("sanity check failed: initial loss ", ce0, " (log V = ", std::log(double(mc.vocab_size)),
-               "), grad norm ", r0.grad_norm);
+               "), grad norm ", r0.opt.grad_norm);
     for (int64_t i = 1; i < warmup; ++i) one_step();
     double fwd = 0, bwd = 0, opt_s = 0;
     auto t = Clock::now();
@@ -254,7 +240,7 @@ int main(int argc, char** argv) {
                              6.0 * double(L) * double(seq) * double(mc.num_attention_heads * mc.head_dim);
     double tflops = flops_per_token * double(tokens) / step_s / 1e12 / double(dist->world_size());  // per GPU
     const int64_t P = session.table().total();
-    double adamw_bytes = 30.0 * double(master.numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
+    double adamw_bytes = 30.0 * double(session.master().numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
                      {"layers", mc.num_hidden_layers},

@@ -1,28 +1,33 @@
-// The model's input: a micro-batch, and under sequence parallelism (Ulysses) its sequence chunk,
-// what the model needs to know about the whole sequence to run on its chunk of it, planned before
-// the forward from the full micro-batch (shard_micro_batch, below) and passed in, so that nothing
-// inside the model (recompute included) issues a collective to learn positions, labels or validity.
-// Below the model and the exchanges: the model, the Ulysses exchange and the trainer all include it.
+// The model's input: a micro-batch, and the plan of the rows one rank runs for it. Everything the model
+// needs to know about the whole sequences (positions, shifted targets, per-token objective inputs,
+// replayed routing, which rows are padding) is planned here, once, before the forward, by
+// plan_micro_batch, so that nothing inside the model (recompute included) issues a collective to learn
+// it and no second place builds it. The model plans a micro-batch that arrives without a plan itself
+// (sequence parallelism 1, its own tensor-parallel row multiple). Below the model and the exchanges:
+// the model, the Ulysses exchange and the training session all include it.
 //
 // Layout: every sequence of the micro-batch (B rows, real length S) is padded to S' = a multiple of
-// sp, and rank r of the sp group holds positions [r C, (r + 1) C) of each (C = S' / sp), so the
-// model's local tokens are [B, C], row-major. Padding (positions >= S) has token id 0 and label
-// -100; it sits at the end of each sequence, so under causal attention no real query sees it, and
-// the model keeps it out of every statistic (router counts, probability sums, z-loss, expert load).
+// sp (and, under tensor parallelism, until B × S' / sp divides by tp), and rank r of the sp group holds
+// positions [r C, (r + 1) C) of each (C = S' / sp), so the model's local tokens are [B, C], row-major.
+// Without sequence parallelism (sp 1) C = S', the whole (possibly padded) sequences. Padding (positions
+// >= S) has token id 0 and label -100; it sits at the end of each sequence, so under causal attention
+// no real query sees it, and the model keeps it out of every statistic (router counts, probability
+// sums, z-loss, expert load).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
 namespace mt {
 
-struct SeqShard {
+struct BatchPlan {
   int sp = 1;              // ranks of the sequence-parallel group
   int rank = 0;            // this rank's chunk
   int64_t seq_len = 0;     // S: the real length of every sequence
-  int64_t padded_len = 0;  // S' = ceil(S / sp) × sp, or more sp steps until B × C divides by tp
+  int64_t padded_len = 0;  // S' = ceil(S / sp) × sp, or more sp steps until B × C divides by row_multiple
   int64_t chunk = 0;       // C = S' / sp: local tokens per sequence
   // Real (not padding) tokens at the start of each local sequence chunk: clamp(S − rank C, 0, C).
   // Padding is always a suffix of a chunk, so this count is the whole validity mask.
@@ -30,24 +35,41 @@ struct SeqShard {
   Tensor positions;       // i32 [B C] (host): the global position of each local token
   Tensor shifted_labels;  // i64 [B C] (host): the target of each local token (HF shift done over
                           // the whole sequence); -100 for padding; undefined without labels
+  // MicroBatch::token_values, shifted like the labels (the value of each local token's target), 0 on
+  // padding and on a sequence's last token: f32 [B C] each (host).
+  std::vector<Tensor> shifted_values;
+  // MicroBatch::routing for the local tokens: i32 [B C, K] per sparse layer (host); padding rows name
+  // experts 0..K-1 (they are outside every statistic and gradient). Empty: the router decides.
+  std::vector<Tensor> routing;
 };
 
 struct MicroBatch {
   MicroBatch() = default;
-  MicroBatch(Tensor ids, Tensor labels_, std::shared_ptr<const SeqShard> shard_ = nullptr)
-      : input_ids(std::move(ids)), labels(std::move(labels_)), shard(std::move(shard_)) {}
-  Tensor input_ids;  // i64 (B, S)
-  Tensor labels;     // i64 (B, S), HF semantics (shifted inside), -100 = ignore; may be undefined for forward()
-  // Sequence parallelism: input_ids are this rank's chunk [B, C] of each sequence and the shard
-  // carries positions and shifted labels (labels unused); made by shard_micro_batch. Null: the
-  // micro-batch is whole sequences.
-  std::shared_ptr<const SeqShard> shard;
+  MicroBatch(Tensor ids, Tensor labels_) : input_ids(std::move(ids)), labels(std::move(labels_)) {}
+  Tensor input_ids;  // i64 (B, S) whole sequences; with a plan, the local tokens (B, C)
+  Tensor labels;     // i64 (B, S), HF semantics (shifted by the plan), -100 = ignore; may be undefined
+                     // for a forward; unused once planned (the plan holds the shifted targets)
+  // Per-token inputs of an objective (e.g. advantages, old log-probabilities), aligned with labels:
+  // f32 (B, S) each, the value at (b, s) belonging to the target labels[b, s] (shifted with it).
+  std::vector<Tensor> token_values;
+  // Routing replay: the experts each input token uses in every sparse layer, i32 (B S, K) per sparse
+  // layer in layer order (as Qwen3MoeModel::last_routing returns them); the routing weights are the
+  // layer's own probabilities at those experts. Empty: the router decides.
+  std::vector<Tensor> routing;
+  // This rank's rows, planned from the whole sequences (plan_micro_batch). Null: input_ids are whole
+  // sequences not planned yet.
+  std::shared_ptr<const BatchPlan> plan;
 };
 
-// This rank's piece of a micro-batch (ids, labels: i64 [B, S], HF semantics) for sequence chunk
-// sp_rank of sp (see SeqShard). labels may be undefined (forward only). sp = 1 returns the batch
-// as it is (no shard). row_multiple (tp): the sequences are padded further, by whole sp steps, until
-// the chunk's B × C rows divide by it. Host computation only: no collective.
-MicroBatch shard_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS, int sp, int sp_rank, int row_multiple = 1);
+// This rank's piece of a micro-batch of whole sequences for sequence chunk sp_rank of sp (see
+// BatchPlan), its positions, shifted targets and values, and replayed routing. row_multiple (tensor
+// parallelism): the sequences are padded further, by whole sp steps, until the chunk's B × C rows
+// divide by it. sp 1 gives the whole sequences (padded for row_multiple only). Host computation only:
+// no collective. Errors name the tensor, its shape and the one expected.
+MicroBatch plan_micro_batch(const MicroBatch& whole, int sp = 1, int sp_rank = 0, int row_multiple = 1);
+
+// Rows [b0, b0 + n) of a micro-batch of whole sequences (data parallelism): ids, labels, values and
+// routing. Views, no copies.
+MicroBatch micro_batch_rows(const MicroBatch& whole, int64_t b0, int64_t n);
 
 }  // namespace mt

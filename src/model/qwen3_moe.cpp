@@ -7,6 +7,7 @@
 
 #include "ops/ops.h"
 #include "moe/ulysses.h"
+#include "model/objective.h"
 
 namespace mt {
 
@@ -45,7 +46,7 @@ void Qwen3MoeModel::for_valid_rows(F&& f) const {
   }
   // Valid rows of sequence b are [b S_, b S_ + valid_) of the T_ rows; this rank holds rows
   // [lo, lo + Tl_) of them (all of them without tp), and f gets the overlap in local row numbers.
-  const int64_t lo = tp ? int64_t(tp->rank()) * Tl_ : 0;
+  const int64_t lo = par_.tp ? int64_t(par_.tp->rank()) * Tl_ : 0;
   for (int64_t b = 0; b < B_ && valid_ > 0; ++b) {
     const int64_t r0 = std::max(b * S_, lo), r1 = std::min(b * S_ + valid_, lo + Tl_);
     if (r1 > r0) f(r0 - lo, r1 - r0);
@@ -55,10 +56,12 @@ void Qwen3MoeModel::for_valid_rows(F&& f) const {
 // Whether the layer's exchanged rows (xp, ys) live outside the arenas and can be kept for the
 // backward: a sparse layer whose plan spans ranks. With ep = 1 (a capacity in one process) the
 // combined rows alias the expert outputs in an arena, and nothing travels anyway.
-bool Qwen3MoeModel::keeps_exchanges(const LayerActs& a) const { return dispatcher && a.ep_plan && a.ep_plan->ep > 1; }
+bool Qwen3MoeModel::keeps_exchanges(const LayerActs& a) const { return par_.dispatcher && a.ep_plan && a.ep_plan->ep > 1; }
 
-Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source, Weights weights)
+Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSource* source, Weights weights,
+                             const ModelOptions& options)
     : cfg_(config),
+      opt_(options),
       device_(device),
       act_(device == Device::CUDA ? DType::BF16 : DType::F32),
       table_(config),
@@ -87,6 +90,13 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
 }
 
 Qwen3MoeModel::~Qwen3MoeModel() = default;
+
+void Qwen3MoeModel::attach(ModelWiring wiring) {
+  if (attached_) MT_THROW("Qwen3MoeModel::attach: the model's parallel parts are already attached (once per model)");
+  MT_CHECK(opt_.prefetch_depth >= 0, "prefetch_depth ", opt_.prefetch_depth, " must be >= 0");
+  par_ = std::move(wiring);
+  attached_ = true;
+}
 
 LocalParams& Qwen3MoeModel::local() {
   if (!local_)
@@ -145,16 +155,16 @@ const Tensor& Qwen3MoeModel::ones_TK(int64_t rows) {
 }
 
 Tensor Qwen3MoeModel::tp_gather(const Tensor& x, Arena& A) {
-  if (!tp) return x;
+  if (!par_.tp) return x;
   Shape shape = x.shape();
-  shape[0] *= tp->size();
+  shape[0] *= par_.tp->size();
   Tensor all = A.alloc(shape, x.dtype());
-  tp->all_gather(x, all)->wait();
+  par_.tp->all_gather(x, all)->wait();
   return all;
 }
 
 void Qwen3MoeModel::tp_reduce_scatter(const Tensor& partial, Tensor& out) {
-  tp->reduce_scatter(partial, out, comm::ReduceOp::Sum)->wait();
+  par_.tp->reduce_scatter(partial, out, comm::ReduceOp::Sum)->wait();
 }
 
 bool Qwen3MoeModel::aux_enabled() const {
@@ -213,11 +223,23 @@ std::vector<Tensor> Qwen3MoeModel::last_routing() const {
   return out;
 }
 
+LossParts Qwen3MoeModel::forward_backward(const MicroBatch& mb, const PassOptions& opt) { return run(mb, opt, true); }
+
 LossParts Qwen3MoeModel::forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out) {
-  return run(mb, ce_scale, aux_scale, logits_out, true);
+  PassOptions o;
+  o.ce_scale = ce_scale;
+  o.aux_scale = aux_scale;
+  o.logits_out = logits_out;
+  return run(mb, o, true);
 }
 
-LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) { return run(mb, 0, 0, logits_out, false); }
+LossParts Qwen3MoeModel::forward(const MicroBatch& mb, const PassOptions& opt) { return run(mb, opt, false); }
+
+LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) {
+  PassOptions o;
+  o.logits_out = logits_out;
+  return run(mb, o, false);
+}
 
 void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known) {
   const LayerWeights& w = w_.layers[size_t(l)];
@@ -226,18 +248,18 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
-  Arena& A = recompute == Recompute::None ? keep_ : work_;
+  Arena& A = pass_.recompute == Recompute::None ? keep_ : work_;
   // Selective recompute keeps the attention output and its statistics: attention is the one part
   // whose cost grows with S^2, so the recompute pass skips it and rebuilds only the cheap rest.
-  const bool keep_attention = recompute != Recompute::Full;
-  const bool attention_known = routing_known && recompute == Recompute::Selective;
+  const bool keep_attention = pass_.recompute != Recompute::Full;
+  const bool attention_known = routing_known && pass_.recompute == Recompute::Selective;
   // Under expert parallelism selective also keeps what the two all-to-alls delivered (the expert-side
   // input rows and the outputs back at the source), so its recompute issues no all-to-all: the
   // exchanges, not the expert GEMMs, are the expensive part there (keeps_exchanges(a)).
   const bool exchanges_known = attention_known && keeps_exchanges(a);
   // The recompute pass (routing_known) needs the FFN's saved tensors, not the block output, so under
   // tp it skips the output's reduce-scatter.
-  const bool need_out = !(tp && routing_known);
+  const bool need_out = !(par_.tp && routing_known);
 
   a.xn1 = A.alloc({Tl, D}, act_);
   a.rstd1 = A.alloc({Tl});
@@ -261,18 +283,18 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   if (sp_) {
     // Ulysses: whole sequences for this rank's heads, attention, and back to this rank's tokens. The
     // recompute re-issues the same exchanges (selective: only the first; the backward needs q, k, v).
-    const int64_t Tf = B_ * S_full_, Hl = ulysses->local_heads(), Gl = ulysses->local_kv_heads();
+    const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
     a.qf = A.alloc({Tf, Hl, Hd}, act_);
     a.kf = A.alloc({Tf, Gl, Hd}, act_);
     a.vf = A.alloc({Tf, Gl, Hd}, act_);
-    ulysses->to_heads(a.qr, a.kr, a.v.view({T, G, Hd}), B_, a.qf, a.kf, a.vf);
+    par_.ulysses->to_heads(a.qr, a.kr, a.v.view({T, G, Hd}), B_, a.qf, a.kf, a.vf);
     if (!attention_known) {
       Arena& Att = keep_attention ? keep_ : work_;
       a.att = Att.alloc({T, H, Hd}, act_);
       a.attf = Att.alloc({Tf, Hl, Hd}, act_);
       a.lse = Att.alloc({Tf, Hl});
       ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse);
-      ulysses->to_tokens(a.attf, B_, a.att);
+      par_.ulysses->to_tokens(a.attf, B_, a.att);
     }
   } else if (!attention_known) {
     Arena& Att = keep_attention ? keep_ : work_;
@@ -281,7 +303,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
   }
   a.h1 = A.alloc({Tl, D}, DType::F32);
-  if (tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
+  if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
     Tensor part = work_.alloc({T, D}, DType::F32);
     ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
     tp_reduce_scatter(part, a.h1);
@@ -295,7 +317,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
 
   if (w.sparse) {
     // etp = tp: the experts are F slices and see every row of the tp group; etp = 1: the local rows.
-    const bool etp = tp && expert_tp;
+    const bool etp = par_.tp && par_.expert_tp;
     const int64_t Tr = etp ? T : Tl, R = Tr * K, F = cfg_.moe_intermediate_size;
     if (!routing_known) {
       Tensor logits = A.alloc({Tl, E});
@@ -317,11 +339,11 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
         a.wts_g = tp_gather(a.wts, keep_);
       }
       const Tensor& idx_e = etp ? a.idx_g : a.idx;
-      if (dispatcher) {
+      if (par_.dispatcher) {
         // Expert parallelism: the one routing decision across ranks (counts exchanged), kept for the
         // backward and any recompute.
-        a.ep_plan = std::make_shared<moe::DispatchPlan>(dispatcher->prepare(idx_e, etp ? a.wts_g : a.wts));
-        dropped_assignments += a.ep_plan->n_dropped;
+        a.ep_plan = std::make_shared<moe::DispatchPlan>(par_.dispatcher->prepare(idx_e, etp ? a.wts_g : a.wts));
+        dropped_ += a.ep_plan->n_dropped;
       } else {
         a.offsets = keep_.alloc({E + 1}, DType::I64);
         a.assign_of_row = keep_.alloc({R}, DType::I32);
@@ -334,13 +356,13 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     if (etp) xe = a.xg2 = tp_gather(a.xn2, A);
     // etp: the F slices' partial outputs of all T rows, summed over tp into the local rows.
     Tensor oute = etp ? work_.alloc({T, D}, DType::F32) : out;
-    if (dispatcher) {
+    if (par_.dispatcher) {
       // Tokens travel to the ranks that own their experts (one all_to_all_v), this rank's experts run
       // on what arrived, and the outputs come back weighted (one all_to_all_v).
       const moe::DispatchPlan& pl = *a.ep_plan;
       const int64_t Rr = pl.rows_received;
       if (!exchanges_known)
-        a.xp = score_before_experts ? dispatcher->dispatch_weighted(pl, xe, wts_e) : dispatcher->dispatch(pl, xe);
+        a.xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xe, wts_e) : par_.dispatcher->dispatch(pl, xe);
       a.gu = A.alloc({Rr, 2 * F}, act_);
       a.hh = A.alloc({Rr, F}, act_);
       // With ep > 1 the expert-side outputs are needed only until the combine has sent them (the
@@ -351,12 +373,12 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
       if (!exchanges_known) {
-        a.ys = dispatcher->combine_comm(pl, dispatcher->combine_prepare(pl, yp));
-        dispatcher->combine_finish(pl, a.ys, score_before_experts ? ones_TK(Tr) : wts_e, oute);
+        a.ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
+        par_.dispatcher->combine_finish(pl, a.ys, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
       }
     } else {
       a.xp = A.alloc({R, D}, act_);
-      if (score_before_experts)
+      if (opt_.score_before_experts)
         ops::permute_weighted_fwd(xe, a.row_of_assign, wts_e, a.xp);
       else
         ops::permute_fwd(xe, a.assign_of_row, K, a.xp);
@@ -364,7 +386,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.hh = A.alloc({R, F}, act_);
       a.yp = A.alloc({R, D}, act_);
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      ops::unpermute_fwd(a.yp, a.row_of_assign, score_before_experts ? ones_TK(Tr) : wts_e, oute);
+      ops::unpermute_fwd(a.yp, a.row_of_assign, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
   } else {
@@ -374,7 +396,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     a.hh = A.alloc({T, I}, act_);
     ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
     ops::swiglu_fwd(a.gu, a.hh);
-    if (tp) {
+    if (par_.tp) {
       Tensor part = work_.alloc({T, D}, DType::F32);
       ops::linear_fwd(a.hh, w.mlp_down, part);
       if (need_out) tp_reduce_scatter(part, out);
@@ -393,7 +415,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float theta = float(cfg_.rope_theta);
   Arena& W = work_;
-  const bool acc = !first_micro_batch;  // parameter gradients: = on a step's first micro-batch
+  const bool acc = !pass_.overwrite_grads;  // parameter gradients: = on a step's first micro-batch
 
   // FFN: out = h1 + ffn(norm2(h1)). dxn2 sums the experts' (or the MLP's) input gradient and the
   // router's in f32: a bf16 sum would drop the router's share wherever it is below 2^-8 of the rest.
@@ -401,7 +423,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   if (w.sparse) {
     // etp = tp: the experts' backward reads the output gradient of all T rows; their input and
     // routing-weight gradients are partial sums over the F slices, reduce-scattered to the local rows.
-    const bool etp = tp && expert_tp;
+    const bool etp = par_.tp && par_.expert_tp;
     const int64_t Tr = etp ? T : Tl, R = Tr * K;
     const Tensor& wts_e = etp ? a.wts_g : a.wts;
     Tensor dout_e = etp ? tp_gather(dout, W) : dout;
@@ -409,34 +431,34 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     // all T rows, reduce-scattered in the compute dtype first).
     Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
     Tensor dwts;
-    if (dispatcher) {
+    if (par_.dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
-      moe::CombineGrads cg = early ? dispatcher->combine_bwd_finish(pl, *early)
-                                   : dispatcher->combine_bwd(pl, dout_e, a.ys, score_before_experts ? ones_TK(Tr) : wts_e);
+      moe::CombineGrads cg = early ? par_.dispatcher->combine_bwd_finish(pl, *early)
+                                   : par_.dispatcher->combine_bwd(pl, dout_e, a.ys, opt_.score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
-      if (score_before_experts) {  // the weights' gradient comes from the input side
+      if (opt_.score_before_experts) {  // the weights' gradient comes from the input side
         ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
                          g.experts_gate_up, g.experts_down, acc);
-        dwts = dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
+        dwts = par_.dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
       } else {  // dxp travels back while the experts' weight gradients run
         moe::DispatchBwdPending back;
-        auto send_back = [&] { back = dispatcher->dispatch_bwd_start(pl, dxp); };
+        auto send_back = [&] { back = par_.dispatcher->dispatch_bwd_start(pl, dxp); };
         ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
-                         g.experts_gate_up, g.experts_down, acc, ep_backward_overlap ? send_back : std::function<void()>());
-        if (!ep_backward_overlap) send_back();
-        dispatcher->dispatch_bwd_finish(pl, back, dxe);
+                         g.experts_gate_up, g.experts_down, acc, opt_.ep_backward_overlap ? send_back : std::function<void()>());
+        if (!opt_.ep_backward_overlap) send_back();
+        par_.dispatcher->dispatch_bwd_finish(pl, back, dxe);
       }
     } else {
       Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
       dwts = W.alloc({Tr, K});
-      if (score_before_experts)  // y = sum_k expert_k(w_k x): the output side is unweighted
+      if (opt_.score_before_experts)  // y = sum_k expert_k(w_k x): the output side is unweighted
         ops::permute_weighted_fwd(dout_e, a.row_of_assign, ones_TK(Tr), dyp);
       else
         ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
       ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
                        g.experts_down, acc);
-      if (score_before_experts)
+      if (opt_.score_before_experts)
         ops::permute_weighted_bwd(dxp, etp ? a.xg2 : a.xn2, a.row_of_assign, wts_e, dxe, dwts);
       else
         ops::permute_bwd(dxp, a.assign_of_row, K, dxe);
@@ -459,10 +481,10 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     }
     Tensor dlogits = W.alloc({Tl, E});
     ops::router_bwd(dwts, dprobs.defined() ? &dprobs : nullptr, a.probs, a.idx, cfg_.norm_topk_prob, dlogits);
-    if (z_loss_scale != 0)
+    if (pass_.z_loss_scale != 0)
       for_valid_rows([&](int64_t r0, int64_t n) {
         Tensor d = dlogits.rows(r0, n);
-        ops::router_z_loss_bwd(a.zlse.rows(r0, n), a.probs.rows(r0, n), float(z_loss_scale), d);
+        ops::router_z_loss_bwd(a.zlse.rows(r0, n), a.probs.rows(r0, n), float(pass_.z_loss_scale), d);
       });
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
   } else {
@@ -471,7 +493,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
     ops::linear_bwd(dout_g, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
     ops::swiglu_bwd(dhh, a.gu, dgu);
-    if (tp) {  // partial input gradients of this rank's columns, summed into the local rows
+    if (par_.tp) {  // partial input gradients of this rank's columns, summed into the local rows
       Tensor dxg = W.alloc({T, D}, act_), part = W.alloc({Tl, D}, act_);
       ops::linear_bwd(dgu, a.xg2, w.mlp_gate_up, &dxg, false, g.mlp_gate_up, acc);
       tp_reduce_scatter(dxg, part);
@@ -490,12 +512,12 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   ops::linear_bwd(dh1_g, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   if (sp_) {
-    const int64_t Tf = B_ * S_full_, Hl = ulysses->local_heads(), Gl = ulysses->local_kv_heads();
+    const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
     Tensor dattf = W.alloc({Tf, Hl, Hd}, act_), dqf = W.alloc({Tf, Hl, Hd}, act_), dkf = W.alloc({Tf, Gl, Hd}, act_),
            dvf = W.alloc({Tf, Gl, Hd}, act_);
-    ulysses->to_heads_q(datt.view({T, H, Hd}), B_, dattf);
+    par_.ulysses->to_heads_q(datt.view({T, H, Hd}), B_, dattf);
     ops::attention_bwd(dattf, a.qf, a.kf, a.vf, a.attf, a.lse, B_, S_full_, dqf, dkf, dvf);
-    ulysses->grads_to_tokens(dqf, dkf, dvf, B_, dqr, dkr, dv);
+    par_.ulysses->grads_to_tokens(dqf, dkf, dvf, B_, dqr, dkr, dv);
   } else {
     ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
   }
@@ -510,7 +532,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   ops::linear_bwd(dk.view({T, G * Hd}), a.xg1, w.k, &dxg1, true, g.k, acc);
   ops::linear_bwd(dv.view({T, G * Hd}), a.xg1, w.v, &dxg1, true, g.v, acc);
   Tensor dxn1 = dxg1;
-  if (tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
+  if (par_.tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
     Tensor part = W.alloc({T, D}, act_);
     ops::copy_cast(dxg1, part);
     dxn1 = W.alloc({Tl, D}, act_);
@@ -520,30 +542,45 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   ops::add_(dx, dh1);
 }
 
-LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out,
-                             bool backward) {
+LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bool backward) {
+  const int64_t ntp = par_.tp ? par_.tp->size() : 1;
+  // A micro-batch of whole sequences is planned here: positions, shifted targets and values, padding
+  // for tp (every sequence padded at its end to the shortest S' with B × S' divisible by tp, exactly as
+  // sequence parallelism pads its chunks: padded tokens (id 0, label -100) come after every real token
+  // of their sequence, so under causal attention no real query sees them, their rows get a zero
+  // gradient, and for_valid_rows keeps them out of every router statistic (aux loss, z-loss, load).
+  const MicroBatch mb = whole.plan ? whole : plan_micro_batch(whole, 1, 0, int(ntp));
+  const BatchPlan& plan = *mb.plan;
   const Tensor& ids = mb.input_ids;
-  if (ids.dim() != 2 || ids.dtype() != DType::I64)
-    MT_THROW("input_ids must be i64 [B, S], got ", ids.desc());
-  const SeqShard* shard = mb.shard.get();
-  if (shard) {
-    if (!ulysses || ulysses->size() != shard->sp)
-      MT_THROW("a micro-batch sharded over sp ", shard->sp, " needs the model's Ulysses exchange over as many ranks (",
-               ulysses ? ulysses->size() : 0, ")");
-    MT_CHECK(ids.size(1) == shard->chunk && shard->positions.numel() == ids.numel(), "sequence shard of chunk ",
-             shard->chunk, " for input_ids ", ids.desc());
-  }
-  const bool has_labels = shard ? shard->shifted_labels.defined() : mb.labels.defined();
-  if (!shard && has_labels && (mb.labels.shape() != ids.shape() || mb.labels.dtype() != DType::I64))
-    MT_THROW("labels must be i64 with the shape of input_ids ", shape_str(ids.shape()), ", got ", mb.labels.desc());
+  if (ids.dim() != 2 || ids.dtype() != DType::I64) MT_THROW("input_ids must be i64 [B, S], got ", ids.desc());
+  MT_CHECK(ids.size(1) == plan.chunk && plan.positions.numel() == ids.numel(), "planned micro-batch of chunk ",
+           plan.chunk, " for input_ids ", ids.desc());
+  if (plan.sp > 1 && (!par_.ulysses || par_.ulysses->size() != plan.sp))
+    MT_THROW("a micro-batch sharded over sp ", plan.sp, " needs the model's Ulysses exchange over as many ranks (",
+             par_.ulysses ? par_.ulysses->size() : 0, ")");
+  const bool has_labels = plan.shifted_labels.defined();
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
   if (backward && !src_->trainable())
     MT_THROW("forward_backward on frozen weights (Weights::Frozen, no gradients): a frozen model runs forward only");
+  if (opt.objective && opt.ce_scale != 0)
+    MT_THROW("PassOptions: ce_scale ", opt.ce_scale, " and a per-token objective given; use one (the objective path "
+             "takes CrossEntropyObjective for cross-entropy)");
+  if ((opt.objective || opt.token_logprobs) && opt.logits_out)
+    MT_THROW("PassOptions: logits_out materialises the logits; it does not combine with a per-token objective or "
+             "token_logprobs (chunked head)");
+  if (opt.token_entropy && !opt.token_logprobs) MT_THROW("PassOptions: token_entropy needs token_logprobs");
+  if (opt.objective && !backward) MT_THROW("a per-token objective applies to forward_backward; forward takes token_logprobs");
+  const double aux_scale = backward ? opt.aux_scale : 0.0;
   if (aux_scale != 0 && !aux_enabled())
     MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
-  const double z_scale = backward ? z_loss_scale : 0.0;
+  const double z_scale = backward ? opt.z_loss_scale : 0.0;
   if (z_scale != 0 && sparse_index(cfg_.num_hidden_layers) == 0)
     MT_THROW("z_loss_scale ", z_scale, " given but the model has no MoE layer (the router z-loss needs one)");
+  pass_ = opt;
+  pass_.aux_scale = aux_scale;
+  pass_.z_loss_scale = z_scale;
+  if (!backward) pass_.recompute = Recompute::None;  // nothing is kept for a backward anyway
+  dropped_ = 0;
 
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
@@ -551,65 +588,33 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   work_.reset();
   B_ = ids.size(0);
   S_ = ids.size(1);
-  // Tensor parallelism: this rank's rows of the flattened micro-batch. When B × S does not divide by
-  // tp, every sequence is padded at its end to the shortest S' with B × S' divisible by tp, exactly as
-  // sequence parallelism pads its chunks: padded tokens (id 0, label -100) come after every real token
-  // of their sequence, so under causal attention no real query sees them, their rows get a zero
-  // gradient, and for_valid_rows keeps them out of every router statistic (aux loss, z-loss, load).
-  const int64_t ntp = tp ? tp->size() : 1, S_in = S_;
-  if (!shard)
-    while (B_ * S_ % ntp != 0) ++S_;
   T_ = B_ * S_;
-  if (T_ % ntp != 0)  // a sequence shard comes padded by shard_micro_batch (its row_multiple)
+  if (T_ % ntp != 0)  // a plan made elsewhere must have been made for this tp
     MT_THROW("sequence chunks of ", B_, " x ", S_, " = ", T_, " tokens cannot be split evenly over tp (", ntp,
-             ") ranks; shard the micro-batch with shard_micro_batch(..., row_multiple = ", ntp, ")");
-  if (tp && !replay_.empty()) MT_THROW("routing replay is not supported with tensor parallelism (tp ", ntp, ")");
+             ") ranks; plan the micro-batch with plan_micro_batch(..., row_multiple = ", ntp, ")");
+  replay_ = plan.routing;
+  if (par_.tp && !replay_.empty()) MT_THROW("routing replay is not supported with tensor parallelism (tp ", ntp, ")");
   Tl_ = T_ / ntp;
-  const int64_t row0 = tp ? int64_t(tp->rank()) * Tl_ : 0;
+  const int64_t row0 = par_.tp ? int64_t(par_.tp->rank()) * Tl_ : 0;
   const int64_t T = Tl_, D = cfg_.hidden_size, V = cfg_.vocab_size, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
   const bool cpu = device_ == Device::CPU;
-
-  // Planned before any layer runs: positions and shifted labels (HF: label of t is labels[t+1]); a
-  // sequence shard brings them, planned over the whole sequences. All T_ rows: under tp RoPE runs on
-  // the gathered rows.
-  Tensor pos_host = Tensor::empty({T_}, DType::I32);
-  Tensor lab_host = Tensor::empty({T_}, DType::I64);
-  Tensor ids_host = ids.to(Device::CPU);
-  sp_ = shard != nullptr;
-  S_full_ = shard ? shard->padded_len : S_;
-  valid_ = shard ? shard->valid : S_in;
-  Tensor ids_dev = ids;
-  if (S_ != S_in) {
-    Tensor padded = Tensor::zeros({B_, S_}, DType::I64);
-    for (int64_t b = 0; b < B_; ++b)
-      std::copy_n(ids_host.data<int64_t>() + b * S_in, S_in, padded.data<int64_t>() + b * S_);
-    ids_dev = padded;
-  }
-  if (shard) {
-    pos_host = shard->positions;
-    if (has_labels) lab_host = shard->shifted_labels;
-    else
-      for (int64_t t = 0; t < T_; ++t) lab_host.data<int64_t>()[t] = -100;
-  } else {
-    Tensor labels_host = has_labels ? mb.labels.to(Device::CPU) : Tensor();
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t s = 0; s < S_; ++s) {
-        pos_host.data<int32_t>()[b * S_ + s] = int32_t(s);
-        lab_host.data<int64_t>()[b * S_ + s] =
-            has_labels && s + 1 < S_in ? labels_host.data<int64_t>()[b * S_in + s + 1] : int64_t(-100);
-      }
-  }
-  pos_T_ = cpu ? pos_host : pos_host.to(device_);
-  lab_host = lab_host.rows(row0, T);  // from here on: this rank's rows (all of them without tp)
+  sp_ = plan.sp > 1;
+  S_full_ = plan.padded_len;
+  valid_ = plan.valid;
+  // All T_ rows' positions (under tp RoPE runs on the gathered rows); this rank's rows of the rest.
+  pos_T_ = cpu ? plan.positions : plan.positions.to(device_);
+  Tensor lab_host = Tensor::empty({T}, DType::I64);
+  if (has_labels) lab_host = plan.shifted_labels.rows(row0, T);
+  else std::fill_n(lab_host.data<int64_t>(), T, int64_t(-100));
   Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
-  Tensor ids_T = ids_dev.to(device_).view({T_}).rows(row0, T);
+  Tensor ids_T = ids.to(device_).view({T_}).rows(row0, T);
 
   int64_t n_sparse = 0;
   for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
   // The aux loss's N: router rows of the whole real sequences of this data-parallel rank (under sequence
   // and tensor parallelism the sp and tp ranks' real tokens together; reduce_aux_stats multiplies by
   // the data-parallel ranks only).
-  aux_rows_ = B_ * (shard ? shard->seq_len : S_in) * n_sparse;
+  aux_rows_ = B_ * plan.seq_len * n_sparse;
   if (n_sparse > 0) {
     counts_E_ = keep_.zeros({E}, DType::I64);
     sums_E_ = keep_.zeros({E});
@@ -630,7 +635,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   };
   src_->begin_pass(backward);
   acquire(embed);
-  for (int64_t p = 0; p < prefetch_depth; ++p) fwd_prefetch(p);
+  for (int64_t p = 0; p < opt_.prefetch_depth; ++p) fwd_prefetch(p);
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   release(embed);
@@ -641,11 +646,11 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     Tensor out = keep_.alloc({T, D}, DType::F32);
     work_.reset();  // a layer's scratch (under recompute none only what its backward does not read)
     for (int u : block_units(l)) acquire(u);
-    fwd_prefetch(l + prefetch_depth);
+    fwd_prefetch(l + opt_.prefetch_depth);
     forward_layer(l, a, out, false);
     for (int u : block_units(l)) release(u);
     // Rebuilt by the recompute (EP keeps them off the arenas), except what selective keeps under EP.
-    if (recompute != Recompute::None && !(recompute == Recompute::Selective && keeps_exchanges(a))) {
+    if (pass_.recompute != Recompute::None && !(pass_.recompute == Recompute::Selective && keeps_exchanges(a))) {
       a.xp = Tensor();
       a.ys = Tensor();
     }
@@ -663,7 +668,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   acquire(head);
   if (tied) acquire(embed);
   if (backward)
-    for (int64_t l = L - 1; l >= std::max<int64_t>(0, L - prefetch_depth); --l)
+    for (int64_t l = L - 1; l >= std::max<int64_t>(0, L - opt_.prefetch_depth); --l)
       for (int u : block_units(l)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
@@ -671,22 +676,36 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   LossParts out;
   for (int64_t t = 0; t < T; ++t) out.n_valid += lab_host.data<int64_t>()[t] != -100 ? 1 : 0;
   if (aux_enabled()) {
-    if (reduce_aux_stats) reduce_aux_stats(counts_E_, sums_E_, aux_rows_);
+    if (par_.reduce_aux_stats) par_.reduce_aux_stats(counts_E_, sums_E_, aux_rows_);
     out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
   }
-  // Training without a request for logits takes the fused, chunked LM head + cross-entropy, which
-  // never holds the f32 logits of the whole micro-batch; otherwise the logits are materialised.
-  const bool fused_head = backward && !logits_out;
+  // Three heads. (1) Training on cross-entropy with no logits requested: the fused, chunked LM head +
+  // loss, one pass that never holds the f32 logits of the whole micro-batch. (2) A per-token objective,
+  // or log-probabilities requested: the chunked head computes logp (and entropy) first, the objective
+  // its coefficients from them, then the chunked backward takes those. (3) Otherwise (logits_out, or a
+  // forward that reports ce_sum) the logits are materialised.
+  const double ce_scale = opt.ce_scale;
+  const TokenObjective* obj = backward ? opt.objective : nullptr;
+  const bool want_entropy = opt.token_entropy || (obj && obj->needs_entropy());
+  const bool chunked = obj || opt.token_logprobs;
+  const bool fused_head = backward && !opt.logits_out && !chunked;
   Tensor logits, lse;
-  if (!fused_head) {
+  if (chunked) {
+    out.logp = Tensor::empty({T}, DType::F32, device_);  // outlives the pass: not in an arena
+    if (want_entropy) out.entropy = Tensor::empty({T}, DType::F32, device_);
+    ops::lm_head_logprobs(hn, w_.lm_head, labels_T, 0, out.logp, want_entropy ? &out.entropy : nullptr);
+    if (has_labels) out.ce_sum = -host_sum(out.logp);
+  } else if (!fused_head) {
     logits = keep_.alloc({T, V});
     lse = keep_.alloc({T});
     ops::linear_fwd(hn, w_.lm_head, logits);
     if (has_labels) out.ce_sum = ops::cross_entropy_fwd(logits, labels_T, lse, &out.n_valid);
-    if (logits_out) *logits_out = logits.clone();
+    if (opt.logits_out) *opt.logits_out = logits.clone();
   }
   if (n_sparse > 0) out.z = double(zsum_.to(Device::CPU).data<float>()[0]);
-  out.loss = out.ce_sum * ce_scale + out.aux * aux_scale + out.z * z_scale;
+  auto total = [&] { return (obj ? out.objective : out.ce_sum * ce_scale) + out.aux * aux_scale + out.z * z_scale; };
+  out.loss = total();
+  out.dropped_assignments = dropped_;
   device_mem::synchronize(device_);
   auto t1 = Clock::now();
   forward_s_ = std::chrono::duration<double>(t1 - t0).count();
@@ -700,12 +719,25 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
   grads_for(head);
   if (tied) grads_for(embed);
   Tensor dhn = keep_.alloc({T, D}, act_);
-  const bool acc = !first_micro_batch;  // the embedding's second use (tied) then still adds
-  if (fused_head) {
+  const bool acc = !pass_.overwrite_grads;  // the embedding's second use (tied) then still adds
+  if (obj) {
+    TokenRows rows;
+    rows.rows = T;
+    rows.labels = lab_host;
+    rows.logp = out.logp;
+    rows.entropy = out.entropy;
+    for (const Tensor& v : plan.shifted_values) rows.values.push_back(v.rows(row0, T));
+    Tensor dlogp = Tensor::zeros({T}, DType::F32, device_), dent;
+    if (obj->needs_entropy()) dent = Tensor::zeros({T}, DType::F32, device_);
+    out.objective = obj->coefficients(rows, dlogp, dent.defined() ? &dent : nullptr);
+    ops::lm_head_objective_bwd(hn, w_.lm_head, labels_T, dlogp, dent.defined() ? &dent : nullptr, 0, dhn, g_.lm_head,
+                               acc);
+    out.loss = total();
+  } else if (fused_head) {
     Tensor loss_sum = keep_.zeros({1});
     ops::lm_head_cross_entropy(hn, w_.lm_head, labels_T, float(ce_scale), 0, loss_sum, dhn, g_.lm_head, acc);
     out.ce_sum = double(loss_sum.to(Device::CPU).data<float>()[0]);
-    out.loss = out.ce_sum * ce_scale + out.aux * aux_scale + out.z * z_scale;
+    out.loss = total();
   } else {
     Tensor dlogits = keep_.alloc({T, V});
     ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
@@ -721,15 +753,15 @@ LossParts Qwen3MoeModel::run(const MicroBatch& mb, double ce_scale, double aux_s
     work_.reset();
     const std::vector<int> us = block_units(l);
     for (int u : us) acquire(u);
-    if (l - prefetch_depth >= 0)
-      for (int u : block_units(l - prefetch_depth)) src_->prefetch(u);
+    if (l - opt_.prefetch_depth >= 0)
+      for (int u : block_units(l - opt_.prefetch_depth)) src_->prefetch(u);
     for (int u : us) grads_for(u);
     // Selective recompute under expert parallelism kept the combined rows, so the combine's backward
     // (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
     std::optional<moe::CombineBwdPending> early;
-    if (recompute == Recompute::Selective && keeps_exchanges(a) && !(tp && expert_tp))
-      early = dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, score_before_experts ? ones_TK(T) : a.wts);
-    if (recompute != Recompute::None) {
+    if (pass_.recompute == Recompute::Selective && keeps_exchanges(a) && !(par_.tp && par_.expert_tp))
+      early = par_.dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, opt_.score_before_experts ? ones_TK(T) : a.wts);
+    if (pass_.recompute != Recompute::None) {
       Tensor scratch_out = work_.alloc({T, D}, DType::F32);
       forward_layer(l, a, scratch_out, true);
     }

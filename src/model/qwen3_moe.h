@@ -42,25 +42,106 @@ Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selectiv
 const char* recompute_name(Recompute r);
 
 struct LossParts {
-  double ce_sum = 0;    // sum of token cross-entropies over valid labels
+  double ce_sum = 0;    // sum of token cross-entropies over valid labels (-sum of logp on the objective path)
   int64_t n_valid = 0;  // labels != -100 after the shift
   double aux = 0;       // unscaled load-balancing loss of this micro-batch (0 when disabled)
   double z = 0;         // router z-loss sum: logsumexp(router logits)^2 summed over every sparse layer's rows
-  double loss = 0;      // ce_sum * ce_scale + aux * aux_scale (+ z * z_loss_scale in forward_backward)
+  double objective = 0;  // the per-token objective's value (PassOptions::objective), 0 without one
+  // ce_sum * ce_scale (or objective) + aux * aux_scale (+ z * z_loss_scale in forward_backward)
+  double loss = 0;
+  int64_t dropped_assignments = 0;  // this rank's assignments dropped at the experts' capacity
+  // PassOptions::token_logprobs: log p(target) and, with token_entropy, the entropy of every local
+  // target row (f32 [rows] on the model's device, 0 on ignored rows; under tp this rank's rows).
+  Tensor logp, entropy;
+};
+
+class TokenObjective;  // model/objective.h
+
+// How the model runs, fixed for its life.
+struct ModelOptions {
+  // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
+  // true: y = sum_k expert_k(w_k x), the order some MoE recipes use. Both are exact in the forward
+  // and the backward (the weights' gradient comes from the expert input side when true). Not a
+  // property of the HF checkpoint: a model trained one way must be evaluated the same way.
+  bool score_before_experts = false;
+  // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
+  // FSDP each is an all-gather started that early, on the communicator's stream, and one more
+  // gathered unit held in memory. Measured on 2 H200s (bench-4L, batch 4 per GPU): 2 gave no gain
+  // over 1 (98.6k vs 99.4k tokens/s per GPU, within noise), so 1 is the default.
+  int64_t prefetch_depth = 1;
+  // Expert parallelism: the experts' input gradient travels back to its sources while their weight
+  // gradients run (ops::experts_bwd's after_dx). Off: after them (the A/B of train_step --no-ep-overlap).
+  bool ep_backward_overlap = true;
+};
+
+// The parallel parts the model calls (parallel/parallel_model.cpp attaches them once, before the first
+// pass). All must outlive the model's calls; null / unset: that parallelism is absent.
+struct ModelWiring {
+  // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
+  // only this rank's experts). Null: every expert is local.
+  moe::ExpertDispatcher* dispatcher = nullptr;
+  // Tensor parallelism (parallel/tensor_parallel.h): the tp group, in tp order; the model's config is
+  // then the tp-local one (H / tp heads, ...). tp rank r holds rows [r T / tp, (r + 1) T / tp) of the
+  // flattened micro-batch (T = B S) between the blocks' column- and row-parallel parts: embedding,
+  // norms, residual, router, head and loss run on those rows; attention and the dense MLPs gather all
+  // T rows over tp and reduce-scatter their partial outputs back. expert_tp (etp = tp): the experts are
+  // F slices too, run on all T rows (inputs and routing gathered), outputs reduce-scattered; otherwise
+  // (etp = 1) they run on the local rows. LossParts and logits then cover the local rows.
+  comm::Communicator* tp = nullptr;
+  bool expert_tp = false;
+  // Sequence parallelism (Ulysses): attention's all-to-alls over the sp group, used for micro-batches
+  // planned with sp > 1 (others, e.g. evaluation, run whole sequences on every rank).
+  UlyssesExchange* ulysses = nullptr;
+  // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
+  // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
+  // the aux loss is the one of the global batch. Under sequence parallelism the counts and sums are
+  // this rank's real tokens only, and the row count is already that of the whole sequences of its
+  // micro-batch (B × S × sparse layers, real tokens only; the same under tensor parallelism), so the
+  // hook sums counts over dp × sp (× tp) and multiplies rows by dp.
+  // Called once per micro-batch between the forward and the loss, only when the aux loss is enabled
+  // (the same on every rank).
+  std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
+};
+
+// One pass's inputs besides the micro-batch.
+struct PassOptions {
+  // The objective of forward_backward: cross-entropy times ce_scale through the fused LM head + loss
+  // (objective null), or a per-token objective (model/objective.h), whose coefficients the head's
+  // backward takes. The trainer passes ce_scale = 1 / (target tokens of the whole step on all ranks),
+  // so micro-batches and data-parallel ranks add up to the step's mean.
+  double ce_scale = 0;
+  const TokenObjective* objective = nullptr;
+  double aux_scale = 0;  // the load-balancing loss's weight (only when aux_enabled())
+  // Router z-loss (ST-MoE): forward_backward also differentiates z_loss_scale * LossParts::z; the
+  // trainer passes coef / (router rows of the whole step on all ranks: tokens x sparse layers). 0 = off
+  // (z is still computed and reported; the gradients are exactly those without z-loss).
+  double z_loss_scale = 0;
+  Recompute recompute = Recompute::None;  // forward_backward only
+  // Write grads (=, none read) instead of adding to them: the first micro-batch of a step, in place of
+  // zero_grads().
+  bool overwrite_grads = false;
+  // When given, receives the logits (rows, V) (materialised: not the fused path); under tensor
+  // parallelism this rank's rows of the B × padded_seq_len() rows.
+  Tensor* logits_out = nullptr;
+  bool token_logprobs = false;  // LossParts::logp (and entropy with token_entropy), chunked head
+  bool token_entropy = false;
 };
 
 class Qwen3MoeModel {
  public:
-  // With no ParamSource the model holds all parameters itself (LocalParams); otherwise it reads and
-  // writes them through `source` (FSDP), which must outlive the model.
   // With no source the model holds its own parameters (LocalParams), trainable or frozen (`weights`:
-  // a frozen model has no gradient memory and only runs forward()); with a source, the source decides.
+  // a frozen model has no gradient memory and only runs forward()); with a source (FSDP), which must
+  // outlive the model, the source decides.
   explicit Qwen3MoeModel(const ModelConfig& config, Device device = Device::CPU, ParamSource* source = nullptr,
-                         Weights weights = Weights::Trainable);
+                         Weights weights = Weights::Trainable, const ModelOptions& options = {});
   ~Qwen3MoeModel();
 
   const ModelConfig& config() const { return cfg_; }
   const ParamTable& table() const { return table_; }
+  const ModelOptions& options() const { return opt_; }
+  // Once, before the first pass (ParallelModel::attach).
+  void attach(ModelWiring wiring);
+  const ModelWiring& wiring() const { return par_; }
   // The full buffers of a model that holds its own parameters (no external ParamSource).
   LocalParams& local();
   Tensor& params() { return local().params(); }  // f32 (P): the master weights
@@ -76,70 +157,24 @@ class Qwen3MoeModel {
   ParamSource& param_source() { return *src_; }
   bool aux_enabled() const;  // output_router_logits and at least one sparse layer
 
-  // Forward and backward of one micro-batch. Gradients of ce_scale * ce_sum + aux_scale * aux
-  // are accumulated into grads(). If logits_out is given, it receives the logits (B*S, V); under tensor
-  // parallelism this rank's rows of the B × padded_seq_len() rows (padding only when B × S does not
-  // divide by tp).
+  // Forward and backward of one micro-batch: the gradients of the objective (+ aux_scale * aux +
+  // z_loss_scale * z) are accumulated into grads() (written with overwrite_grads). A micro-batch
+  // without a plan is planned here (whole sequences, padded for tp).
+  LossParts forward_backward(const MicroBatch& mb, const PassOptions& opt);
+  // The cross-entropy case: forward_backward(mb, {.ce_scale, .aux_scale, .logits_out}).
   LossParts forward_backward(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out = nullptr);
-  // Forward only; labels optional. logits_out receives (B*S, V) when given.
+  // Forward only; labels optional (ce_sum then 0). Without logits_out or token_logprobs and with labels
+  // the logits are materialised for ce_sum.
+  LossParts forward(const MicroBatch& mb, const PassOptions& opt);
   LossParts forward(const MicroBatch& mb, Tensor* logits_out);
   // The last micro-batch's local sequence length as the model ran it: S, or under tensor parallelism
   // the shortest S' >= S with B × S' divisible by tp (each sequence padded at its end).
   int64_t padded_seq_len() const { return S_; }
 
-  // Routing replay: with ids set (i32 [T, K] per sparse layer, in layer order, any device), each
-  // sparse layer uses those experts instead of its own top-k; the weights are the layer's own
-  // probabilities at those experts (renormalised when norm_topk_prob), so gradients flow as usual.
-  // Used to replay routing recorded elsewhere (a rollout, or another backend in tests). The
-  // replay path gathers the weights on the host (not a hot path). Empty = the router decides.
-  void set_routing_replay(std::vector<Tensor> topk_idx_per_sparse_layer) { replay_ = std::move(topk_idx_per_sparse_layer); }
-  // The top-k expert ids (i32 [T, K], host copies) each sparse layer used in the last forward.
+  // The top-k expert ids (i32 [T, K], host copies) each sparse layer used in the last forward: the
+  // form MicroBatch::routing takes for a replay.
   std::vector<Tensor> last_routing() const;
 
-  Recompute recompute = Recompute::None;
-  // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
-  // true: y = sum_k expert_k(w_k x), the order some MoE recipes use. Both are exact in the forward
-  // and the backward (the weights' gradient comes from the expert input side when true). Not a
-  // property of the HF checkpoint: a model trained one way must be evaluated the same way.
-  bool score_before_experts = false;
-  // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
-  // FSDP each is an all-gather started that early, on the communicator's stream, and one more
-  // gathered unit held in memory. Measured on 2 H200s (bench-4L, batch 4 per GPU): 2 gave no gain
-  // over 1 (98.6k vs 99.4k tokens/s per GPU, within noise), so 1 is the default.
-  int64_t prefetch_depth = 1;
-  // Expert parallelism: moves tokens to the ranks that own their experts (the ParamSource then holds
-  // only this rank's experts). Null: every expert is local. Must outlive the model's calls.
-  moe::ExpertDispatcher* dispatcher = nullptr;
-  // Tensor parallelism (parallel/tensor_parallel.h): the tp group, in tp order; the model's config is
-  // then the tp-local one (H / tp heads, ...). tp rank r holds rows [r T / tp, (r + 1) T / tp) of the
-  // flattened micro-batch (T = B S) between the blocks' column- and row-parallel parts: embedding,
-  // norms, residual, router, head and loss run on those rows; attention and the dense MLPs gather all
-  // T rows over tp and reduce-scatter their partial outputs back. expert_tp (etp = tp): the experts are
-  // F slices too, run on all T rows (inputs and routing gathered), outputs reduce-scattered; otherwise
-  // (etp = 1) they run on the local rows. LossParts and logits then cover the local rows. Null: no tp.
-  comm::Communicator* tp = nullptr;
-  bool expert_tp = false;
-  // Sequence parallelism (Ulysses): attention's all-to-alls over the sp group, used for micro-batches
-  // that carry a SeqShard (others, e.g. evaluation, run whole sequences on every rank without it).
-  // Must outlive the model's calls.
-  UlyssesExchange* ulysses = nullptr;
-  // Assignments this rank's forwards dropped at the experts' capacity (dispatcher with a capacity
-  // factor); the caller resets it.
-  int64_t dropped_assignments = 0;
-  // Data parallelism: sums the load-balancing statistics (per-expert counts i64 [E], probability
-  // column sums f32 [E], and the row count) over the ranks that hold other samples of the batch, so
-  // the aux loss is the one of the global batch. Under sequence parallelism the counts and sums are
-  // this rank's real tokens only, and the row count is already that of the whole sequences of its
-  // micro-batch (B × S × sparse layers, real tokens only; the same under tensor parallelism), so the
-  // hook sums counts over dp × sp (× tp) and multiplies rows by dp.
-  // Called once per micro-batch between the forward and the loss, only when the aux loss is enabled
-  // (the same on every rank). Unset = one device.
-  std::function<void(Tensor& counts_E, Tensor& sums_E, int64_t& rows)> reduce_aux_stats;
-  // Router z-loss (ST-MoE): forward_backward also differentiates z_loss_scale * LossParts::z. The
-  // trainer passes coef / (router rows of the whole step on all ranks: tokens x sparse layers), so
-  // micro-batches and data-parallel ranks add up to the step's mean, as with ce_scale. 0 = off (the
-  // value z is still computed and reported; the gradients are exactly those without z-loss).
-  double z_loss_scale = 0;
   // Aux-loss-free balancing (DeepSeek-V3): a bias per sparse layer and expert (f32 [sparse layers, E],
   // on the model's device) added to the router probabilities for the top-k choice only; the routing
   // weights stay the unbiased probabilities. Not a trained parameter (no gradient, not in the HF
@@ -153,12 +188,6 @@ class Qwen3MoeModel {
   // over data-parallel ranks. Undefined when the model has no sparse layer.
   Tensor& expert_load() { return load_LE_; }
   void reset_expert_load();
-  // When true, forward_backward overwrites grads() (every gradient written with =, none read) instead
-  // of adding to them: set it for the first micro-batch of a step in place of zero_grads().
-  bool first_micro_batch = false;
-  // Expert parallelism: the experts' input gradient travels back to its sources while their weight
-  // gradients run (ops::experts_bwd's after_dx). Off: after them (the A/B of train_step --no-ep-overlap).
-  bool ep_backward_overlap = true;
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }
@@ -166,7 +195,7 @@ class Qwen3MoeModel {
 
  private:
   struct LayerActs;
-  LossParts run(const MicroBatch& mb, double ce_scale, double aux_scale, Tensor* logits_out, bool backward);
+  LossParts run(const MicroBatch& mb, const PassOptions& opt, bool backward);
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
   bool keeps_exchanges(const LayerActs& a) const;
   // early: the combine's backward already started (its all-to-all travelling during the recompute).
@@ -181,6 +210,11 @@ class Qwen3MoeModel {
   void tp_reduce_scatter(const Tensor& partial, Tensor& out);
 
   ModelConfig cfg_;
+  ModelOptions opt_;
+  ModelWiring par_;
+  bool attached_ = false;
+  PassOptions pass_;     // the current pass's options (aux and z scales 0 in a forward)
+  int64_t dropped_ = 0;  // assignments the current pass dropped at the experts' capacity
   Device device_;
   DType act_;  // activations: f32 on the CPU, bf16 on CUDA (the residual stream is f32 on both)
   ParamTable table_;
@@ -202,9 +236,9 @@ class Qwen3MoeModel {
   // (the real tokens are then the first valid_ of each sequence).
   int64_t B_ = 0, S_ = 0, T_ = 0;
   int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
-  Tensor pos_T_;                 // i32 positions (t % S, or the shard's global positions)
-  // Sequence parallelism: the padded whole-sequence length S' (= S_ without a shard) and the real
-  // tokens at the start of each local sequence chunk (without a shard: the unpadded S, = S_ unless the
+  Tensor pos_T_;                 // i32 positions of the T_ rows (the plan's)
+  // The plan's padded whole-sequence length S' (= S_ with sp 1) and the real tokens at the start of
+  // each local sequence chunk (with sp 1: the unpadded S, = S_ unless the
   // tp remainder was padded).
   int64_t S_full_ = 0, valid_ = 0;
   bool sp_ = false;  // this micro-batch is a sequence chunk (attention through ulysses)
@@ -215,7 +249,7 @@ class Qwen3MoeModel {
   int64_t aux_rows_ = 0;         // N = real tokens of the whole sequences (B × S) * sparse layers
   std::vector<LayerActs> acts_;
   double forward_s_ = 0, backward_s_ = 0;
-  std::vector<Tensor> replay_;
+  std::vector<Tensor> replay_;  // the current micro-batch's planned routing (host), empty: the router decides
   Tensor zsum_;                      // f32 [1]: this micro-batch's z-loss sum, on the device
   Tensor router_bias_LE_, load_LE_;  // balancing bias and step load, [sparse layers, E]
   Tensor ones_TK_;

@@ -76,22 +76,25 @@ Tensor ParallelModel::gather_param_host(const ParamEntry& e, bool grads) const {
 }
 
 void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
-  model.dispatcher = dispatcher.get();
-  model.tp = tp ? tp_comms.tp : nullptr;
-  model.expert_tp = tp && tp->etp() > 1;
-  model.ulysses = ulysses.get();
-  if (!dist.distributed() || !model.aux_enabled()) return;
-  // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
-  // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with tp).
-  // The model's row count covers the real tokens of its whole sequences (all sp and tp ranks of its
-  // data-parallel rank together, padding excluded), so only the data-parallel ranks multiply it.
-  const int n = dist.dp_size();
-  comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
-  model.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
-    dp->all_reduce(counts)->wait();
-    dp->all_reduce(sums)->wait();
-    rows *= n;
-  };
+  ModelWiring w;
+  w.dispatcher = dispatcher.get();
+  w.tp = tp ? tp_comms.tp : nullptr;
+  w.expert_tp = tp && tp->etp() > 1;
+  w.ulysses = ulysses.get();
+  if (dist.distributed() && model.aux_enabled()) {
+    // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
+    // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with
+    // tp). The model's row count covers the real tokens of its whole sequences (all sp and tp ranks of
+    // its data-parallel rank together, padding excluded), so only the data-parallel ranks multiply it.
+    const int n = dist.dp_size();
+    comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
+    w.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
+      dp->all_reduce(counts)->wait();
+      dp->all_reduce(sums)->wait();
+      rows *= n;
+    };
+  }
+  model.attach(std::move(w));
 }
 
 }  // namespace mt

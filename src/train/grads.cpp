@@ -57,7 +57,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   SessionOptions so;
   so.dist = dopt;
   so.recompute = opt.recompute;
-  so.score_before_experts = opt.score_before_experts;
+  so.model.score_before_experts = opt.score_before_experts;
   TrainSession session(cfg, so);
   DistContext* dist = &session.dist();
   const int sp = dist->mesh().size(Axis::Sp);
@@ -85,7 +85,12 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (fsdp) fsdp->zero_grads();
   else model.zero_grads();
   Tensor logits;
-  LossParts lp = model.forward_backward(local, 1.0 / double(n_valid), aux_scale, &logits);
+  PassOptions po;
+  po.ce_scale = 1.0 / double(n_valid);
+  po.aux_scale = aux_scale;
+  po.recompute = session.recompute();
+  po.logits_out = &logits;
+  LossParts lp = model.forward_backward(local, po);
   // HSDP: the replicas of every gradient shard must hold the same bits (the all-reduce over
   // dp_replicate gives them one sum); checked here, before anything is gathered or written.
   if (fsdp && dist->mesh().size(Axis::DpReplicate) > 1) {
@@ -117,7 +122,7 @@ GradsResult run_grads(const GradsOptions& opt) {
     // k / sp, chunk k % sp. Under tp each rank holds 1 / tp of its chunk's rows and tp varies fastest
     // in the world's rank order, so the world gather lays the chunks out the same way. Reassembled
     // into [B, S] without the padding.
-    const int64_t C = local.shard->chunk, V = cfg.vocab_size;
+    const int64_t C = local.plan->chunk, V = cfg.vocab_size;
     comm::Communicator& g = *dist->dp_sp();
     comm::Communicator& src = pm.tp ? *dist->world() : g;
     Tensor gathered = Tensor::empty({int64_t(src.size()) * logits.numel()});

@@ -1,19 +1,184 @@
 #include "train/session.h"
 
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "comm/communicator.h"
+#include "data/batch.h"
 #include "model/micro_batch.h"
+#include "model/objective.h"
+#include "ops/ops.h"
 
 namespace mt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Fault injection for the multi-rank tests: "RANK:STEP" (1-based step) from the environment.
+bool debug_hit(const char* var, int rank, int64_t step) {
+  const char* v = std::getenv(var);
+  if (!v) return false;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &s) != 2) MT_THROW(var, "='", v, "' must be RANK:STEP");
+  return r == rank && s == step;
+}
+
+}  // namespace
+
+size_t peak_rss_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return size_t(ru.ru_maxrss) * 1024;
+}
 
 TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
     : config_(global),
       device_(opt.device),
+      recompute_(opt.recompute),
       dist_(DistContext::create(opt.device, opt.dist)),
       table_(global),
       pm_(make_parallel_model(*dist_, global, table_, opt.device, opt.fsdp, opt.moe_capacity_factor)) {
-  model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get());
-  model_->recompute = opt.recompute;
-  model_->score_before_experts = opt.score_before_experts;
+  model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(), Weights::Trainable,
+                                           opt.model);
   pm_.attach(*model_, *dist_);
+  grad_sync_ = opt.fsdp.grad_sync;
+  for (int64_t l = 0; l < global.num_hidden_layers; ++l) n_sparse_ += global.is_sparse_layer(l) ? 1 : 0;
+}
+
+void TrainSession::make_optimizer(const AdamWConfig& oc, bool overlap) {
+  if (opt_) MT_THROW("TrainSession::make_optimizer: the session already has an optimizer");
+  opt_ = std::make_unique<AdamW>(master().numel(), device_, oc);
+  if (overlap && !fsdp() && device_ == Device::CUDA) {
+    opt_->overlap_units(model_->local().unit_ranges());
+    model_->local().wait_for(&opt_->ready());
+  }
+}
+
+AdamW& TrainSession::optimizer() {
+  if (!opt_) MT_THROW("TrainSession: no optimizer yet (make_optimizer first)");
+  return *opt_;
+}
+
+StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const StepOptions& so) {
+  AdamW& opt = optimizer();
+  Qwen3MoeModel& model = *model_;
+  FsdpParams* fs = fsdp();
+  const int rank = dist_->rank();
+  const int64_t step = ++steps_;  // 1-based
+  if (debug_hit("MOETRAIN_DEBUG_KILL", rank, step)) std::raise(SIGKILL);
+  if (global.empty()) MT_THROW("train_step: no micro-batches");
+  if (so.router_bias_update_rate > 0 && !model.router_bias().defined())
+    MT_THROW("train_step: router_bias_update_rate ", so.router_bias_update_rate,
+             " needs the model's router bias (Qwen3MoeModel::enable_router_bias)");
+  StepResult r;
+  // The loss is normalised by the target tokens of the whole step, counted before any forward.
+  std::vector<MicroBatch> local;
+  for (const MicroBatch& mb : global) {
+    r.targets += count_target_tokens(mb.labels);
+    r.tokens += mb.input_ids.numel();
+    local.push_back(local_micro_batch(mb));  // this rank's rows (and sp chunk)
+  }
+  if (r.targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
+  const int64_t n = int64_t(local.size());
+  if (so.zero_grads && !fs) {
+    opt.join();  // the last overlapped update still reads the gradients
+    model.zero_grads();
+  }
+  if (fs) fs->zero_grads();  // the local shards: the reduced unit gradients are added into them
+  PassOptions po;
+  po.objective = so.objective;
+  if (!so.objective) po.ce_scale = 1.0 / double(r.targets);
+  po.aux_scale = model.aux_enabled() ? so.aux_loss_coef / double(n) : 0.0;
+  // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
+  po.z_loss_scale = n_sparse_ > 0 ? so.router_z_loss_coef / double(r.tokens * n_sparse_) : 0.0;
+  po.recompute = recompute_;
+  model.reset_expert_load();
+  double ce_sum = 0, obj_sum = 0, aux_sum = 0, z_sum = 0;
+  for (int64_t m = 0; m < n; ++m) {
+    // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
+    // gets fresh unit gradient buffers unless they stay unreduced until the last one.
+    po.overwrite_grads = !so.zero_grads && (m == 0 || (fs && grad_sync_ == GradSync::EveryMicroBatch));
+    if (fs) fs->set_last_micro_batch(m + 1 == n);
+    LossParts lp = model.forward_backward(local[size_t(m)], po);
+    ce_sum += lp.ce_sum;
+    obj_sum += lp.objective;
+    aux_sum += lp.aux;
+    z_sum += lp.z;
+    r.dropped_rank0 += lp.dropped_assignments;
+    r.forward_s += model.last_forward_seconds();
+    r.backward_s += model.last_backward_seconds();
+    if (so.on_micro_batch) so.on_micro_batch(m, n, lp);
+  }
+  auto to = Clock::now();
+  if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", rank, step)) {
+    Tensor inf = Tensor::empty({1});
+    inf.data<float>()[0] = INFINITY;
+    grads().rows(0, 1).copy_from(inf.to(device_));
+  }
+  r.opt = opt.step(master(), grads(), so.lr, compute(), pm_.global_grad_sq());
+  r.optimizer_s = seconds_since(to);
+  // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
+  // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between
+  // steps, and identically on every rank (a skipped step leaves it as it was, like the weights).
+  if (n_sparse_ > 0) {
+    Tensor& load = model.expert_load();
+    // (Under tp every rank routes rows of its own: the world; under sp the ranks with other samples
+    // or tokens.)
+    if (dist_->distributed()) (pm_.tp ? dist_->world() : dist_->dp_sp())->all_reduce(load)->wait();
+    if (so.router_bias_update_rate > 0 && !r.opt.skipped)
+      ops::router_bias_update(load, float(so.router_bias_update_rate), model.router_bias());
+    r.has_load = true;
+    r.load = expert_load_stats(load);
+  }
+  // Metrics: one collective per step, after the optimizer: every rank's sums, communication time and
+  // memory; the sums add up over ranks (dp, tp and sp ranks hold rows or tokens of their own), and the
+  // slowest rank's communication wait and the largest peak are reported.
+  const double peak = double(device_ == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
+  r.peak_bytes_max_rank = peak;
+  if (dist_->distributed()) {
+    r.comm_wait_s = fs ? fs->take_comm_seconds() : 0;
+    constexpr size_t kVals = 5;
+    const std::vector<double> all =
+        comm::all_gather_doubles(*dist_->world(), {ce_sum, obj_sum, z_sum, r.comm_wait_s, peak});
+    ce_sum = obj_sum = z_sum = 0;
+    for (int k = 0; k < dist_->world_size(); ++k) {
+      const double* v = all.data() + kVals * size_t(k);
+      ce_sum += v[0];
+      obj_sum += v[1];
+      z_sum += v[2];
+      r.comm_wait_max_s = std::max(r.comm_wait_max_s, v[3]);
+      r.peak_bytes_max_rank = std::max(r.peak_bytes_max_rank, v[4]);
+    }
+    if (so.schedule_check_every > 0 && step % so.schedule_check_every == 0) {
+      dist_->check_schedules();
+      // HSDP drift detection at the same cadence: the replicas of every master-weight shard must still
+      // hold the same bits (same reduced gradients, same AdamW arithmetic). One digest pass over the
+      // shard (~7 GB/s on one CPU core; on CUDA plus the copy to the host) and two small all-gathers.
+      if (so.check_replicas && fs && dist_->mesh().size(Axis::DpReplicate) > 1) {
+        r.replicas = fs->check_replicas(/*grads=*/false, rank, dist_->world());
+        r.replicas_checked = true;
+      }
+    }
+  }
+  r.ce_sum = ce_sum;
+  r.objective_sum = obj_sum;
+  r.z_sum = z_sum;
+  r.aux = aux_sum / double(n);
+  r.ce = ce_sum / double(r.targets);
+  r.z = n_sparse_ > 0 ? z_sum / double(r.tokens * n_sparse_) : 0.0;
+  r.loss = (so.objective ? obj_sum : r.ce) + (model.aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
+           so.router_z_loss_coef * r.z;
+  return r;
 }
 
 void TrainSession::init_weights(uint64_t seed) {
@@ -27,16 +192,18 @@ LoadReport TrainSession::load(const std::string& dir) {
   return rep;
 }
 
-MicroBatch TrainSession::local_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS) {
-  Tensor ids = ids_BS, labels = labels_BS;
+MicroBatch TrainSession::local_micro_batch(const MicroBatch& global) {
   const int dp = dist_->dp_size();
+  const int64_t B = global.input_ids.size(0);
+  if (B % dp != 0)
+    MT_THROW("micro-batch of ", B, " sequences cannot be split evenly over ", dp,
+             " data-parallel ranks (dp_replicate × dp_shard); use a multiple of ", dp);
+  MicroBatch mine = global;
   if (dp > 1) {
-    auto [r0, n] = dp_rows(ids.size(0), dist_->dp_rank(), dp);
-    ids = ids.rows(r0, n);
-    labels = labels.rows(r0, n);
+    auto [r0, n] = dp_rows(B, dist_->dp_rank(), dp);
+    mine = micro_batch_rows(global, r0, n);
   }
-  return shard_micro_batch(ids, labels, dist_->mesh().size(Axis::Sp), dist_->sp_rank(),
-                           dist_->mesh().size(Axis::Tp));
+  return plan_micro_batch(mine, dist_->mesh().size(Axis::Sp), dist_->sp_rank(), dist_->mesh().size(Axis::Tp));
 }
 
 }  // namespace mt

@@ -3,29 +3,81 @@
 // parallel parts (FSDP, expert dispatcher, Ulysses exchange, tensor parallelism) and the model built
 // on them, its weights initialised or loaded, and each rank's share of a global micro-batch.
 //
-// What stays with the caller: the data source, the optimizer and the step loop (P8b's next part moves
-// the step machinery here as train_step(micro_batches, objective)).
+// And one training step, train_step: the micro-batches' forward and backward with the gradients
+// accumulated, the objective normalised over the whole step, the optimizer (clipping, skip on a
+// non-finite norm), the expert load and balancing bias, and the metrics reduced over the ranks. The
+// trainer (pretraining, SFT) and the RL loop call it with their own objective.
+//
+// What stays with the caller: the data source, the learning-rate schedule, evaluation, checkpoints and
+// what to log (train/metrics.h writes the per-step JSON lines).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_moe.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
+#include "train/load_balance.h"
+#include "train/optimizer.h"
 
 namespace mt {
 
 struct SessionOptions {
   Device device = Device::CPU;
-  DistOptions dist;                  // mesh degrees and communicator options
-  FsdpOptions fsdp;                  // used when there is more than one rank
-  double moe_capacity_factor = 0;    // 0: dropless
-  Recompute recompute = Recompute::None;
-  bool score_before_experts = false;
+  DistOptions dist;                       // mesh degrees and communicator options
+  FsdpOptions fsdp;                       // used when there is more than one rank
+  double moe_capacity_factor = 0;         // 0: dropless
+  Recompute recompute = Recompute::None;  // what train passes use (PassOptions::recompute)
+  ModelOptions model;                     // score_before_experts, prefetch depth, EP overlap
 };
+
+class TokenObjective;  // model/objective.h
+
+struct StepOptions {
+  double lr = 0;
+  // The objective of every micro-batch: cross-entropy averaged over the target tokens of the whole
+  // step on all ranks (null), or a per-token objective whose normalisers the caller fixed beforehand.
+  const TokenObjective* objective = nullptr;
+  double aux_loss_coef = 0;            // the load-balancing loss (used only when the model's aux loss is on)
+  double router_z_loss_coef = 0;       // averaged over the router rows of the step
+  double router_bias_update_rate = 0;  // aux-loss-free balancing (the model's router bias must be enabled)
+  // Zero the gradients before the first micro-batch instead of writing them (=) there: the A/B of
+  // train_step --zero-grads; the results are the same.
+  bool zero_grads = false;
+  // Every this many steps (0: never), the communicators' schedules are compared across ranks and,
+  // under HSDP, the replicas of the master weights checked bit for bit.
+  int64_t schedule_check_every = 0;
+  bool check_replicas = false;
+  // Called on every rank after each micro-batch (index, count, its result): progress.
+  std::function<void(int64_t, int64_t, const LossParts&)> on_micro_batch;
+};
+
+// One step's results, the sums reduced over every rank (every rank gets the same values).
+struct StepResult {
+  int64_t tokens = 0, targets = 0;  // of the global micro-batches
+  double ce_sum = 0;                // summed token cross-entropies (-logp on the objective path)
+  double objective_sum = 0;         // the per-token objective's value (0 without one)
+  double aux = 0;                   // the load-balancing loss, averaged over the micro-batches
+  double z_sum = 0;                 // router z-loss summed over every router row of the step
+  double ce = 0, z = 0;             // ce_sum / targets, z_sum / router rows
+  double loss = 0;                  // ce (or objective) + aux_loss_coef aux + router_z_loss_coef z
+  OptimStepResult opt;
+  bool has_load = false;      // the model has sparse layers
+  ExpertLoadStats load;       // the step's per-expert load over all ranks
+  int64_t dropped_rank0 = 0;  // assignments this rank dropped at the experts' capacity
+  double forward_s = 0, backward_s = 0, optimizer_s = 0;
+  double comm_wait_s = 0, comm_wait_max_s = 0;  // this rank's / the slowest rank's (FSDP)
+  double peak_bytes_max_rank = 0;               // the largest peak memory of any rank
+  bool replicas_checked = false;
+  FsdpParams::ReplicaReport replicas;
+};
+
+size_t peak_rss_bytes();  // this process's peak resident memory
 
 class TrainSession {
  public:
@@ -42,6 +94,7 @@ class TrainSession {
   FsdpParams* fsdp() { return pm_.fsdp.get(); }
   Qwen3MoeModel& model() { return *model_; }
   Device device() const { return device_; }
+  Recompute recompute() const { return recompute_; }
 
   // This rank's parameter buffers (see ParallelModel): f32 masters, f32 gradients, the compute copy.
   Tensor& master() { return pm_.master(*model_); }
@@ -55,18 +108,35 @@ class TrainSession {
   LoadReport load(const std::string& dir);
   void refresh_compute_weights() { pm_.refresh_compute_weights(*model_); }
 
-  // This rank's part of a global micro-batch [B, S] (the same on every rank): its data-parallel rows,
-  // then, under sequence parallelism, its chunk of every sequence (planned from the whole rows,
-  // padded for tp). B must divide by the data-parallel size (the error names both).
-  MicroBatch local_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS);
+  // This rank's part of a global micro-batch of whole sequences [B, S] (the same on every rank): its
+  // data-parallel rows, planned (model/micro_batch.h): under sequence parallelism its chunk of every
+  // sequence, padded for tp. B must divide by the data-parallel size (the error names both).
+  MicroBatch local_micro_batch(const MicroBatch& global);
+
+  // The optimizer over this rank's master weights; overlap (one device, CUDA): each unit's update runs
+  // beside the next forward (train/optimizer.h). Once, before the first train_step.
+  void make_optimizer(const AdamWConfig& oc, bool overlap);
+  AdamW& optimizer();
+  // One training step over global micro-batches of whole sequences (the same on every rank; each rank
+  // takes its part): see the file comment. Collective over the world.
+  StepResult train_step(const std::vector<MicroBatch>& global, const StepOptions& opt);
+  int64_t steps_done() const { return steps_; }
+  MicroBatch local_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS) {
+    return local_micro_batch(MicroBatch{ids_BS, labels_BS});
+  }
 
  private:
   ModelConfig config_;
   Device device_;
+  Recompute recompute_;
   std::unique_ptr<DistContext> dist_;
   ParamTable table_;
   ParallelModel pm_;
   std::unique_ptr<Qwen3MoeModel> model_;
+  GradSync grad_sync_;
+  std::unique_ptr<AdamW> opt_;
+  int64_t steps_ = 0;
+  int64_t n_sparse_ = 0;
 };
 
 }  // namespace mt

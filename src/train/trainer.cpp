@@ -1,8 +1,5 @@
 #include "train/trainer.h"
 
-#include <sys/resource.h>
-
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -24,6 +21,7 @@
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
+#include "train/metrics.h"
 #include "train/session.h"
 
 namespace mt {
@@ -39,22 +37,6 @@ static std::string fmt_duration(double s) {
   if (t < 60) return str(t, "s");
   if (t < 3600) return str(t / 60, "m", (t % 60 < 10 ? "0" : ""), t % 60, "s");
   return str(t / 3600, "h", (t % 3600) / 60 / 10, (t % 3600) / 60 % 10, "m");
-}
-
-// Fault injection for the multi-rank tests: "RANK:STEP" (1-based step) from the environment.
-static bool debug_hit(const char* var, int rank, int64_t step) {
-  const char* v = std::getenv(var);
-  if (!v) return false;
-  int r = -1;
-  long long s = -1;
-  if (std::sscanf(v, "%d:%lld", &r, &s) != 2) MT_THROW(var, "='", v, "' must be RANK:STEP");
-  return r == rank && s == step;
-}
-
-static size_t peak_rss_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return size_t(ru.ru_maxrss) * 1024;
 }
 
 Device resolve_device(const std::string& name) {
@@ -97,16 +79,16 @@ TrainSummary run_training(const TrainConfig& cfg) {
   dopt.comm.schedule_check = cfg.schedule_check == "off"      ? comm::ScheduleCheck::Off
                              : cfg.schedule_check == "per_op" ? comm::ScheduleCheck::PerOp
                                                               : comm::ScheduleCheck::Periodic;
-  SessionOptions so;
-  so.device = device;
-  so.dist = dopt;
-  so.fsdp.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
-  so.fsdp.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
-  so.fsdp.reshard_after_forward = cfg.reshard_after_forward != 0;
-  so.moe_capacity_factor = cfg.moe_capacity_factor;
-  so.recompute = parse_recompute(cfg.recompute);
-  so.score_before_experts = cfg.score_before_experts != 0;
-  TrainSession session(mc, so);
+  SessionOptions sess;
+  sess.device = device;
+  sess.dist = dopt;
+  sess.fsdp.grad_sync = cfg.grad_sync == "last" ? GradSync::LastMicroBatch : GradSync::EveryMicroBatch;
+  sess.fsdp.reduce_dtype = cfg.grad_reduce_dtype == "bf16" ? DType::BF16 : DType::F32;
+  sess.fsdp.reshard_after_forward = cfg.reshard_after_forward != 0;
+  sess.moe_capacity_factor = cfg.moe_capacity_factor;
+  sess.recompute = parse_recompute(cfg.recompute);
+  sess.model.score_before_experts = cfg.score_before_experts != 0;
+  TrainSession session(mc, sess);
   DistContext* dist = &session.dist();
   const bool lead = dist->rank() == 0;
   const int dp_size = dist->dp_size();
@@ -126,9 +108,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
                "); use 0");
   if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
-  Tensor& master = pm.master(model);
-  Tensor& grads = pm.grads(model);
-  Tensor* compute = pm.compute(model);
+  Tensor& master = session.master();
   auto t_init = Clock::now();
   if (cfg.init_from.empty()) {
     session.init_weights(uint64_t(cfg.seed));
@@ -190,25 +170,19 @@ TrainSummary run_training(const TrainConfig& cfg) {
   oc.eps = cfg.eps;
   oc.weight_decay = cfg.weight_decay;
   oc.max_grad_norm = cfg.grad_clip;
-  AdamW opt(master.numel(), device, oc);
-  LrParams lrp = lr_params(cfg);
   // One device: each unit's update runs beside the next forward, which waits per unit (train/optimizer.h).
-  if (cfg.optimizer_overlap != 0 && !fsdp && device == Device::CUDA) {
-    opt.overlap_units(model.local().unit_ranges());
-    model.local().wait_for(&opt.ready());
-  }
+  session.make_optimizer(oc, cfg.optimizer_overlap != 0);
+  AdamW& opt = session.optimizer();
+  LrParams lrp = lr_params(cfg);
 
   // Rank 0 writes the run's files and logs the steps; the other ranks only log their own start-up.
-  std::string mpath = metrics_path(cfg);
-  std::ofstream metrics;
   if (lead) {
     fs::create_directories(cfg.out_dir);
     std::ofstream f(cfg.out_dir + "/train_config.json");
     f << to_json(cfg) << "\n";
-    if (fs::path(mpath).has_parent_path()) fs::create_directories(fs::path(mpath).parent_path());
-    metrics.open(mpath, std::ios::trunc);
-    if (!metrics) MT_THROW("cannot open metrics file ", mpath);
   }
+  MetricsWriter metrics(metrics_path(cfg), lead);
+  const std::string& mpath = metrics.path();
   auto log0 = [&](const auto&... a) {
     if (lead) log_info(a...);
   };
@@ -220,7 +194,6 @@ TrainSummary run_training(const TrainConfig& cfg) {
   log0("training ", cfg.steps, " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
            cfg.seq_len, " tokens; metrics -> ", mpath);
 
-  const double aux_scale = model.aux_enabled() ? mc.router_aux_loss_coef / double(cfg.grad_accum) : 0.0;
   TrainSummary sum;
   auto run_start = Clock::now();
   double last10 = 0;
@@ -246,7 +219,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
              sum.eval.problems, ") in ", seconds_since(t), " s; e.g. ", sum.eval.samples.empty() ? "" : sum.eval.samples[0]);
     nlohmann::json j{{"event", "eval"}, {"step", step}, {"exact_match", sum.eval.exact_match()},
                      {"problems", sum.eval.problems}};
-    metrics << j.dump() << "\n" << std::flush;
+    metrics.write(j);
   };
   auto save = [&](int64_t step) {
     opt.join();  // the checkpoint reads the weights the last overlapped update writes
@@ -266,107 +239,40 @@ TrainSummary run_training(const TrainConfig& cfg) {
   };
 
   bool replicas_logged = false;  // the HSDP replica check logs its first pass only
+  StepOptions so;
+  so.aux_loss_coef = mc.router_aux_loss_coef;
+  so.router_z_loss_coef = cfg.router_z_loss_coef;
+  so.router_bias_update_rate = cfg.router_bias_update_rate;
+  so.schedule_check_every = cfg.schedule_check_every;
+  so.check_replicas = cfg.schedule_check != "off";
   for (int64_t step = 0; step < cfg.steps; ++step) {
     auto step_start = Clock::now();
-    if (debug_hit("MOETRAIN_DEBUG_KILL", dist->rank(), step + 1)) std::raise(SIGKILL);
-    double t_data = 0, t_fwd = 0, t_bwd = 0;
-    // The loss is normalised by the target tokens of the whole step, counted before any forward.
-    std::vector<MicroBatch> batches;
-    int64_t targets = 0, tokens = 0;
     auto td = Clock::now();
+    std::vector<MicroBatch> batches;  // global micro-batches: the session takes this rank's part
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       Batch b = data->next();
-      targets += count_target_tokens(b.labels);
-      tokens += b.input_ids.numel();
-      batches.push_back(session.local_micro_batch(b.input_ids, b.labels));  // this rank's rows (and sp chunk)
+      batches.emplace_back(b.input_ids, b.labels);
     }
-    t_data += seconds_since(td);
-    if (targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
-    if (fsdp) fsdp->zero_grads();  // the local shards: the reduced unit gradients are added into them
-    double ce_sum = 0, aux_sum = 0, z_sum = 0;
-    model.dropped_assignments = 0;
-    // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
-    model.z_loss_scale = n_sparse > 0 ? cfg.router_z_loss_coef / double(tokens * n_sparse) : 0.0;
-    model.reset_expert_load();
-    for (int64_t m = 0; m < cfg.grad_accum; ++m) {
-      auto tm = Clock::now();
-      // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
-      // gets fresh unit gradient buffers unless they stay unreduced until the last one.
-      model.first_micro_batch = m == 0 || (fsdp && cfg.grad_sync == "every");
-      if (fsdp) fsdp->set_last_micro_batch(m + 1 == cfg.grad_accum);
-      LossParts lp = model.forward_backward(batches[size_t(m)], 1.0 / double(targets), aux_scale);
-      ce_sum += lp.ce_sum;
-      aux_sum += lp.aux;
-      z_sum += lp.z;
-      t_fwd += model.last_forward_seconds();
-      t_bwd += model.last_backward_seconds();
-      if (cfg.grad_accum > 1 && lead) {
-        double lat = seconds_since(tm), done = double(m + 1) / double(cfg.grad_accum);
-        log_info("  step ", step + 1, " micro ", m + 1, "/", cfg.grad_accum, ": ", lat, " s (fwd ",
-                 model.last_forward_seconds(), ", bwd ", model.last_backward_seconds(), "), elapsed ",
-                 fmt_duration(seconds_since(run_start)), ", step ETA ",
-                 fmt_duration(seconds_since(step_start) / done * (1 - done)));
-      }
+    const double t_data = seconds_since(td);
+    so.lr = lr_at(lrp, step);
+    so.on_micro_batch = [&](int64_t m, int64_t n, const LossParts&) {
+      if (n == 1 || !lead) return;
+      double done = double(m + 1) / double(n);
+      log_info("  step ", step + 1, " micro ", m + 1, "/", n, ": fwd ", model.last_forward_seconds(), " s, bwd ",
+               model.last_backward_seconds(), " s, elapsed ", fmt_duration(seconds_since(run_start)), ", step ETA ",
+               fmt_duration(seconds_since(step_start) / done * (1 - done)));
+    };
+    const StepResult r = session.train_step(batches, so);
+    const OptimStepResult& os = r.opt;
+    if (r.replicas_checked && !replicas_logged) {
+      log0("replicas: master weights identical on ", r.replicas.replicas, " replicas (", r.replicas.units,
+           " units, bitwise) at step ", step + 1, "; checked every ", cfg.schedule_check_every, " steps");
+      replicas_logged = true;
     }
-    model.first_micro_batch = false;
-    double lr = lr_at(lrp, step);
-    auto to = Clock::now();
-    if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", dist->rank(), step + 1)) {
-      Tensor inf = Tensor::empty({1});
-      inf.data<float>()[0] = INFINITY;
-      grads.rows(0, 1).copy_from(inf.to(device));
-    }
-    OptimStepResult os = opt.step(master, grads, lr, compute, pm.global_grad_sq());
-    double t_opt = seconds_since(to);
-    // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
-    // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between
-    // steps, and identically on every rank (a skipped step leaves it as it was, like the weights).
-    Tensor load;
-    if (n_sparse > 0) {
-      load = model.expert_load();
-      // (Under tp every rank routes rows of its own: the world; under sp the ranks with other samples
-      // or tokens.)
-      if (dist->distributed()) (pm.tp ? dist->world() : dist->dp_sp())->all_reduce(load)->wait();
-      if (cfg.router_bias_update_rate > 0 && !os.skipped)
-        ops::router_bias_update(load, float(cfg.router_bias_update_rate), model.router_bias());
-    }
-    const ExpertLoadStats ls = n_sparse > 0 ? expert_load_stats(load) : ExpertLoadStats{};
-    // Metrics: one collective per step, after the optimizer: every rank's loss sum, communication
-    // time and memory; rank 0 sums the losses and reports the slowest rank's communication wait.
-    double comm_s = 0, comm_max = 0, peak_max = 0;
-    if (dist->distributed()) {
-      comm_s = fsdp ? fsdp->take_comm_seconds() : 0;
-      const double peak = double(device == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
-      constexpr size_t kVals = 4;  // ce sum, z sum, communication wait, peak bytes
-      const std::vector<double> all = comm::all_gather_doubles(*dist->world(), {ce_sum, z_sum, comm_s, peak});
-      ce_sum = 0;
-      z_sum = 0;
-      for (int r = 0; r < dist->world_size(); ++r) {
-        const double* v = all.data() + kVals * size_t(r);
-        {  // every rank's sums add up: tp and sp ranks hold rows or tokens of their own (not both at once)
-          ce_sum += v[0];
-          z_sum += v[1];
-        }
-        comm_max = std::max(comm_max, v[2]);
-        peak_max = std::max(peak_max, v[3]);
-      }
-      if ((step + 1) % cfg.schedule_check_every == 0) {
-        dist->check_schedules();
-        // HSDP drift detection at the same cadence: the replicas of every master-weight shard must still
-        // hold the same bits (same reduced gradients, same AdamW arithmetic). One digest pass over the
-        // shard (~7 GB/s on one CPU core; on CUDA plus the copy to the host) and two small all-gathers.
-        if (fsdp && dist->mesh().size(Axis::DpReplicate) > 1 && cfg.schedule_check != "off") {
-          const FsdpParams::ReplicaReport rr = fsdp->check_replicas(/*grads=*/false, dist->rank(), dist->world());
-          if (!replicas_logged)
-            log0("replicas: master weights identical on ", rr.replicas, " replicas (", rr.units,
-                 " units, bitwise) at step ", step + 1, "; checked every ", cfg.schedule_check_every, " steps");
-          replicas_logged = true;
-        }
-      }
-    }
-    double ce = ce_sum / double(targets), aux = aux_sum / double(cfg.grad_accum);
-    const double z = n_sparse > 0 ? z_sum / double(tokens * n_sparse) : 0.0;
-    double loss = ce + (model.aux_enabled() ? mc.router_aux_loss_coef * aux : 0.0) + cfg.router_z_loss_coef * z;
+    const double lr = so.lr, loss = r.loss, ce = r.ce, aux = r.aux, z = r.z;
+    const int64_t tokens = r.tokens;
+    const double t_fwd = r.forward_s, t_bwd = r.backward_s, t_opt = r.optimizer_s;
+    const ExpertLoadStats& ls = r.load;
     if (os.skipped) log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
                              opt.steps_skipped(), " skipped so far)");
     double dt = seconds_since(step_start), elapsed = seconds_since(run_start);
@@ -377,50 +283,28 @@ TrainSummary run_training(const TrainConfig& cfg) {
       last10 += loss;
       ++n_last;
     }
-    nlohmann::json j{{"step", step + 1},
-                     {"loss", loss},
-                     {"ce", ce},
-                     {"aux", aux},
-                     {"z_loss", z},
-                     {"grad_norm", os.grad_norm},
-                     {"clip_scale", os.clip_scale},
-                     {"skipped", os.skipped},
-                     {"skipped_total", opt.steps_skipped()},
-                     {"lr", lr},
-                     {"tokens", tokens},
-                     {"target_tokens", targets},
-                     {"tokens_per_s", double(tokens) / dt},
-                     {"time_s", {{"step", dt}, {"data", t_data}, {"forward", t_fwd}, {"backward", t_bwd},
-                                 {"optimizer", t_opt}}},
-                     {"activation_peak_bytes", model.activation_peak_bytes()},
-                     {"peak_rss_bytes", peak_rss_bytes()},
-                     {"gpu_peak_bytes", device_mem::cuda_peak_bytes()},
-                     {"gpu_bytes_in_use", device_mem::cuda_bytes_in_use()},
-                     {"moe_dropped_rank0", model.dropped_assignments},
-                     {"elapsed_s", elapsed}};
-    if (n_sparse > 0) {
-      j["experts"] = {{"min", ls.min},           {"max", ls.max},       {"mean", ls.mean},
-                      {"imbalance", ls.imbalance}, {"unused", ls.unused}, {"layers", ls.layers},
-                      {"imbalance_per_layer", ls.imbalance_per_layer}};
-      if (cfg.router_bias_update_rate > 0) {
-        Tensor b = model.router_bias().to(Device::CPU);
-        float bmin = 0, bmax = 0;
-        for (int64_t i = 0; i < b.numel(); ++i) {
-          bmin = i ? std::min(bmin, b.data<float>()[i]) : b.data<float>()[i];
-          bmax = i ? std::max(bmax, b.data<float>()[i]) : b.data<float>()[i];
-        }
-        j["router_bias"] = {{"min", bmin}, {"max", bmax}};
+    nlohmann::json j = step_json(r, *dist);
+    j["step"] = step + 1;
+    j["skipped_total"] = opt.steps_skipped();
+    j["lr"] = lr;
+    j["tokens_per_s"] = double(tokens) / dt;
+    j["time_s"]["step"] = dt;
+    j["time_s"]["data"] = t_data;
+    j["activation_peak_bytes"] = model.activation_peak_bytes();
+    j["peak_rss_bytes"] = peak_rss_bytes();
+    j["gpu_peak_bytes"] = device_mem::cuda_peak_bytes();
+    j["gpu_bytes_in_use"] = device_mem::cuda_bytes_in_use();
+    j["elapsed_s"] = elapsed;
+    if (n_sparse > 0 && cfg.router_bias_update_rate > 0) {
+      Tensor b = model.router_bias().to(Device::CPU);
+      float bmin = 0, bmax = 0;
+      for (int64_t i = 0; i < b.numel(); ++i) {
+        bmin = i ? std::min(bmin, b.data<float>()[i]) : b.data<float>()[i];
+        bmax = i ? std::max(bmax, b.data<float>()[i]) : b.data<float>()[i];
       }
+      j["router_bias"] = {{"min", bmin}, {"max", bmax}};
     }
-    if (dist->distributed()) {
-      j["world_size"] = dist->world_size();
-      j["dp_size"] = dp_size;
-      j["time_s"]["comm_wait_rank0"] = comm_s;
-      j["time_s"]["comm_wait_max"] = comm_max;
-      j["time_s"]["compute_rank0"] = t_fwd + t_bwd - comm_s;
-      j["peak_bytes_max_rank"] = peak_max;
-    }
-    if (lead) metrics << j.dump() << "\n" << std::flush;
+    metrics.write(j);
     if (lead && cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
       char line[640], moe[96] = "";
       if (n_sparse > 0)

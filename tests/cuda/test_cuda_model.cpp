@@ -60,12 +60,17 @@ TEST_P(CudaGolden, LossLogitsAndGradientsWithinBf16Tolerance) {
   }
   for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
     Qwen3MoeModel m(cfg, Device::CUDA);
-    m.recompute = rc;
     LoadReport rep = load_hf_weights(dir, cfg, m.table(), m.params());
     m.refresh_compute_weights();
-    m.set_routing_replay(cpu_routing);
+    MicroBatch replayed = mb;
+    replayed.routing = cpu_routing;
     Tensor logits;
-    LossParts lp = m.forward_backward(mb, 1.0 / double(n), m.aux_enabled() ? cfg.router_aux_loss_coef : 0.0, &logits);
+    PassOptions po;
+    po.ce_scale = 1.0 / double(n);
+    po.aux_scale = m.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
+    po.recompute = rc;
+    po.logits_out = &logits;
+    LossParts lp = m.forward_backward(replayed, po);
     double want = exp.read_f32("loss").data<float>()[0];
     EXPECT_LE(std::abs(lp.loss - want), 2e-2 * want) << lp.loss << " vs " << want;
     EXPECT_LE(rel_l2(logits, exp.read_f32("logits").view({-1, cfg.vocab_size})), 2e-2);
@@ -119,8 +124,11 @@ TEST(CudaModel, FullRecomputeMatchesNoRecompute) {
     Qwen3MoeModel m(c, Device::CUDA);
     m.params().copy_from(host.to(Device::CUDA));
     m.refresh_compute_weights();
-    m.recompute = r ? Recompute::Full : Recompute::None;
-    lp[r] = m.forward_backward(mb, 1.0 / 126.0, c.router_aux_loss_coef);
+    PassOptions po;
+    po.ce_scale = 1.0 / 126.0;
+    po.aux_scale = c.router_aux_loss_coef;
+    po.recompute = r ? Recompute::Full : Recompute::None;
+    lp[r] = m.forward_backward(mb, po);
     g[r] = m.grads().to(Device::CPU);
   }
   // Float atomics (aux-loss statistics, weight-gradient reductions) reorder sums between runs.
@@ -211,9 +219,13 @@ TEST(CudaModel, DemoGradientsAreTheSameThroughBothExpertsPaths) {
     m.params().copy_from(host.to(Device::CUDA));
     m.refresh_compute_weights();
     for (int mb = 0; mb < 2; ++mb) {
-      m.first_micro_batch = mb == 0;
-      m.set_routing_replay(routing[size_t(mb)]);
-      loss[p] += m.forward_backward(mbs[size_t(mb)], 1.0 / double(2 * (T - B)), c.router_aux_loss_coef).loss;
+      PassOptions po;
+      po.ce_scale = 1.0 / double(2 * (T - B));
+      po.aux_scale = c.router_aux_loss_coef;
+      po.overwrite_grads = mb == 0;
+      MicroBatch replayed = mbs[size_t(mb)];
+      replayed.routing = routing[size_t(mb)];
+      loss[p] += m.forward_backward(replayed, po).loss;
     }
     g[p] = m.grads().to(Device::CPU);
   }

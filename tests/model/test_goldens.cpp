@@ -13,6 +13,7 @@
 
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
+#include "model/objective.h"
 #include "model/qwen3_moe.h"
 #include "train/grads.h"
 #include "train/optimizer.h"
@@ -69,15 +70,30 @@ class Golden : public ::testing::TestWithParam<std::string> {};
 TEST_P(Golden, LossLogitsAndEveryGradientMatchTransformers) {
   const std::string dir = kGoldens + GetParam();
   ASSERT_TRUE(fs::exists(dir + "/expected.safetensors")) << dir;
-  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
+  // Each recompute policy with the materialised logits; and cross-entropy as a per-token objective
+  // (model/objective.h: log-probs, coefficients, the chunked backward), its logits from a forward.
+  for (int run = 0; run < 4; ++run) {
+    const Recompute rc = run == 1 ? Recompute::Full : run == 2 ? Recompute::Selective : Recompute::None;
+    const bool objective = run == 3;
+    SCOPED_TRACE(objective ? "cross-entropy objective" : std::string("recompute ") + recompute_name(rc));
     Loaded l = load(dir);
-    l.model->recompute = rc;
     MicroBatch mb = read_batch(dir);
     SafetensorsFile exp(dir + "/expected.safetensors");
     int64_t n = count_target_tokens(mb.labels);
     double aux_scale = l.model->aux_enabled() ? l.cfg.router_aux_loss_coef : 0.0;
     Tensor logits;
-    LossParts lp = l.model->forward_backward(mb, 1.0 / double(n), aux_scale, &logits);
+    const CrossEntropyObjective ce(1.0 / double(n));
+    PassOptions po;
+    po.aux_scale = aux_scale;
+    po.recompute = rc;
+    if (objective) {
+      po.objective = &ce;
+      l.model->forward(mb, &logits);
+    } else {
+      po.ce_scale = 1.0 / double(n);
+      po.logits_out = &logits;
+    }
+    LossParts lp = l.model->forward_backward(mb, po);
     double want_loss = exp.read_f32("loss").data<float>()[0], want_aux = exp.read_f32("aux_loss").data<float>()[0];
     EXPECT_LE(std::abs(lp.loss - want_loss), 1e-5 * std::abs(want_loss)) << lp.loss << " vs " << want_loss;
     EXPECT_LE(std::abs(lp.aux - want_aux), 1e-5 * std::max(1.0, std::abs(want_aux))) << lp.aux << " vs " << want_aux;

@@ -71,8 +71,12 @@ TEST(Model, FullAndSelectiveRecomputeAreBitIdentical) {
     for (int r = 0; r < 2; ++r) {
       Qwen3MoeModel m(c);
       init_random(m, 11);
-      m.recompute = r == 0 ? Recompute::None : policy;
-      lp[r] = m.forward_backward(mb, 1.0 / 19.0, 0.1, &logits[r]);
+      PassOptions po;
+      po.ce_scale = 1.0 / 19.0;
+      po.aux_scale = 0.1;
+      po.recompute = r == 0 ? Recompute::None : policy;
+      po.logits_out = &logits[r];
+      lp[r] = m.forward_backward(mb, po);
       grads[r] = m.grads().clone();
     }
     EXPECT_EQ(lp[0].loss, lp[1].loss);
@@ -94,8 +98,10 @@ TEST(Model, RecomputeNeedsLessActivationMemory) {
   for (int r = 0; r < 3; ++r) {
     Qwen3MoeModel m(c);
     init_random(m, 3);
-    m.recompute = policies[r];
-    m.forward_backward(mb, 0.01, 0);
+    PassOptions po;
+    po.ce_scale = 0.01;
+    po.recompute = policies[r];
+    m.forward_backward(mb, po);
     peak[r] = m.activation_peak_bytes();
   }
   EXPECT_LT(peak[1], peak[0]);  // selective keeps less than none
@@ -207,30 +213,36 @@ TEST(Model, RoutingReplayReproducesAndOverridesTheRouter) {
   LossParts la = a.forward_backward(mb, 0.05, 0.1);
   std::vector<Tensor> routing = a.last_routing();
   ASSERT_EQ(routing.size(), 1u);  // layer 0 is dense
-  b.set_routing_replay(routing);
-  LossParts lb = b.forward_backward(mb, 0.05, 0.1);
+  MicroBatch replayed = mb;
+  replayed.routing = routing;
+  LossParts lb = b.forward_backward(replayed, 0.05, 0.1);
   EXPECT_EQ(la.loss, lb.loss);
   EXPECT_EQ(std::memcmp(a.grads().raw(), b.grads().raw(), a.grads().nbytes()), 0);
   // Another routing: every token goes to the next expert; the model must follow it.
   Tensor shifted = routing[0].clone();
   for (int64_t i = 0; i < shifted.numel(); ++i) shifted.data<int32_t>()[i] = (shifted.data<int32_t>()[i] + 1) % 8;
-  d.set_routing_replay({shifted});
-  LossParts ld = d.forward_backward(mb, 0.05, 0.1);
+  MicroBatch other = mb;
+  other.routing = {shifted};
+  LossParts ld = d.forward_backward(other, 0.05, 0.1);
   EXPECT_NE(la.loss, ld.loss);
   EXPECT_TRUE(std::isfinite(ld.loss));
   EXPECT_EQ(std::memcmp(d.last_routing()[0].raw(), shifted.raw(), shifted.nbytes()), 0);
   Tensor bad = shifted.clone();
   bad.data<int32_t>()[3] = 99;
-  d.set_routing_replay({bad});
+  // The replay travels with its micro-batch: the next forward without it routes by itself again.
+  LossParts la2 = d.forward(mb, nullptr);
+  EXPECT_EQ(std::memcmp(d.last_routing()[0].raw(), routing[0].raw(), routing[0].nbytes()), 0);
+  EXPECT_EQ(la2.n_valid, la.n_valid);
+  other.routing = {bad};
   try {
-    d.forward(mb, nullptr);
+    d.forward(other, nullptr);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("expert id 99"), std::string::npos) << e.what();
   }
 }
 
-// first_micro_batch writes every gradient with = : starting from NaN gradients it gives exactly what
+// overwrite_grads writes every gradient with = : starting from NaN gradients it gives exactly what
 // zero_grads() + the default += gives, for MoE and dense layers, tied embeddings (one tensor written
 // by the LM head and then added to by the embedding), each recompute policy, the materialised-logits
 // path, and a following micro-batch that adds to it. A gradient left unwritten would stay NaN.
@@ -247,16 +259,20 @@ TEST(Model, FirstMicroBatchOverwritesEveryGradientExactly) {
         for (int r = 0; r < 2; ++r) {
           Qwen3MoeModel m(c);
           init_random(m, 13);
-          m.recompute = policy;
+          PassOptions po;
+          po.ce_scale = 1.0 / 20.0;
+          po.aux_scale = 0.1;
+          po.recompute = policy;
           if (r == 0) {
             m.zero_grads();
           } else {
             m.grads().fill_(std::nanf(""));
-            m.first_micro_batch = true;
+            po.overwrite_grads = true;
           }
-          m.forward_backward(mb1, 1.0 / 20.0, 0.1);
-          m.first_micro_batch = false;
-          m.forward_backward(mb2, 1.0 / 20.0, 0.1, r == 0 ? &want_logits : &got_logits);
+          m.forward_backward(mb1, po);
+          po.overwrite_grads = false;
+          po.logits_out = r == 0 ? &want_logits : &got_logits;
+          m.forward_backward(mb2, po);
           (r == 0 ? want : got) = m.grads().clone();
         }
         ASSERT_EQ(want.nbytes(), got.nbytes());

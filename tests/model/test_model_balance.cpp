@@ -45,9 +45,10 @@ TEST(ModelBalance, ZLossGradientMatchesFiniteDifferences) {
   init(m, 5);
   const MicroBatch mb = test::random_batch(c, 2, 16, 3, 4, 1);
   const double scale = 0.01;
-  m.z_loss_scale = scale;
+  PassOptions po;
+  po.z_loss_scale = scale;
   m.zero_grads();
-  LossParts lp = m.forward_backward(mb, 0.0, 0.0);
+  LossParts lp = m.forward_backward(mb, po);
   EXPECT_NEAR(lp.loss, scale * lp.z, 1e-12 * lp.z);
   EXPECT_GT(lp.z, 0.0);
   Tensor analytic = m.grads().clone();
@@ -101,12 +102,14 @@ TEST(ModelBalance, OptionsAtZeroAreBitIdenticalToThePlainModel) {
     Qwen3MoeModel a(c), b(c);
     init(a, 6);
     init(b, 6);
-    a.recompute = b.recompute = policy;
     b.enable_router_bias();
-    b.z_loss_scale = 0;
+    PassOptions po;
+    po.ce_scale = 1.0 / 18;
+    po.aux_scale = 0.1;
+    po.recompute = policy;
     a.zero_grads();
     b.zero_grads();
-    LossParts la = a.forward_backward(mb, 1.0 / 18, 0.1), lb = b.forward_backward(mb, 1.0 / 18, 0.1);
+    LossParts la = a.forward_backward(mb, po), lb = b.forward_backward(mb, po);
     EXPECT_EQ(la.loss, lb.loss);
     EXPECT_EQ(la.z, lb.z);  // reported either way
     EXPECT_TRUE(same(a.grads(), b.grads()));
@@ -122,12 +125,14 @@ TEST(ModelBalance, BiasSteersTheTopKUnderRecomputeButNotUnderReplay) {
   for (Recompute policy : {Recompute::None, Recompute::Full, Recompute::Selective}) {
     Qwen3MoeModel m(c);
     init(m, 8);
-    m.recompute = policy;
     m.enable_router_bias();
     ASSERT_EQ(m.router_bias().shape(), (Shape{2, E}));
     m.router_bias().data<float>()[favoured] = 10.0f;  // sparse layer 0 only
     m.zero_grads();
-    losses.push_back(m.forward_backward(mb, 1.0 / 18, 0.0).loss);
+    PassOptions po;
+    po.ce_scale = 1.0 / 18;
+    po.recompute = policy;
+    losses.push_back(m.forward_backward(mb, po).loss);
     grads.push_back(m.grads().clone());
     const Tensor r0 = m.last_routing()[0];
     for (int64_t t = 0; t < r0.size(0); ++t) ASSERT_EQ(r0.data<int32_t>()[t * c.num_experts_per_tok], favoured) << t;
@@ -145,8 +150,9 @@ TEST(ModelBalance, BiasSteersTheTopKUnderRecomputeButNotUnderReplay) {
   EXPECT_NE(lp, losses[0]);
   replay.enable_router_bias();
   replay.router_bias().data<float>()[favoured] = 10.0f;
-  replay.set_routing_replay(plain.last_routing());
-  EXPECT_EQ(replay.forward_backward(mb, 1.0 / 18, 0.0).loss, lp);
+  MicroBatch replayed = mb;
+  replayed.routing = plain.last_routing();
+  EXPECT_EQ(replay.forward_backward(replayed, 1.0 / 18, 0.0).loss, lp);
 }
 
 TEST(ModelBalance, ExpertLoadAddsUpTheMicroBatchesOfAStep) {

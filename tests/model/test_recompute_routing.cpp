@@ -131,8 +131,8 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
   // most (token, k) pairs to other experts.
   {
     SwitchingSource only_orig(original, original), only_pert(perturbed, perturbed);
-    Qwen3MoeModel a(c, Device::CPU, &only_orig), b(c, Device::CPU, &only_pert);
-    a.score_before_experts = b.score_before_experts = v.score_before;
+    const ModelOptions mo{.score_before_experts = v.score_before};
+    Qwen3MoeModel a(c, Device::CPU, &only_orig, Weights::Trainable, mo), b(c, Device::CPU, &only_pert, Weights::Trainable, mo);
     const LossParts la = a.forward(mb, nullptr), lb = b.forward(mb, nullptr);
     const double frac = routing_difference(a.last_routing(), b.last_routing());
     std::printf("%s: negated router gates re-route %.1f%% of (token, k) expert ids\n", v.name.c_str(), 100 * frac);
@@ -145,12 +145,14 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
     original.grads().zero_();
     perturbed.grads().zero_();
     SwitchingSource src(original, perturbed);
-    Qwen3MoeModel m(c, Device::CPU, &src);
-    m.recompute = policy;
-    m.score_before_experts = v.score_before;
-    m.z_loss_scale = z_scale;
+    Qwen3MoeModel m(c, Device::CPU, &src, Weights::Trainable, {.score_before_experts = v.score_before});
+    PassOptions po;
+    po.ce_scale = ce_scale;
+    po.aux_scale = aux_scale;
+    po.z_loss_scale = z_scale;
+    po.recompute = policy;
     RunResult r;
-    r.lp = m.forward_backward(mb, ce_scale, aux_scale);
+    r.lp = m.forward_backward(mb, po);
     r.grads = original.grads().clone();
     // Every block was acquired twice (forward, backward): the backward's acquire served the
     // perturbed gates, and the recompute (full, selective) ran inside it.

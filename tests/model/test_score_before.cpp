@@ -33,9 +33,8 @@ bool same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 
 TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
   ModelConfig c = preset_model_config("tiny");
-  Qwen3MoeModel m(c);
+  Qwen3MoeModel m(c, Device::CPU, nullptr, Weights::Trainable, {.score_before_experts = true});
   init_weights(c, m.table(), m.params(), 11);
-  m.score_before_experts = true;
   const MicroBatch mb = test::random_batch(c, 2, 16, 5, 4, 1);
   m.zero_grads();
   const LossParts lp = m.forward_backward(mb, 1.0, 0.0);

@@ -245,7 +245,7 @@ TEST_P(TpRemainderGrads, OddTokenCountEqualsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Models, TpRemainderGrads, ::testing::Values("tiny", "aux", "dense_layer"));
 
 // The issue's layout: 4 × 33 on 8 ranks under tp 2 × ep 2 (dp 4: one sequence of 33 per rank), etp 1
-// and 2; and sp 2 × tp 2, where shard_micro_batch pads whole sp steps until the chunk's rows divide by
+// and 2; and sp 2 × tp 2, where plan_micro_batch pads whole sp steps until the chunk's rows divide by
 // tp (1 × 13: S' 16, chunks of 8).
 TEST(TpRemainderGrads8, IssueLayoutAndSequenceParallelism) {
   MT_SKIP_WITHOUT_GLOO();
@@ -287,14 +287,17 @@ TEST(TpPadding, RouterStatisticsIgnoreThePaddedToken) {
   const double z_scale = 1e-2;
   auto setup = [&](Qwen3MoeModel& m) {
     m.zero_grads();
-    m.z_loss_scale = z_scale;
     m.reset_expert_load();
   };
+  PassOptions po;
+  po.ce_scale = 1.0 / 32;
+  po.aux_scale = c.router_aux_loss_coef;
+  po.z_loss_scale = z_scale;
   Qwen3MoeModel ref(c, Device::CPU);
   init_weights(c, ParamTable(c), ref.params(), 5);
   ref.refresh_compute_weights();
   setup(ref);
-  const LossParts want = ref.forward_backward(MicroBatch{ids, labels}, 1.0 / 32, c.router_aux_loss_coef);
+  const LossParts want = ref.forward_backward(MicroBatch{ids, labels}, po);
   const Tensor want_load = ref.expert_load().clone();
   const int64_t n_sparse = want_load.size(0);
   int64_t total = 0;
@@ -309,17 +312,19 @@ TEST(TpPadding, RouterStatisticsIgnoreThePaddedToken) {
     std::vector<int64_t> padded(2);
     auto errors = comm::testing::run_ranks(2, [&](int rank, comm::Communicator& tp) {
       Qwen3MoeModel m(lay.local_config(), Device::CPU);
-      m.tp = &tp;
-      m.expert_tp = etp > 1;
-      m.reduce_aux_stats = [&tp](Tensor& counts, Tensor& sums, int64_t&) {  // dp 1: rows stay
+      ModelWiring w;
+      w.tp = &tp;
+      w.expert_tp = etp > 1;
+      w.reduce_aux_stats = [&tp](Tensor& counts, Tensor& sums, int64_t&) {  // dp 1: rows stay
         tp.all_reduce(counts)->wait();
         tp.all_reduce(sums)->wait();
       };
+      m.attach(std::move(w));
       init_weights_ranges(c, lay.global_table(), lay.to_global(rank, {{0, lay.local_table().total(), 0}}), m.params(),
                           5);
       m.refresh_compute_weights();
       setup(m);
-      parts[size_t(rank)] = m.forward_backward(MicroBatch{ids, labels}, 1.0 / 32, c.router_aux_loss_coef);
+      parts[size_t(rank)] = m.forward_backward(MicroBatch{ids, labels}, po);
       loads[size_t(rank)] = m.expert_load().clone();
       padded[size_t(rank)] = m.padded_seq_len();
     });

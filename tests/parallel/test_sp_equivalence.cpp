@@ -6,7 +6,7 @@
 // internally); a 20-step training run (z-loss and aux-loss-free bias on) has the same loss curve,
 // z-loss, expert load and final weights as one process; an sp that does not divide the heads is an
 // error naming both numbers; greedy evaluation under sp equals one process. The sequence planning
-// (shard_micro_batch) is checked on its own.
+// (plan_micro_batch) is checked on its own.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,9 +46,16 @@ TEST(SpShard, PositionsLabelsAndPaddingComeFromTheWholeSequence) {
     ids.data<int64_t>()[i] = 10 + i;
     labels.data<int64_t>()[i] = i == 2 ? -100 : 100 + i;
   }
-  MicroBatch whole = shard_micro_batch(ids, labels, 1, 0);
-  EXPECT_EQ(whole.shard, nullptr);
+  // sp 1 plans the whole sequences: the ids themselves (no copy), positions 0..S-1, labels shifted.
+  MicroBatch whole = plan_micro_batch(MicroBatch{ids, labels});
+  ASSERT_NE(whole.plan, nullptr);
   EXPECT_EQ(whole.input_ids.raw(), ids.raw());
+  EXPECT_EQ(whole.plan->chunk, 5);
+  EXPECT_EQ(whole.plan->valid, 5);
+  for (int64_t t = 0; t < 10; ++t) {
+    EXPECT_EQ(whole.plan->positions.data<int32_t>()[t], int32_t(t % 5));
+    EXPECT_EQ(whole.plan->shifted_labels.data<int64_t>()[t], t % 5 == 4 ? -100 : labels.data<int64_t>()[t + 1]);
+  }
 
   struct Want {
     int sp, rank;
@@ -61,9 +68,9 @@ TEST(SpShard, PositionsLabelsAndPaddingComeFromTheWholeSequence) {
                                          {4, 2, 1, {14, 0, 19, 0}, {-100, -100, -100, -100}},
                                          {4, 3, 0, {0, 0, 0, 0}, {-100, -100, -100, -100}}}) {
     SCOPED_TRACE("sp " + std::to_string(w.sp) + " rank " + std::to_string(w.rank));
-    MicroBatch mb = shard_micro_batch(ids, labels, w.sp, w.rank);
-    ASSERT_NE(mb.shard, nullptr);
-    const SeqShard& s = *mb.shard;
+    MicroBatch mb = plan_micro_batch(MicroBatch{ids, labels}, w.sp, w.rank);
+    ASSERT_NE(mb.plan, nullptr);
+    const BatchPlan& s = *mb.plan;
     const int64_t C = int64_t(w.ids.size()) / 2;
     EXPECT_EQ(s.seq_len, 5);
     EXPECT_EQ(s.padded_len, C * w.sp);

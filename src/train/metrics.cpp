@@ -1,0 +1,53 @@
+// MetricsWriter and step_json (metrics.h).
+#include "train/metrics.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace mt {
+
+MetricsWriter::MetricsWriter(const std::string& path, bool lead) : path_(path) {
+  if (!lead) return;
+  namespace fs = std::filesystem;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  f_.open(path, std::ios::trunc);
+  if (!f_) MT_THROW("cannot open metrics file ", path);
+}
+
+void MetricsWriter::write(const nlohmann::json& j) {
+  if (f_.is_open()) f_ << j.dump() << "\n" << std::flush;
+}
+
+nlohmann::json step_json(const StepResult& r, const DistContext& dist) {
+  nlohmann::json j{{"loss", r.loss},
+                   {"ce", r.ce},
+                   {"aux", r.aux},
+                   {"z_loss", r.z},
+                   {"grad_norm", r.opt.grad_norm},
+                   {"clip_scale", r.opt.clip_scale},
+                   {"skipped", r.opt.skipped},
+                   {"tokens", r.tokens},
+                   {"target_tokens", r.targets},
+                   {"time_s", {{"forward", r.forward_s}, {"backward", r.backward_s}, {"optimizer", r.optimizer_s}}},
+                   {"moe_dropped_rank0", r.dropped_rank0}};
+  if (r.has_load)
+    j["experts"] = {{"min", r.load.min},
+                    {"max", r.load.max},
+                    {"mean", r.load.mean},
+                    {"imbalance", r.load.imbalance},
+                    {"unused", r.load.unused},
+                    {"layers", r.load.layers},
+                    {"imbalance_per_layer", r.load.imbalance_per_layer}};
+  if (dist.distributed()) {
+    j["world_size"] = dist.world_size();
+    j["dp_size"] = dist.dp_size();
+    j["time_s"]["comm_wait_rank0"] = r.comm_wait_s;
+    j["time_s"]["comm_wait_max"] = r.comm_wait_max_s;
+    j["time_s"]["compute_rank0"] = r.forward_s + r.backward_s - r.comm_wait_s;
+    j["peak_bytes_max_rank"] = r.peak_bytes_max_rank;
+  }
+  return j;
+}
+
+}  // namespace mt
