@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench_util.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
@@ -45,38 +46,7 @@
 #include "train/trainer.h"
 
 using namespace mt;
-using Clock = std::chrono::steady_clock;
-
-static double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
-
-// Dense bf16 GEMM rate of this device through the same cuBLASLt path the model uses.
-static double measure_gemm_tflops(Device dev) {
-  if (dev != Device::CUDA) return 0;
-  const int64_t n = 8192;
-  Rng rng(1);
-  Tensor a = Tensor::empty({n, n});
-  rng.fill_normal(a, 0, 1);
-  Tensor x = a.to(DType::BF16).to(Device::CUDA), w = x.clone(), y = Tensor::empty({n, n}, DType::BF16, dev);
-  for (int i = 0; i < 3; ++i) ops::linear_fwd(x, w, y);
-  device_mem::synchronize(dev);
-  const int reps = 20;
-  auto t = Clock::now();
-  for (int i = 0; i < reps; ++i) ops::linear_fwd(x, w, y);
-  device_mem::synchronize(dev);
-  return 2.0 * double(n) * n * n * reps / secs(t) / 1e12;
-}
-
-static double measure_copy_gbps(Device dev) {
-  if (dev != Device::CUDA) return 0;
-  const int64_t n = int64_t(1) << 28;  // 1 GiB of f32
-  Tensor a = Tensor::zeros({n}, DType::F32, dev), b = Tensor::zeros({n}, DType::F32, dev);
-  b.copy_from(a);
-  device_mem::synchronize(dev);
-  auto t = Clock::now();
-  for (int i = 0; i < 5; ++i) b.copy_from(a);
-  device_mem::synchronize(dev);
-  return 2.0 * double(a.nbytes()) * 5 / secs(t) / 1e9;  // read + write
-}
+using namespace mt::bench;
 
 static std::string category(const std::string& op) {
   if (op.rfind("attention", 0) == 0) return "attention";

@@ -120,6 +120,8 @@ void cuda_reset_peak();
 // The most device memory the allocator's pool has held since the last reset: the tensors' bytes plus
 // what it keeps cached for reuse (0 without CUDA).
 size_t cuda_reserved_peak_bytes();
+// Free device memory as the driver reports it (cudaMemGetInfo; 0 without CUDA).
+size_t cuda_free_bytes();
 }  // namespace device_mem
 
 }  // namespace mt

@@ -57,6 +57,31 @@ struct LossParts {
 
 class TokenObjective;  // model/objective.h
 
+// The paged KV cache forward_cached reads and writes (the model's side of the rollout engine's memory):
+// per layer, keys and values in slots [slots, G, Hd] of the activation dtype, slot = block × block_size
+// + offset. Which sequence owns which block is the block manager's business (rollout/kv_blocks.h); the
+// model sees only tensors and block tables.
+struct KvCache {
+  int64_t block_size = 0;
+  std::vector<Tensor> k, v;  // per layer [num_blocks × block_size, G, Hd]
+  int64_t num_blocks() const { return k.empty() ? 0 : k[0].size(0) / block_size; }
+  // Zeros; the model's config, device and activation dtype decide the shapes.
+  static KvCache allocate(const ModelConfig& c, Device device, int64_t num_blocks, int64_t block_size);
+  // Copies block src into block dst in every layer, K and V (copy-on-write of a shared block).
+  void copy_block(int64_t src, int64_t dst);
+};
+
+// One inference step over the cache: N new tokens of B sequences, prefill chunks and single decode
+// tokens in one batch. All i32 but tokens; host tensors (the model moves them).
+struct CachedBatch {
+  Tensor tokens;       // i64 [N]
+  Tensor positions;    // i32 [N]: each token's position in its sequence
+  Tensor seq;          // i32 [N]: the row of block_table of its sequence
+  Tensor slots;        // i32 [N]: the slot its key and value go to
+  Tensor block_table;  // i32 [B, M]: each sequence's blocks in position order (unused entries any valid id)
+  Tensor logit_rows;   // i64 [R]: the tokens whose next-token logits are wanted (e.g. each sequence's last)
+};
+
 // How the model runs, fixed for its life.
 struct ModelOptions {
   // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
@@ -171,6 +196,26 @@ class Qwen3MoeModel {
   // the shortest S' >= S with B × S' divisible by tp (each sequence padded at its end).
   int64_t padded_seq_len() const { return S_; }
 
+  // Inference over a paged KV cache, between begin_inference() and end_inference(): each new token's key
+  // and value are written to its slot, its attention reads its sequence's cached positions 0..its own,
+  // and the logits of the logit_rows come back, f32 [R, V] on the model's device. The same maths as
+  // forward(): a sequence decoded token by token gives the logits of its full forward (tests/rollout).
+  // With routing_out, the expert ids every sparse layer chose for each new token (i32 [N, K] per sparse
+  // layer, host). The aux-loss-free router bias applies as in training.
+  // Layouts: one device, plain FSDP (every rank decodes its own sequences on the gathered weights, no
+  // collective per call) and expert parallelism (attention data parallel; each sparse layer exchanges
+  // the tokens with the ranks owning their experts: every rank of the ep group must call forward_cached
+  // the same number of times, with N = 0 tokens when it has none). Tensor and sequence parallelism are
+  // refused.
+  Tensor forward_cached(const CachedBatch& batch, KvCache& cache, std::vector<Tensor>* routing_out = nullptr);
+  // The inference layout: every unit's compute weights acquired (under FSDP: all-gathered once, the
+  // experts over their expert-shard group; with ep > 1 each rank keeps its own experts) and the fp32
+  // gains refreshed, held until end_inference(). A rollout phase's weight sync: call it after each
+  // optimizer step, before generating. Returns its seconds. Collective under FSDP.
+  double begin_inference();
+  void end_inference();
+  bool in_inference() const { return inference_; }
+
   // The top-k expert ids (i32 [T, K], host copies) each sparse layer used in the last forward: the
   // form MicroBatch::routing takes for a replay.
   std::vector<Tensor> last_routing() const;
@@ -253,6 +298,7 @@ class Qwen3MoeModel {
   Tensor zsum_;                      // f32 [1]: this micro-batch's z-loss sum, on the device
   Tensor router_bias_LE_, load_LE_;  // balancing bias and step load, [sparse layers, E]
   Tensor ones_TK_;
+  bool inference_ = false;  // begin_inference() holds every unit
 };
 
 }  // namespace mt

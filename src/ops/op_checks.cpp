@@ -86,4 +86,43 @@ void check_lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const 
   check_shape(dw_VD, {V, D}, "lm_head_objective_bwd dw_VD");
 }
 
+void check_kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, const Tensor& k_cache_SGD,
+                          const Tensor& v_cache_SGD) {
+  MT_CHECK(k_NGD.dim() == 3, "kv_cache_write k_NGD must be [N, G, Hd], got ", k_NGD.desc());
+  const int64_t N = k_NGD.size(0), G = k_NGD.size(1), Hd = k_NGD.size(2);
+  check_shape(v_NGD, {N, G, Hd}, "kv_cache_write v_NGD");
+  check_shape(slot_N, {N}, "kv_cache_write slot_N");
+  MT_CHECK(k_cache_SGD.dim() == 3 && k_cache_SGD.size(1) == G && k_cache_SGD.size(2) == Hd, "kv_cache_write k_cache_SGD ",
+           k_cache_SGD.desc(), " must be [slots, ", G, ", ", Hd, "]");
+  check_shape(v_cache_SGD, k_cache_SGD.shape(), "kv_cache_write v_cache_SGD");
+}
+
+void check_paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
+                               const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N,
+                               const Tensor& pos_N, const Tensor& out_NHD) {
+  MT_CHECK(q_NHD.dim() == 3, "paged_attention_fwd q_NHD must be [N, H, Hd], got ", q_NHD.desc());
+  const int64_t N = q_NHD.size(0), H = q_NHD.size(1), Hd = q_NHD.size(2);
+  MT_CHECK(k_cache_SGD.dim() == 3 && k_cache_SGD.size(2) == Hd, "paged_attention_fwd k_cache_SGD ", k_cache_SGD.desc(),
+           " must be [slots, G, ", Hd, "]");
+  const int64_t G = k_cache_SGD.size(1);
+  MT_CHECK(G > 0 && H % G == 0, "paged_attention_fwd: ", H, " query heads do not divide into ", G, " kv heads");
+  check_shape(v_cache_SGD, k_cache_SGD.shape(), "paged_attention_fwd v_cache_SGD");
+  MT_CHECK(block_table_BM.dim() == 2, "paged_attention_fwd block_table_BM must be [sequences, blocks], got ",
+           block_table_BM.desc());
+  MT_CHECK(block_size >= 1, "paged_attention_fwd block_size ", block_size, " must be >= 1");
+  check_shape(seq_N, {N}, "paged_attention_fwd seq_N");
+  check_shape(pos_N, {N}, "paged_attention_fwd pos_N");
+  check_shape(out_NHD, {N, H, Hd}, "paged_attention_fwd out_NHD");
+}
+
+void check_sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, const Tensor& tokens_R,
+                         const Tensor& logprobs_R) {
+  MT_CHECK(logits_RV.dim() == 2, "sample_tokens logits_RV must be [R, V], got ", logits_RV.desc());
+  const int64_t R = logits_RV.size(0);
+  MT_CHECK(R == 0 || logits_RV.size(1) > 0, "sample_tokens: ", R, " rows of 0 logits; the vocabulary must hold a token");
+  check_shape(rows_R5, {R, 5}, "sample_tokens rows_R5");
+  check_shape(tokens_R, {R}, "sample_tokens tokens_R");
+  check_shape(logprobs_R, {R}, "sample_tokens logprobs_R");
+}
+
 }  // namespace mt::ops

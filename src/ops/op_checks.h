@@ -32,4 +32,17 @@ void check_lm_head_objective_bwd(const Tensor& hn_TD, const Tensor& w_VD, const 
                                  const Tensor* dentropy_T, int64_t chunk_rows, const Tensor& dhn_TD,
                                  const Tensor& dw_VD, bool accumulate_dw);
 
+// k, v [N, G, Hd] alike; slot [N]; the caches [S, G, Hd] with k's G and Hd.
+void check_kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, const Tensor& k_cache_SGD,
+                          const Tensor& v_cache_SGD);
+// q [N, H, Hd], out like q, caches [S, G, Hd] with H % G == 0, block_table [B, M] with M × block_size
+// slots reachable, seq and pos [N], block_size >= 1.
+void check_paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
+                               const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N,
+                               const Tensor& pos_N, const Tensor& out_NHD);
+
+// logits_RV 2-D [R, V] with V > 0 when R > 0; rows_R5 [R, 5]; tokens_R and logprobs_R [R].
+void check_sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, const Tensor& tokens_R,
+                         const Tensor& logprobs_R);
+
 }  // namespace mt::ops

@@ -94,6 +94,36 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
   return cpu::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd);
 }
 
+void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,
+                    Tensor& v_cache_SGD) {
+  const bool cuda = on_cuda("kv_cache_write", {&k_NGD, &v_NGD, &slot_N, &k_cache_SGD, &v_cache_SGD});
+  OpScope scope("kv_cache_write", cuda);
+  check_kv_cache_write(k_NGD, v_NGD, slot_N, k_cache_SGD, v_cache_SGD);
+  if (cuda) return cuda::kv_cache_write(k_NGD, v_NGD, slot_N, k_cache_SGD, v_cache_SGD);
+  return cpu::kv_cache_write(k_NGD, v_NGD, slot_N, k_cache_SGD, v_cache_SGD);
+}
+
+void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
+                         const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N, const Tensor& pos_N,
+                         Tensor& out_NHD) {
+  const bool cuda = on_cuda("paged_attention_fwd",
+                            {&q_NHD, &k_cache_SGD, &v_cache_SGD, &block_table_BM, &seq_N, &pos_N, &out_NHD});
+  OpScope scope("paged_attention_fwd", cuda);
+  check_paged_attention_fwd(q_NHD, k_cache_SGD, v_cache_SGD, block_table_BM, block_size, seq_N, pos_N, out_NHD);
+  if (cuda)
+    return cuda::paged_attention_fwd(q_NHD, k_cache_SGD, v_cache_SGD, block_table_BM, block_size, seq_N, pos_N,
+                                     out_NHD);
+  return cpu::paged_attention_fwd(q_NHD, k_cache_SGD, v_cache_SGD, block_table_BM, block_size, seq_N, pos_N, out_NHD);
+}
+
+void sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Tensor& logprobs_R) {
+  const bool cuda = on_cuda("sample_tokens", {&logits_RV, &rows_R5, &tokens_R, &logprobs_R});
+  OpScope scope("sample_tokens", cuda);
+  check_sample_tokens(logits_RV, rows_R5, tokens_R, logprobs_R);
+  if (cuda) return cuda::sample_tokens(logits_RV, rows_R5, tokens_R, logprobs_R);
+  return cpu::sample_tokens(logits_RV, rows_R5, tokens_R, logprobs_R);
+}
+
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
                 Tensor& topk_w_TK, const Tensor* bias_E) {
   const bool cuda = on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK, bias_E});

@@ -72,6 +72,28 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd,
                    Tensor& dk_TGHd, Tensor& dv_TGHd);
 
+// ---- paged KV cache (the rollout engine's decode) ----
+// A cache holds the keys and values of many sequences in slots [S, G, Hd] (slot = block × block_size +
+// offset; the block manager in rollout/ owns the block tables). kv_cache_write stores row n's k and v at
+// slot_N[n] (i32). paged_attention_fwd is causal attention of N new query tokens over their sequences'
+// cached keys and values: token n, of sequence seq_N[n] at position pos_N[n], attends to positions
+// 0..pos_N[n] of that sequence, position p being at slot block_table_BM[seq][p / block_size] × block_size
+// + p % block_size (its own key and value must already be written). q_NHD, out_NHD [N, H, Hd]; query head
+// h reads kv head h / (H / G); scale 1/sqrt(Hd). seq, pos, block_table i32 (host-readable on the CPU,
+// device on CUDA). CPU: f32; CUDA: q, caches, out bf16 (softmax in f32).
+void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,
+                    Tensor& v_cache_SGD);
+void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
+                         const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N, const Tensor& pos_N,
+                         Tensor& out_NHD);
+
+// ---- token sampling (the rollout engine): ops/sampling.h defines the draw and its CPU reference ----
+// One token per row of logits_RV (f32 [R, V]) with row r's sampling parameters and draw counter packed in
+// rows_R5 (i64 [R, 5], pack_sample_rows in ops/sampling.h); tokens_R i32 and logprobs_R f32 [R] out:
+// log_softmax(logits / T)[token] before truncation. The CPU checks the parameters and logits (errors name
+// the row); the CUDA kernel trusts them (the engine validates requests up front).
+void sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Tensor& logprobs_R);
+
 // ---- router: probs = softmax(logits) in fp32 (fp64 accumulation); top-k by probability ----
 // Ties are broken by the lower expert index (as torch.topk on CPU does for equal values in practice).
 // All f32 on every backend; topk_idx i32.

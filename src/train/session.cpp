@@ -41,15 +41,24 @@ size_t peak_rss_bytes() {
   return size_t(ru.ru_maxrss) * 1024;
 }
 
+namespace {
+FsdpOptions with_weights(FsdpOptions f, Weights w) {
+  f.weights = w;
+  return f;
+}
+}  // namespace
+
 TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
     : config_(global),
       device_(opt.device),
       recompute_(opt.recompute),
       dist_(DistContext::create(opt.device, opt.dist)),
       table_(global),
-      pm_(make_parallel_model(*dist_, global, table_, opt.device, opt.fsdp, opt.moe_capacity_factor)) {
-  model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(), Weights::Trainable,
-                                           opt.model);
+      pm_(make_parallel_model(*dist_, global, table_, opt.device, with_weights(opt.fsdp, opt.weights),
+                              opt.moe_capacity_factor)) {
+  // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
+  model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(),
+                                           pm_.fsdp ? Weights::Trainable : opt.weights, opt.model);
   pm_.attach(*model_, *dist_);
   grad_sync_ = opt.fsdp.grad_sync;
   for (int64_t l = 0; l < global.num_hidden_layers; ++l) n_sparse_ += global.is_sparse_layer(l) ? 1 : 0;
@@ -57,6 +66,8 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
 
 void TrainSession::make_optimizer(const AdamWConfig& oc, bool overlap) {
   if (opt_) MT_THROW("TrainSession::make_optimizer: the session already has an optimizer");
+  if (!model_->param_source().trainable())
+    MT_THROW("TrainSession::make_optimizer: the session's weights are frozen (SessionOptions::weights)");
   opt_ = std::make_unique<AdamW>(master().numel(), device_, oc);
   if (overlap && !fsdp() && device_ == Device::CUDA) {
     opt_->overlap_units(model_->local().unit_ranges());

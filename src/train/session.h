@@ -34,6 +34,8 @@ struct SessionOptions {
   double moe_capacity_factor = 0;         // 0: dropless
   Recompute recompute = Recompute::None;  // what train passes use (PassOptions::recompute)
   ModelOptions model;                     // score_before_experts, prefetch depth, EP overlap
+  // Frozen: weights only (a generator, a reference model): no gradients, and make_optimizer refuses.
+  Weights weights = Weights::Trainable;
 };
 
 class TokenObjective;  // model/objective.h

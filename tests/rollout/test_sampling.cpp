@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "core/rng.h"
-#include "rollout/philox.h"
-#include "rollout/sampling.h"
+#include "ops/philox.h"
+#include "ops/sampling.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -86,20 +86,25 @@ TEST(Sampling, PhiloxMatchesTheRandom123KnownAnswers) {
   }
 }
 
-TEST(Sampling, UniformDependsOnEveryCounterWordAndIsUniform) {
-  const double u = sampling_uniform(1, 2, 3);
-  EXPECT_EQ(u, sampling_uniform(1, 2, 3));
-  for (double other : {sampling_uniform(1ull << 40 | 1, 2, 3), sampling_uniform(1, 2ull << 40 | 2, 3),
-                       sampling_uniform(1, 2, 3ull << 40 | 3), sampling_uniform(2, 2, 3), sampling_uniform(1, 3, 3),
-                       sampling_uniform(1, 2, 4)})
-    EXPECT_NE(u, other);
-  // Mean and ten-bin histogram of 100k draws along one counter word.
+TEST(Sampling, ClockWordsDependOnEveryCounterWordAndAreUniform) {
+  const Philox4x32 w = sampling_words(1, 2, 3, 4);
+  auto same = [](const Philox4x32& a, const Philox4x32& b) {
+    return a.v[0] == b.v[0] && a.v[1] == b.v[1] && a.v[2] == b.v[2] && a.v[3] == b.v[3];
+  };
+  EXPECT_TRUE(same(w, sampling_words(1, 2, 3, 4)));
+  for (const Philox4x32& other : {sampling_words(1ull << 40 | 1, 2, 3, 4), sampling_words(1, 2ull << 40 | 2, 3, 4),
+                                  sampling_words(2, 2, 3, 4), sampling_words(1, 3, 3, 4), sampling_words(1, 2, 4, 4),
+                                  sampling_words(1, 2, 3, 5)})
+    EXPECT_FALSE(same(w, other));
+  EXPECT_EQ(word_uniform(0), 0x1.0p-33);
+  EXPECT_LT(word_uniform(0xFFFFFFFFu), 1.0);
+  // Mean and ten-bin histogram of 100k uniform numbers, four per Philox call along the token groups.
   const int n = 100000;
   std::vector<int> bins(10, 0);
   double sum = 0;
   for (int i = 0; i < n; ++i) {
-    const double v = sampling_uniform(7, 0, uint64_t(i));
-    ASSERT_GE(v, 0.0);
+    const double v = word_uniform(sampling_words(7, 0, 9, uint32_t(i / 4)).v[i % 4]);
+    ASSERT_GT(v, 0.0);
     ASSERT_LT(v, 1.0);
     sum += v;
     ++bins[size_t(v * 10)];
@@ -108,6 +113,30 @@ TEST(Sampling, UniformDependsOnEveryCounterWordAndIsUniform) {
   double chi2 = 0;
   for (int b : bins) chi2 += (b - n / 10.0) * (b - n / 10.0) / (n / 10.0);
   EXPECT_LT(chi2, 33.720);  // chi-square with 9 degrees of freedom, p = 1e-4
+}
+
+// The race without truncation and with min-p only (no sorted order involved): 100k draws against
+// softmax(x / T) restricted to w >= min_p, renormalised.
+TEST(Sampling, ChiSquareOfTheRaceWithoutTopKOrTopP) {
+  const std::vector<float> x = {0.3f, -1.5f, 2.0f, -0.2f, 1.0f, -3.0f, 0.8f, 1.5f};
+  for (float min_p : {0.0f, 0.2f}) {
+    const SamplingParams p = params(1.3f, 0, 1.0f, min_p, 99);
+    const std::vector<TokenProb> d = truncated_distribution(x.data(), 8, p);
+    EXPECT_EQ(d.size(), min_p > 0 ? 5u : 8u) << "min_p " << min_p;  // by hand: w >= 0.2 keeps 2, 7, 4, 6, 0
+    const int n = 100000;
+    std::vector<int64_t> count(8, 0);
+    for (int i = 0; i < n; ++i) ++count[size_t(sample_row(x.data(), 8, p, {uint64_t(i), 5}).token)];
+    double chi2 = 0;
+    int64_t inside = 0;
+    for (const TokenProb& t : d) {
+      const double want = n * t.prob;
+      chi2 += (double(count[size_t(t.token)]) - want) * (double(count[size_t(t.token)]) - want) / want;
+      inside += count[size_t(t.token)];
+    }
+    EXPECT_EQ(inside, n) << "draws outside the kept tokens, min_p " << min_p;
+    // 7 (or 4) degrees of freedom: P(chi2 > 29.878) = 1e-4 (7), P(chi2 > 23.513) = 1e-4 (4).
+    EXPECT_LT(chi2, min_p > 0 ? 23.513 : 29.878) << "min_p " << min_p;
+  }
 }
 
 TEST(Sampling, GreedyTieGoesToTheLowestIdAndLogprobIsAtTemperatureOne) {

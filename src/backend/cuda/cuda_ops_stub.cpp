@@ -45,6 +45,18 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
                    Tensor& dv_TGHd) {
   no_cuda("attention_bwd");
 }
+void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,
+                    Tensor& v_cache_SGD) {
+  no_cuda("kv_cache_write");
+}
+void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
+                         const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N, const Tensor& pos_N,
+                         Tensor& out_NHD) {
+  no_cuda("paged_attention_fwd");
+}
+void sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Tensor& logprobs_R) {
+  no_cuda("sample_tokens");
+}
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
                 Tensor& topk_w_TK, const Tensor* bias_E) {
   no_cuda("router_fwd");

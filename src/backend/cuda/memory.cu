@@ -87,6 +87,12 @@ void cuda_free(void* p) {
 
 size_t cuda_bytes_in_use() { return g_current; }
 size_t cuda_peak_bytes() { return g_peak; }
+
+size_t cuda_free_bytes() {
+  size_t free_b = 0, total_b = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return free_b;
+}
 void cuda_reset_peak() {
   g_peak = g_current;
   uint64_t zero = 0;

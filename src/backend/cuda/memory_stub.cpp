@@ -12,6 +12,7 @@ void cuda_copy_2d(void*, size_t, const void*, size_t, size_t, size_t) { no_cuda(
 void cuda_synchronize() {}
 size_t cuda_bytes_in_use() { return 0; }
 size_t cuda_peak_bytes() { return 0; }
+size_t cuda_free_bytes() { return 0; }
 void cuda_reset_peak() {}
 size_t cuda_reserved_peak_bytes() { return 0; }
 bool cuda_available() { return false; }

@@ -1,13 +1,14 @@
 // CPU token sampler: fp64 throughout; see sampling.h for the order of truncations and the contract.
-#include "rollout/sampling.h"
+#include "ops/sampling.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "core/error.h"
-#include "rollout/philox.h"
+#include "ops/philox.h"
 
 namespace mt {
 
@@ -62,39 +63,33 @@ struct Candidate {
   double w;  // exp(z - z_max)
 };
 
-// The kept tokens, most probable first, after top-k, top-p and min-p; zero-weight tokens (-inf logits,
-// or exp underflow) are dropped since they can never be drawn. The first has weight 1.
+bool before(const Candidate& a, const Candidate& b) { return a.z > b.z || (a.z == b.z && a.token < b.token); }
+
+// The kept tokens after top-k, top-p and min-p, without zero-weight tokens (-inf logits, or exp underflow:
+// they can never be drawn); at least one (the most probable, of weight 1). Sorted most probable first only
+// when top-p needs the order (the race does not).
 std::vector<Candidate> kept_tokens(const Scaled& s, const SamplingParams& p) {
   const int64_t V = s.V;
   std::vector<Candidate> c;
   c.reserve(size_t(V));
   for (int64_t i = 0; i < V; ++i) c.push_back(Candidate{s.z(i), int32_t(i), 0.0});
-  const auto before = [](const Candidate& a, const Candidate& b) {
-    return a.z > b.z || (a.z == b.z && a.token < b.token);
-  };
   const int64_t K = p.top_k > 0 ? std::min<int64_t>(p.top_k, V) : V;
   if (K < V) std::nth_element(c.begin(), c.begin() + K, c.end(), before);
-  std::sort(c.begin(), c.begin() + K, before);
   c.resize(size_t(K));
   for (Candidate& x : c) x.w = std::exp(x.z - s.z_max);
-
-  int64_t n = K;
   if (p.top_p < 1.0f) {
+    std::sort(c.begin(), c.end(), before);
     double mass_K = 0;
     for (const Candidate& x : c) mass_K += x.w;
     const double limit = double(p.top_p) * mass_K;
     double mass_before = 0;
-    n = 0;
-    while (n < K && mass_before < limit) mass_before += c[size_t(n++)].w;
+    size_t n = 0;
+    while (n < c.size() && mass_before < limit) mass_before += c[n++].w;
+    c.resize(n);
   }
-  if (p.min_p > 0.0f) {
-    // p_t >= min_p * p_max  <=>  w_t >= min_p, as w = 1 for the most probable token.
-    int64_t m = 0;
-    while (m < n && c[size_t(m)].w >= double(p.min_p)) ++m;
-    n = m;
-  }
-  while (n > 1 && c[size_t(n - 1)].w == 0.0) --n;
-  c.resize(size_t(n));
+  // min-p: p_t >= min_p * p_max  <=>  w_t >= min_p, as w = 1 for the most probable token (always kept).
+  const double floor_w = std::max(double(p.min_p), 0.0);
+  std::erase_if(c, [&](const Candidate& x) { return x.w == 0.0 || x.w < floor_w; });
   return c;
 }
 
@@ -113,11 +108,13 @@ std::vector<TokenProb> truncated_distribution(const float* logits_V, int64_t V, 
   check_logits(logits_V, V);
   if (p.temperature == 0.0f) return {TokenProb{greedy_token(logits_V, V), 1.0}};
   const std::vector<Candidate> kept = kept_tokens(scale(logits_V, V, double(p.temperature)), p);
+  std::vector<Candidate> kept_sorted = kept;
+  std::sort(kept_sorted.begin(), kept_sorted.end(), before);
   double total = 0;
-  for (const Candidate& c : kept) total += c.w;
+  for (const Candidate& c : kept_sorted) total += c.w;
   std::vector<TokenProb> out;
   out.reserve(kept.size());
-  for (const Candidate& c : kept) out.push_back(TokenProb{c.token, c.w / total});
+  for (const Candidate& c : kept_sorted) out.push_back(TokenProb{c.token, c.w / total});
   return out;
 }
 
@@ -130,18 +127,18 @@ SampledToken sample_row(const float* logits_V, int64_t V, const SamplingParams& 
   }
   const Scaled s = scale(logits_V, V, double(p.temperature));
   const std::vector<Candidate> kept = kept_tokens(s, p);
-  double total = 0;
-  for (const Candidate& c : kept) total += c.w;
-  const double target = sampling_uniform(p.seed, counter.sample, counter.position) * total;
-  // Rounding can leave target at or above the last partial sum; the last kept token then takes it
-  // (kept_tokens dropped the zero-weight tail, so it has weight > 0).
-  int32_t token = kept.back().token;
-  double cum = 0;
+  // The race: the largest z_t - log(-log u_t); kept_tokens left at least one token of weight > 0.
+  int32_t token = -1;
+  double best = -kInf;
+  uint32_t group = UINT32_MAX;
+  Philox4x32 words{};
   for (const Candidate& c : kept) {
-    cum += c.w;
-    if (target < cum) {
+    const uint32_t g = uint32_t(c.token) / 4;
+    if (g != group) words = sampling_words(p.seed, counter.sample, uint32_t(counter.position), group = g);
+    const double score = c.z - std::log(-std::log(word_uniform(words.v[c.token % 4])));
+    if (score > best || (score == best && c.token < token)) {
+      best = score;
       token = c.token;
-      break;
     }
   }
   return SampledToken{token, float(s.logprob(token))};
@@ -165,6 +162,36 @@ std::vector<SampledToken> sample_tokens(const Tensor& logits_NV, std::span<const
     }
   }
   return out;
+}
+
+Tensor pack_sample_rows(std::span<const SamplingParams> params_R, std::span<const DrawCounter> counters_R) {
+  MT_CHECK(params_R.size() == counters_R.size(), "pack_sample_rows: ", params_R.size(), " parameter sets but ",
+           counters_R.size(), " draw counters");
+  const int64_t R = int64_t(params_R.size());
+  Tensor t = Tensor::empty({R, kSampleRowWords}, DType::I64);
+  auto bits = [](float f) { return uint64_t(std::bit_cast<uint32_t>(f)); };
+  for (int64_t r = 0; r < R; ++r) {
+    const SamplingParams& p = params_R[size_t(r)];
+    const DrawCounter& c = counters_R[size_t(r)];
+    uint64_t* w = reinterpret_cast<uint64_t*>(t.data<int64_t>() + r * kSampleRowWords);
+    w[0] = bits(p.temperature) | bits(p.top_p) << 32;
+    w[1] = bits(p.min_p) | uint64_t(uint32_t(p.top_k)) << 32;
+    w[2] = p.seed;
+    w[3] = c.sample;
+    w[4] = c.position;
+  }
+  return t;
+}
+
+void unpack_sample_row(const int64_t* row, SamplingParams* p, DrawCounter* c) {
+  const uint64_t* w = reinterpret_cast<const uint64_t*>(row);
+  p->temperature = std::bit_cast<float>(uint32_t(w[0]));
+  p->top_p = std::bit_cast<float>(uint32_t(w[0] >> 32));
+  p->min_p = std::bit_cast<float>(uint32_t(w[1]));
+  p->top_k = int32_t(uint32_t(w[1] >> 32));
+  p->seed = w[2];
+  c->sample = w[3];
+  c->position = w[4];
 }
 
 }  // namespace mt

@@ -1,8 +1,8 @@
 // Counter-based random numbers for sampling: Philox4x32-10 (Salmon, Moraes, Dror and Shaw, "Parallel
 // random numbers: as easy as 1, 2, 3", SC 2011), a pure function of a 64-bit key and a 128-bit counter.
 //
-// The sampler draws the uniform number of one token from (seed, sample index, position) alone. So a
-// draw does not depend on which other rows share the batch, on the order rows are processed in, or on
+// The sampler draws each token's uniform number from (seed, sample index, position, token id) alone. So
+// a draw does not depend on which other rows share the batch, on the order rows are processed in, or on
 // the device: the CUDA sampler includes this header and gets the same bits. No state, no offsets to
 // carry between steps. The Random123 known-answer vectors are checked in tests/rollout.
 #pragma once
@@ -35,14 +35,15 @@ MT_HOST_DEVICE inline Philox4x32 philox4x32_10(Philox4x32 ctr, uint32_t key0, ui
   return ctr;
 }
 
-// The uniform number in [0, 1) of one sampling draw: Philox with key = seed and counter = (sample,
-// position), each split into (low, high) 32-bit words; the first two output words give 53 bits, so
-// the double is exact and the same on host and device.
-MT_HOST_DEVICE inline double sampling_uniform(uint64_t seed, uint64_t sample, uint64_t position) {
-  const Philox4x32 ctr{{uint32_t(sample), uint32_t(sample >> 32), uint32_t(position), uint32_t(position >> 32)}};
-  const Philox4x32 r = philox4x32_10(ctr, uint32_t(seed), uint32_t(seed >> 32));
-  const uint64_t bits53 = (uint64_t(r.v[0]) << 21) | (r.v[1] >> 11);
-  return double(bits53) * 0x1.0p-53;
+// The clocks of one sampling draw (ops/sampling.h): token t's uniform number comes from Philox with key =
+// seed and counter = (sample low, sample high, position, t / 4), output word t % 4. One call serves four
+// consecutive tokens; positions are below 2^32 (the model's positions are).
+MT_HOST_DEVICE inline Philox4x32 sampling_words(uint64_t seed, uint64_t sample, uint32_t position, uint32_t group) {
+  return philox4x32_10(Philox4x32{{uint32_t(sample), uint32_t(sample >> 32), position, group}}, uint32_t(seed),
+                       uint32_t(seed >> 32));
 }
+
+// A 32-bit word as a uniform number in (0, 1): (w + 1/2) 2^-32, never 0 or 1; exact in double.
+MT_HOST_DEVICE inline double word_uniform(uint32_t w) { return (double(w) + 0.5) * 0x1.0p-32; }
 
 }  // namespace mt

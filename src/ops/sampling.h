@@ -1,4 +1,5 @@
-// Token sampling for the rollout engine (CPU reference; a CUDA sampler is to be tested against it).
+// Token sampling for the rollout engine: the contract and its CPU reference (ops::sample_tokens runs it
+// on either backend; the CUDA kernel is tested against this file).
 //
 // Per row of logits f32 [N, V] and per-row parameters, one token and its log-probability.
 //
@@ -8,10 +9,13 @@
 //   3. top-p:  of those, keep the smallest prefix whose probability, renormalised over the top-k set,
 //              reaches top_p (a token is kept iff the mass strictly before it is < top_p)
 //   4. min-p:  of those, keep the tokens whose probability is >= min_p x the largest probability
-//   5. draw:   inverse CDF over the kept tokens, renormalised, with one uniform number u in [0, 1)
+//   5. draw:   an exponential race over the kept tokens: token = argmax_t z_t - log(-log u_t), u_t the
+//              token's own uniform number (the Gumbel-max trick: exactly a draw from the kept tokens'
+//              renormalised probabilities), ties to the lower id. It needs no sorted order and no
+//              prefix sum, so a GPU draws in one pass over the vocabulary.
 // "Most probable first" is one total order: descending z, ties by the lower token id. Top-k keeps
-// exactly k tokens in that order, and the inverse CDF walks the kept tokens in that order, so the token
-// is a function of (logits, params, u) alone. vLLM v1 applies min-p before top-k/top-p; min-p is a
+// exactly k tokens in that order and top-p a prefix of it, so the token is a function of (logits,
+// params, the u_t) alone. vLLM v1 applies min-p before top-k/top-p; min-p is a
 // ratio to the largest probability, which renormalisation does not change, so the two orders differ
 // only when top-p and min-p are both on.
 // T = 0 is greedy: the largest logit, the lowest token id among equal ones; no truncation applies.
@@ -21,7 +25,7 @@
 // log_softmax(logits)[token], i.e. as if T = 1. Computed in fp64, returned as f32.
 //
 // Randomness is counter-based: u = sampling_uniform(seed, counter.sample, counter.position)
-// (rollout/philox.h), a pure function of the row's seed and counter. The same seed and counters give
+// (ops/philox.h), a pure function of the row's seed and counter. The same seed and counters give
 // the same tokens whatever else is in the batch; the engine gives every sample of a rollout its own
 // sample index (two samples of one prompt must not share (seed, sample)).
 //
@@ -74,5 +78,11 @@ std::vector<SampledToken> sample_tokens(const Tensor& logits_NV, std::span<const
 // renormalised probabilities. For T = 0 the greedy token with probability 1. Tests and the CUDA
 // sampler's checks use it.
 std::vector<TokenProb> truncated_distribution(const float* logits_V, int64_t V, const SamplingParams& p);
+
+// The rows of ops::sample_tokens: i64 [R, 5], row r = (temperature and top_p as f32 bits, min_p and top_k,
+// seed, sample, position). Checks nothing (sample_tokens' CPU backend validates).
+constexpr int64_t kSampleRowWords = 5;
+Tensor pack_sample_rows(std::span<const SamplingParams> params_R, std::span<const DrawCounter> counters_R);
+void unpack_sample_row(const int64_t* row, SamplingParams* p, DrawCounter* c);
 
 }  // namespace mt

@@ -1,0 +1,160 @@
+// Benchmark: the rollout engine (rollout/engine.h) generating from random prompts with random weights on
+// one device, as RL's rollout phase does (the engine reads the training session's compute weights).
+// Prints one JSON line: generated tokens/s over the whole generate call (prefill included), and beside
+// it the decode floor: for the schedule where every sequence decodes at once, the bytes each decode step
+// must read (the weights it touches: attention, routers, the experts B tokens reach in expectation under
+// uniform routing, the LM head; plus every sequence's KV cache) divided by the device's copy bandwidth
+// measured in this process (bytes read + written per second), summed over the steps.
+//
+// usage: generate [--model bench-4L] [--prompts 256] [--prompt-len 128] [--new-tokens 512] [--n 1]
+//                 [--temperature 1] [--kv-cache-fraction 0.9] [--block-size 16] [--max-step-tokens 8192]
+//                 [--max-running 256] [--device cuda|cpu] [--layers N]
+// --n N: N samples per prompt (the prompt prefilled once, its blocks shared): --prompts counts prompts.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "bench_util.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "model/qwen3_moe.h"
+#include "rollout/engine.h"
+#include "train/session.h"
+#include "train/trainer.h"
+
+using namespace mt;
+using namespace mt::bench;
+
+namespace {
+
+// Bytes one decode step reads for B sequences at the given total context (tokens in their caches).
+double decode_step_bytes(const ModelConfig& c, int64_t B, double context_tokens, int64_t w_bytes, int64_t kv_bytes) {
+  const double D = double(c.hidden_size), H = double(c.num_attention_heads), G = double(c.num_key_value_heads),
+               Hd = double(c.head_dim), E = double(c.num_experts), K = double(c.num_experts_per_tok);
+  double params = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    params += D * H * Hd * 2 + D * G * Hd * 2 + 2 * Hd + 2 * D;  // q, o, k, v, q/k norms, the two norms
+    const bool dense = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) != c.mlp_only_layers.end() ||
+                       c.num_experts == 0;
+    if (dense) {
+      params += 3 * D * double(c.intermediate_size);
+    } else {
+      const double touched = E * (1 - std::pow(1 - K / E, double(B)));  // expected distinct experts
+      params += E * D + touched * 3 * D * double(c.moe_intermediate_size);
+    }
+  }
+  params += D + double(c.vocab_size) * D + double(B) * D;  // final norm, LM head, embedding rows
+  const double kv = context_tokens * double(c.num_hidden_layers) * 2 * G * Hd * double(kv_bytes);
+  return params * double(w_bytes) + kv;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model = "bench-4L", device = "cuda";
+  int64_t prompts = 256, prompt_len = 128, new_tokens = 512, n = 1, layers = 0;
+  float temperature = 1.0f;
+  double kv_fraction = 0.9;
+  EngineOptions eo;
+  eo.max_step_tokens = 8192;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) MT_THROW(a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--prompts") prompts = std::stoll(next());
+    else if (a == "--prompt-len") prompt_len = std::stoll(next());
+    else if (a == "--new-tokens") new_tokens = std::stoll(next());
+    else if (a == "--n") n = std::stoll(next());
+    else if (a == "--temperature") temperature = std::stof(next());
+    else if (a == "--kv-cache-fraction") kv_fraction = std::stod(next());
+    else if (a == "--block-size") eo.block_size = std::stoi(next());
+    else if (a == "--max-step-tokens") eo.max_step_tokens = std::stoll(next());
+    else if (a == "--max-running") eo.max_running = std::stoll(next());
+    else if (a == "--device") device = next();
+    else if (a == "--layers") layers = std::stoll(next());
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    const Device dev = resolve_device(device);
+    ModelConfig mc = resolve_model_config(model);
+    if (layers > 0) mc.num_hidden_layers = layers;
+    mc.eos_token_id = -1;
+    SessionOptions so;
+    so.device = dev;
+    TrainSession session(mc, so);
+    session.init_weights(1);
+    const double copy_gbps = measure_copy_gbps(dev);
+    Qwen3MoeModel& m = session.model();
+    eo.kv_cache_bytes = dev == Device::CUDA ? int64_t(double(device_mem::cuda_free_bytes()) * kv_fraction)
+                                            : int64_t(4) << 30;
+    RolloutEngine engine(m, eo);
+
+    Rng rng(7);
+    std::vector<GenerateRequest> reqs(static_cast<size_t>(prompts));
+    for (int64_t p = 0; p < prompts; ++p) {
+      GenerateRequest& r = reqs[size_t(p)];
+      for (int64_t t = 0; t < prompt_len; ++t) r.prompt.push_back(int32_t(rng.next_u64() % uint64_t(mc.vocab_size)));
+      r.sampling.temperature = temperature;
+      r.sampling.seed = uint64_t(p);
+      r.n = n;
+      r.max_new_tokens = new_tokens;
+      r.ignore_eos = true;
+    }
+    // Warm-up: a short generate (kernel loading, the allocator's first growth).
+    {
+      std::vector<GenerateRequest> w(reqs.begin(), reqs.begin() + std::min<int64_t>(prompts, 8));
+      for (auto& r : w) r.max_new_tokens = 4;
+      engine.generate(w);
+    }
+    const EngineStats before = engine.stats();
+    auto t = Clock::now();
+    const std::vector<GeneratedSample> out = engine.generate(reqs);
+    device_mem::synchronize(dev);
+    const double s = secs(t);
+    int64_t generated = 0;
+    for (const auto& g : out) generated += int64_t(g.tokens.size());
+    const EngineStats& st = engine.stats();
+
+    // The floor: every sequence decoding at once, context prompt_len + j at step j.
+    const int64_t B = prompts * n, wb = dev == Device::CUDA ? 2 : 4;
+    double floor_s = 0;
+    for (int64_t j = 0; j < new_tokens; ++j)
+      floor_s += decode_step_bytes(mc, B, double(B) * double(prompt_len + j), wb, wb) / (copy_gbps * 1e9);
+    const double tps = double(generated) / s, floor_tps = floor_s > 0 ? double(generated) / floor_s : 0;
+    nlohmann::json j{{"bench", "generate"},
+                     {"model", model},
+                     {"layers", mc.num_hidden_layers},
+                     {"device", device_name(dev)},
+                     {"prompts", prompts},
+                     {"prompt_len", prompt_len},
+                     {"n", n},
+                     {"new_tokens", new_tokens},
+                     {"temperature", temperature},
+                     {"generated_tokens", generated},
+                     {"seconds", s},
+                     {"tokens_per_s", tps},
+                     {"floor_tokens_per_s", floor_tps},
+                     {"fraction_of_floor", floor_tps > 0 ? tps / floor_tps : 0.0},
+                     {"copy_gbps", copy_gbps},
+                     {"steps", st.steps - before.steps},
+                     {"forward_s", st.forward_seconds - before.forward_seconds},
+                     {"sample_s", st.sample_seconds - before.sample_seconds},
+                     {"prefill_tokens", st.prefill_tokens - before.prefill_tokens},
+                     {"block_copies", st.block_copies - before.block_copies},
+                     {"kv_blocks", st.num_blocks},
+                     {"block_size", eo.block_size}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "generate bench: %s\n", e.what());
+    return 1;
+  }
+}

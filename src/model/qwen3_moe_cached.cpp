@@ -1,0 +1,158 @@
+// Qwen3MoeModel::forward_cached and KvCache (qwen3_moe.h): inference over a paged KV cache for the
+// rollout engine. The layer maths are those of forward_layer (docs/design.md), with attention reading
+// the cache: norm → q/k/v → q/k norms → RoPE at the tokens' positions → write k, v into their slots →
+// paged attention over each sequence's positions 0..own → o_proj + residual → norm → MoE (router, plan,
+// permute, grouped experts, weighted unpermute) or the dense MLP → residual. One device, no parallel
+// wiring but expert parallelism, whose dispatcher moves the tokens to their experts' ranks.
+#include <chrono>
+#include <utility>
+
+#include "model/qwen3_moe.h"
+#include "moe/dispatcher.h"
+#include "ops/ops.h"
+
+namespace mt {
+
+KvCache KvCache::allocate(const ModelConfig& c, Device device, int64_t num_blocks, int64_t block_size) {
+  MT_CHECK(num_blocks >= 1 && block_size >= 1, "KvCache: ", num_blocks, " blocks of ", block_size, " tokens");
+  KvCache kc;
+  kc.block_size = block_size;
+  const DType dt = device == Device::CUDA ? DType::BF16 : DType::F32;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    kc.k.push_back(Tensor::zeros({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
+    kc.v.push_back(Tensor::zeros({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
+  }
+  return kc;
+}
+
+void KvCache::copy_block(int64_t src, int64_t dst) {
+  for (std::vector<Tensor>* kv : {&k, &v})
+    for (Tensor& t : *kv) {
+      Tensor d = t.rows(dst * block_size, block_size);
+      d.copy_from(t.rows(src * block_size, block_size));
+    }
+}
+
+double Qwen3MoeModel::begin_inference() {
+  MT_CHECK(!inference_, "begin_inference: already in inference (end_inference first)");
+  const auto t = std::chrono::steady_clock::now();
+  src_->begin_pass(false);  // the fp32 gains from the current masters (a collective under FSDP)
+  for (size_t u = 0; u < plan_->units.size(); ++u) src_->prefetch(int(u));
+  for (size_t u = 0; u < plan_->units.size(); ++u) src_->acquire_weights(int(u));
+  device_mem::synchronize(device_);
+  inference_ = true;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+void Qwen3MoeModel::end_inference() {
+  if (!inference_) return;
+  for (size_t u = 0; u < plan_->units.size(); ++u) src_->release_weights(int(u));
+  inference_ = false;
+}
+
+Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::vector<Tensor>* routing_out) {
+  if (par_.tp || par_.ulysses)
+    MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
+  if (!inference_) MT_THROW("forward_cached outside begin_inference() / end_inference()");
+  const int64_t N = b.tokens.numel(), R = b.logit_rows.numel();
+  MT_CHECK(b.tokens.dtype() == DType::I64 && b.tokens.dim() == 1, "CachedBatch tokens must be i64 [N], got ",
+           b.tokens.desc());
+  MT_CHECK(b.logit_rows.dtype() == DType::I64 && b.logit_rows.dim() == 1, "CachedBatch logit_rows must be i64 [R], got ",
+           b.logit_rows.desc());
+  if (int64_t(cache.k.size()) != cfg_.num_hidden_layers)
+    MT_THROW("forward_cached: the cache has ", cache.k.size(), " layers, the model ", cfg_.num_hidden_layers);
+  const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
+                Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts, L = cfg_.num_hidden_layers,
+                V = cfg_.vocab_size;
+  const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
+  auto dev = [&](const Tensor& t) { return device_ == Device::CPU ? t : t.to(device_); };
+  const Tensor tokens = dev(b.tokens), pos = dev(b.positions), seq = dev(b.seq), slots = dev(b.slots),
+               table = dev(b.block_table), rows = dev(b.logit_rows);
+  keep_.reset();
+  work_.reset();
+  if (routing_out) routing_out->clear();
+  acquire(plan_->embed);
+  // The f32 residual stream in three buffers reused by every layer: x in, h1 after attention, y out.
+  Tensor x = keep_.alloc({N, D}, DType::F32), h1 = keep_.alloc({N, D}, DType::F32), y = keep_.alloc({N, D}, DType::F32);
+  ops::embedding_fwd(tokens, w_.embed, x);
+  release(plan_->embed);
+  for (int64_t l = 0; l < L; ++l) {
+    work_.reset();
+    for (int u : block_units(l)) acquire(u);
+    const LayerWeights& w = w_.layers[size_t(l)];
+    Tensor xn = work_.alloc({N, D}, act_), rstd = work_.alloc({N});
+    ops::rms_norm_fwd(x, w.in_norm, eps, xn, rstd);
+    Tensor q = work_.alloc({N, H * Hd}, act_), k = work_.alloc({N, G * Hd}, act_), v = work_.alloc({N, G * Hd}, act_);
+    ops::linear_fwd(xn, w.q, q);
+    ops::linear_fwd(xn, w.k, k);
+    ops::linear_fwd(xn, w.v, v);
+    Tensor qr = work_.alloc({N, H, Hd}, act_), kr = work_.alloc({N, G, Hd}, act_);
+    Tensor qr_rows = qr.view({N * H, Hd}), kr_rows = kr.view({N * G, Hd});
+    Tensor rq = work_.alloc({N * H}), rk = work_.alloc({N * G});
+    ops::rms_norm_fwd(q.view({N * H, Hd}), w.q_norm, eps, qr_rows, rq);
+    ops::rms_norm_fwd(k.view({N * G, Hd}), w.k_norm, eps, kr_rows, rk);
+    ops::rope_fwd(qr, pos, theta);
+    ops::rope_fwd(kr, pos, theta);
+    ops::kv_cache_write(kr, v.view({N, G, Hd}), slots, cache.k[size_t(l)], cache.v[size_t(l)]);
+    Tensor att = work_.alloc({N, H, Hd}, act_);
+    ops::paged_attention_fwd(qr, cache.k[size_t(l)], cache.v[size_t(l)], table, cache.block_size, seq, pos, att);
+    ops::linear_fwd(att.view({N, H * Hd}), w.o, h1);
+    ops::add_(h1, x);
+    Tensor xn2 = work_.alloc({N, D}, act_), rstd2 = work_.alloc({N});
+    ops::rms_norm_fwd(h1, w.post_norm, eps, xn2, rstd2);
+    Tensor& out = y;
+    if (w.sparse) {
+      const int64_t Rr = N * K, F = cfg_.moe_intermediate_size;
+      Tensor logits = work_.alloc({N, E}), probs = work_.alloc({N, E});
+      Tensor idx = work_.alloc({N, K}, DType::I32), wts = work_.alloc({N, K});
+      ops::linear_fwd(xn2, w.router, logits);
+      Tensor bias_E;
+      if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
+      ops::router_fwd(logits, K, cfg_.norm_topk_prob, probs, idx, wts, bias_E.defined() ? &bias_E : nullptr);
+      if (routing_out) routing_out->push_back(idx.to(Device::CPU).clone());
+      if (par_.dispatcher) {  // expert parallelism: the tokens travel to their experts' ranks and back
+        const moe::DispatchPlan pl = par_.dispatcher->prepare(idx, wts);
+        const Tensor xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xn2, wts)
+                                                    : par_.dispatcher->dispatch(pl, xn2);
+        const int64_t Rx = pl.rows_received;
+        Tensor gu = work_.alloc({Rx, 2 * F}, act_), hh = work_.alloc({Rx, F}, act_), yp = work_.alloc({Rx, D}, act_);
+        ops::experts_fwd(xp, pl.local_offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
+        const Tensor ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
+        par_.dispatcher->combine_finish(pl, ys, opt_.score_before_experts ? ones_TK(N) : wts, out);
+      } else {
+        Tensor offsets = work_.alloc({E + 1}, DType::I64), assign = work_.alloc({Rr}, DType::I32),
+               row_of = work_.alloc({N, K}, DType::I32);
+        ops::make_dispatch_plan(idx, E, offsets, assign, row_of);
+        Tensor xp = work_.alloc({Rr, D}, act_), gu = work_.alloc({Rr, 2 * F}, act_), hh = work_.alloc({Rr, F}, act_),
+               yp = work_.alloc({Rr, D}, act_);
+        if (opt_.score_before_experts) ops::permute_weighted_fwd(xn2, row_of, wts, xp);
+        else ops::permute_fwd(xn2, assign, K, xp);
+        ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
+        ops::unpermute_fwd(yp, row_of, opt_.score_before_experts ? ones_TK(N) : wts, out);
+      }
+    } else {
+      const int64_t I = cfg_.intermediate_size;
+      Tensor gu = work_.alloc({N, 2 * I}, act_), hh = work_.alloc({N, I}, act_);
+      ops::linear_fwd(xn2, w.mlp_gate_up, gu);
+      ops::swiglu_fwd(gu, hh);
+      ops::linear_fwd(hh, w.mlp_down, out);
+    }
+    ops::add_(out, h1);
+    for (int u : block_units(l)) release(u);
+    std::swap(x, y);
+  }
+  work_.reset();
+  acquire(plan_->head);
+  if (cfg_.tie_word_embeddings) acquire(plan_->embed);
+  Tensor hn = work_.alloc({N, D}, act_), rstd = work_.alloc({N});
+  ops::rms_norm_fwd(x, w_.norm, eps, hn, rstd);
+  Tensor hr = work_.alloc({R, D}, act_);
+  ops::embedding_fwd(rows, hn, hr);  // the rows whose logits are wanted (a gather)
+  Tensor logits = Tensor::empty({R, V}, DType::F32, device_);
+  ops::linear_fwd(hr, w_.lm_head, logits);
+  release(plan_->head);
+  if (cfg_.tie_word_embeddings) release(plan_->embed);
+  return logits;
+}
+
+}  // namespace mt

@@ -1,0 +1,291 @@
+// RolloutEngine (engine.h): the scheduler loop around Qwen3MoeModel::forward_cached.
+#include "rollout/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <memory>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace mt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct Seq {
+  SeqId id = 0;
+  int64_t req = 0, sample = 0, prompt_len = 0, cached = 0;  // cached: tokens whose K/V are in the cache
+  std::vector<int32_t> tokens;                              // prompt, then the new tokens
+  std::vector<float> logprobs;
+  std::vector<std::vector<int32_t>> routing;  // per sparse layer: K ids per token read
+  bool done = false;
+  std::string reason;
+};
+
+}  // namespace
+
+RolloutEngine::RolloutEngine(Qwen3MoeModel& model, const EngineOptions& opt)
+    : model_(model),
+      opt_(opt),
+      blocks_([&] {
+        const ModelConfig& c = model.config();
+        if (opt.block_size < 1) MT_THROW("block size ", opt.block_size, " must be >= 1");
+        const KvCacheGeometry g{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, opt.block_size,
+                                model.device() == Device::CUDA ? 2 : 4};
+        return kv_pool_blocks(opt.kv_cache_bytes, g, opt.block_size);
+      }(), opt.block_size) {
+  if (opt_.max_step_tokens < 1 || opt_.max_running < 1)
+    MT_THROW("engine: max_step_tokens (", opt_.max_step_tokens, ") and max_running (", opt_.max_running,
+             ") must be >= 1");
+  cache_ = KvCache::allocate(model.config(), model.device(), blocks_.num_blocks(), opt.block_size);
+  stats_.num_blocks = blocks_.num_blocks();
+}
+
+std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateRequest>& requests) {
+  const ModelConfig& c = model_.config();
+  int64_t total = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerateRequest& r = requests[i];
+    if (r.prompt.empty()) MT_THROW("request ", i, ": the prompt is empty");
+    for (size_t j = 0; j < r.prompt.size(); ++j)
+      if (r.prompt[j] < 0 || r.prompt[j] >= c.vocab_size)
+        MT_THROW("request ", i, ": token ", r.prompt[j], " at index ", j, " is outside the vocabulary [0, ",
+                 c.vocab_size, ")");
+    if (r.n < 1) MT_THROW("request ", i, ": n = ", r.n, " samples; allowed: n >= 1");
+    if (r.max_new_tokens < 1) MT_THROW("request ", i, ": max_new_tokens ", r.max_new_tokens, " must be >= 1");
+    const int64_t need = int64_t(r.prompt.size()) + r.max_new_tokens;
+    if (need > c.max_position_embeddings)
+      MT_THROW("request ", i, ": prompt (", r.prompt.size(), " tokens) + max_new_tokens (", r.max_new_tokens,
+               ") = ", need, " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");
+    validate_sampling_params(r.sampling);
+    const int64_t blocks = blocks_.blocks_needed(int64_t(r.prompt.size()), r.max_new_tokens, r.n);
+    if (blocks > blocks_.num_blocks())
+      MT_THROW("request ", i, ": its ", r.n, " samples of up to ", need, " tokens need ", blocks,
+               " KV blocks; the cache holds ", blocks_.num_blocks(), " (raise --kv-cache-fraction, or lower n or "
+               "max_new_tokens)");
+    if (r.n > opt_.max_running)
+      MT_THROW("request ", i, ": n = ", r.n, " exceeds the engine's max running sequences (", opt_.max_running, ")");
+    total += r.n;
+  }
+  const auto t_start = Clock::now();
+  // The inference layout for the whole call, unless the caller holds it already.
+  struct InferenceGuard {
+    Qwen3MoeModel& m;
+    bool mine;
+    ~InferenceGuard() {
+      if (mine) m.end_inference();
+    }
+  } guard{model_, !model_.in_inference()};
+  if (guard.mine) stats_.weight_sync_seconds += model_.begin_inference();
+  // Expert parallelism: step while any rank of the group has work (a max of a flag per step).
+  auto group_busy = [&](bool mine) {
+    if (!opt_.lockstep || opt_.lockstep->size() == 1) return mine;
+    Tensor f = Tensor::zeros({1}, DType::F32);
+    f.data<float>()[0] = mine ? 1.0f : 0.0f;
+    Tensor d = opt_.lockstep->device() == Device::CPU ? f : f.to(opt_.lockstep->device());
+    opt_.lockstep->all_reduce(d, comm::ReduceOp::Max)->wait();
+    return d.to(Device::CPU).data<float>()[0] > 0.0f;
+  };
+  const bool record = opt_.record_routing;
+  std::deque<int64_t> waiting;
+  for (size_t i = 0; i < requests.size(); ++i) waiting.push_back(int64_t(i));
+  std::vector<std::unique_ptr<Seq>> running, finished;
+  SeqId next_id = 0;
+  EngineProgress prog;
+  prog.total = total;
+  while (group_busy(!waiting.empty() || !running.empty())) {
+    // The step's batch: every running sequence's next token, then whole prompts while they fit.
+    std::vector<int64_t> tok, pos, seq_row, slot, logit_rows;
+    std::vector<const std::vector<BlockId>*> tables;
+    struct Fed {
+      Seq* s;
+      int64_t first_row, rows;  // its tokens in the batch
+      bool prefill;
+      int64_t first_logit;  // its logit rows: one per sample drawn (n for a prompt, the prefill's last token)
+    };
+    std::vector<Fed> fed;
+    std::vector<std::unique_ptr<Seq>> admitted;
+    auto add_token = [&](int32_t t, int64_t p, int64_t row, KvSlot sl) {
+      tok.push_back(t);
+      pos.push_back(p);
+      seq_row.push_back(row);
+      slot.push_back(int64_t(sl.block) * opt_.block_size + sl.offset);
+    };
+    for (auto& sp : running) {
+      Seq& s = *sp;
+      AppendResult ar = blocks_.append_slot(s.id);
+      if (ar.copy) {
+        cache_.copy_block(ar.copy->src, ar.copy->dst);
+        ++stats_.block_copies;
+      }
+      const int64_t row = int64_t(tables.size());
+      fed.push_back({&s, int64_t(tok.size()), 1, false, int64_t(logit_rows.size())});
+      add_token(s.tokens[size_t(s.cached)], s.cached, row, ar.slot);
+      logit_rows.push_back(int64_t(tok.size()) - 1);
+      tables.push_back(&blocks_.block_table(s.id));
+    }
+    int64_t in_flight = int64_t(running.size());
+    while (!waiting.empty()) {
+      const GenerateRequest& r = requests[size_t(waiting.front())];
+      const int64_t L = int64_t(r.prompt.size());
+      const bool fits_tokens = tok.empty() || int64_t(tok.size()) + L <= opt_.max_step_tokens;
+      if (!fits_tokens || in_flight + r.n > opt_.max_running || !blocks_.can_admit(L, r.max_new_tokens, r.n)) break;
+      auto s = std::make_unique<Seq>();
+      s->id = next_id++;
+      s->req = waiting.front();
+      s->prompt_len = L;
+      s->tokens = r.prompt;
+      if (record) s->routing.resize(size_t(0));
+      blocks_.allocate(s->id, L, r.max_new_tokens);
+      const int64_t row = int64_t(tables.size());
+      fed.push_back({s.get(), int64_t(tok.size()), L, true, int64_t(logit_rows.size())});
+      for (int64_t p = 0; p < L; ++p) add_token(r.prompt[size_t(p)], p, row, blocks_.slot(s->id, p));
+      for (int64_t j = 0; j < r.n; ++j) logit_rows.push_back(int64_t(tok.size()) - 1);  // a row per sample
+      tables.push_back(&blocks_.block_table(s->id));
+      stats_.prefill_tokens += L;
+      in_flight += r.n;
+      admitted.push_back(std::move(s));
+      waiting.pop_front();
+    }
+    const bool idle = waiting.empty() && running.empty() && admitted.empty();  // stepping for the ep group
+    if (idle) ++stats_.idle_steps;
+    if (tok.empty() && !idle)  // cannot happen: a request that fits nothing was refused up front
+      MT_THROW("engine: nothing could be scheduled (", waiting.size(), " waiting, ", blocks_.stats().available_blocks,
+               " KV blocks available)");
+    stats_.decode_tokens += int64_t(running.size());
+
+    CachedBatch b;
+    const int64_t N = int64_t(tok.size()), B = int64_t(tables.size());
+    size_t M = 1;
+    for (const auto* t : tables) M = std::max(M, t->size());
+    b.tokens = Tensor::empty({N}, DType::I64);
+    b.positions = Tensor::empty({N}, DType::I32);
+    b.seq = Tensor::empty({N}, DType::I32);
+    b.slots = Tensor::empty({N}, DType::I32);
+    for (int64_t i = 0; i < N; ++i) {
+      b.tokens.data<int64_t>()[i] = tok[size_t(i)];
+      b.positions.data<int32_t>()[i] = int32_t(pos[size_t(i)]);
+      b.seq.data<int32_t>()[i] = int32_t(seq_row[size_t(i)]);
+      b.slots.data<int32_t>()[i] = int32_t(slot[size_t(i)]);
+    }
+    b.block_table = Tensor::zeros({B, int64_t(M)}, DType::I32);
+    for (int64_t r = 0; r < B; ++r)
+      std::copy(tables[size_t(r)]->begin(), tables[size_t(r)]->end(), b.block_table.data<int32_t>() + r * int64_t(M));
+    b.logit_rows = Tensor::empty({int64_t(logit_rows.size())}, DType::I64);
+    std::copy(logit_rows.begin(), logit_rows.end(), b.logit_rows.data<int64_t>());
+    auto tf = Clock::now();
+    std::vector<Tensor> routing;
+    const Tensor logits = model_.forward_cached(b, cache_, record ? &routing : nullptr);
+    stats_.forward_seconds += since(tf);
+    ++stats_.steps;
+
+    // Sample on the model's device, one row per draw: a decoding sequence's next token, or each of an
+    // admitted prompt's n first tokens (its samples share the prompt's blocks from here on: forks).
+    auto ts = Clock::now();
+    std::vector<SamplingParams> params(logit_rows.size());
+    std::vector<DrawCounter> counters(logit_rows.size());
+    for (const Fed& f : fed) {
+      const GenerateRequest& r = requests[size_t(f.s->req)];
+      const int64_t draws = f.prefill ? r.n : 1;
+      for (int64_t j = 0; j < draws; ++j) {
+        params[size_t(f.first_logit + j)] = r.sampling;
+        counters[size_t(f.first_logit + j)] = {uint64_t(f.prefill ? j : f.s->sample), uint64_t(f.s->tokens.size())};
+      }
+    }
+    const int64_t R = int64_t(logit_rows.size());
+    const Device dev = logits.device();
+    Tensor sample_rows = pack_sample_rows(params, counters), drawn = Tensor::empty({R}, DType::I32, dev),
+           drawn_lp = Tensor::empty({R}, DType::F32, dev);
+    ops::sample_tokens(logits, dev == Device::CPU ? sample_rows : sample_rows.to(dev), drawn, drawn_lp);
+    const Tensor tokens_h = drawn.to(Device::CPU), logprobs_h = drawn_lp.to(Device::CPU);  // the step's one sync
+    std::vector<std::unique_ptr<Seq>> next_running;
+    auto keep_routing = [&](Seq& s, int64_t first_row, int64_t rows) {
+      if (!record) return;
+      s.routing.resize(routing.size());
+      for (size_t l = 0; l < routing.size(); ++l) {
+        const int64_t K = routing[l].size(1);
+        const int32_t* p = routing[l].data<int32_t>() + first_row * K;
+        s.routing[l].insert(s.routing[l].end(), p, p + rows * K);
+      }
+    };
+    auto take = [&](std::unique_ptr<Seq> sp, int64_t logit_row) {
+      Seq& s = *sp;
+      const GenerateRequest& r = requests[size_t(s.req)];
+      const int32_t token = tokens_h.data<int32_t>()[logit_row];
+      s.tokens.push_back(token);
+      s.logprobs.push_back(logprobs_h.data<float>()[logit_row]);
+      ++prog.new_tokens;
+      const bool eos = !r.ignore_eos && c.eos_token_id >= 0 && token == c.eos_token_id;
+      const bool stop = eos || std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+                                   r.stop_token_ids.end();
+      const int64_t generated = int64_t(s.tokens.size()) - s.prompt_len;
+      if (stop || generated >= r.max_new_tokens) {
+        s.done = true;
+        s.reason = stop ? "stop" : "length";
+        blocks_.free(s.id);
+        finished.push_back(std::move(sp));
+        ++prog.finished;
+      } else {
+        next_running.push_back(std::move(sp));
+      }
+    };
+    size_t admitted_i = 0;
+    for (size_t f = 0; f < fed.size(); ++f) {
+      Seq& s = *fed[f].s;
+      keep_routing(s, fed[f].first_row, fed[f].rows);
+      s.cached += fed[f].rows;
+      if (!fed[f].prefill) {
+        auto it = std::find_if(running.begin(), running.end(), [&](const auto& p) { return p.get() == &s; });
+        take(std::move(*it), fed[f].first_logit);
+        continue;
+      }
+      std::unique_ptr<Seq> parent = std::move(admitted[admitted_i++]);
+      const GenerateRequest& r = requests[size_t(parent->req)];
+      std::vector<std::unique_ptr<Seq>> samples;
+      for (int64_t j = 1; j < r.n; ++j) {
+        auto child = std::make_unique<Seq>(*parent);
+        child->id = next_id++;
+        child->sample = j;
+        blocks_.fork(parent->id, child->id);
+        samples.push_back(std::move(child));
+      }
+      take(std::move(parent), fed[f].first_logit);
+      for (int64_t j = 1; j < r.n; ++j) take(std::move(samples[size_t(j - 1)]), fed[f].first_logit + j);
+    }
+    running = std::move(next_running);
+    stats_.sample_seconds += since(ts);
+    prog.running = int64_t(running.size());
+    prog.waiting = int64_t(waiting.size());
+    prog.seconds = since(t_start);
+    if (opt_.on_step) opt_.on_step(prog);
+  }
+  stats_.seconds += since(t_start);
+
+  std::vector<GeneratedSample> out;
+  for (auto& sp : finished) {
+    Seq& s = *sp;
+    GeneratedSample g;
+    g.prompt_index = s.req;
+    g.sample_index = s.sample;
+    g.tokens.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
+    g.logprobs = s.logprobs;
+    g.finish_reason = s.reason;
+    for (const auto& rows : s.routing) {
+      const int64_t K = c.num_experts_per_tok, n = int64_t(rows.size()) / K;
+      Tensor t = Tensor::empty({n, K}, DType::I32);
+      std::copy(rows.begin(), rows.end(), t.data<int32_t>());
+      g.routing.push_back(t);
+    }
+    out.push_back(std::move(g));
+  }
+  std::sort(out.begin(), out.end(), [](const GeneratedSample& a, const GeneratedSample& b) {
+    return a.prompt_index != b.prompt_index ? a.prompt_index < b.prompt_index : a.sample_index < b.sample_index;
+  });
+  return out;
+}
+
+}  // namespace mt

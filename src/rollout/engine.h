@@ -1,0 +1,95 @@
+// The rollout engine: batched generation on the model's own weights over a paged KV cache.
+//
+// Scheduling (continuous batching, as vLLM's): every step runs one forward over a batch of new tokens,
+// the decode tokens of every running sequence (one each) and the prompts admitted this step (all
+// their tokens: prefill). A prompt is admitted when the block manager can reserve everything it and
+// its n samples may ever hold (prompt + max_new_tokens each) and the step's token budget allows; the
+// n samples are forks of the prefilled prompt, sharing its blocks (prefill once, copy-on-write of the
+// partial last block). A finished sequence frees its blocks at once, so a waiting prompt starts in the
+// next step. Admission is the memory control: the engine never runs out of KV blocks mid-sequence.
+//
+// Sampling (ops/sampling.h) draws with counter-based randomness keyed by (request seed, sample
+// index within its prompt, position), so a request's tokens do not depend on what else is batched.
+// Each token comes with log softmax(logits / T)[token] before truncation. The routing record (the
+// experts each sparse layer chose for every token the model read: the prompt, then each generated
+// token but the last, which is never fed back) is kept when asked, in MicroBatch::routing's form.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/qwen3_moe.h"
+#include "rollout/kv_blocks.h"
+#include "ops/sampling.h"
+
+namespace mt {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t n = 1;                      // samples of this prompt
+  int64_t max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;  // besides the model's EOS
+  bool ignore_eos = false;
+};
+
+struct GeneratedSample {
+  int64_t prompt_index = 0, sample_index = 0;
+  std::vector<int32_t> tokens;  // the new tokens
+  std::vector<float> logprobs;  // one per new token
+  std::string finish_reason;    // "stop" (a stop token or EOS, included in tokens) or "length"
+  // Expert ids, i32 [prompt + new tokens - 1, K] per sparse layer (EngineOptions::record_routing).
+  std::vector<Tensor> routing;
+};
+
+struct EngineProgress {
+  int64_t finished = 0, total = 0;  // sequences
+  int64_t new_tokens = 0, running = 0, waiting = 0;
+  double seconds = 0;
+};
+
+struct EngineOptions {
+  int64_t kv_cache_bytes = int64_t(1) << 30;  // the KV budget; kv_pool_blocks turns it into blocks
+  int32_t block_size = 16;
+  int64_t max_step_tokens = 4096;  // tokens per forward (decode tokens first, then whole prompts)
+  int64_t max_running = 256;       // sequences decoding at once
+  bool record_routing = false;
+  std::function<void(const EngineProgress&)> on_step;  // after every step
+  // Expert parallelism: the model's ep group. Every rank of it steps while any has work (one
+  // all-reduce of a flag per step), since each forward exchanges tokens with all of them. Null: the
+  // rank steps alone (one device, or data parallelism without ep).
+  comm::Communicator* lockstep = nullptr;
+};
+
+struct EngineStats {
+  int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, block_copies = 0, num_blocks = 0;
+  int64_t idle_steps = 0;  // expert parallelism: steps this rank ran with no tokens for its group's sake
+  double seconds = 0, forward_seconds = 0, sample_seconds = 0;
+  double weight_sync_seconds = 0;  // Qwen3MoeModel::begin_inference: the inference layout's gathers
+};
+
+class RolloutEngine {
+ public:
+  // The model must outlive the engine; its weights are read where they are (no copy on one device).
+  // generate() holds the model's inference layout (Qwen3MoeModel::begin_inference) for its duration
+  // unless the caller already began it (a rollout phase of several calls).
+  RolloutEngine(Qwen3MoeModel& model, const EngineOptions& opt);
+  // Every sample of every request, ordered by (prompt index, sample index). Bad requests (an empty
+  // prompt, a token outside the vocabulary, prompt + max_new_tokens beyond the model's positions, n < 1,
+  // bad sampling parameters, a prompt whose samples cannot fit in the KV budget at all) are errors
+  // naming the request and the value, before any work starts.
+  std::vector<GeneratedSample> generate(const std::vector<GenerateRequest>& requests);
+  const EngineStats& stats() const { return stats_; }
+  int64_t num_blocks() const { return blocks_.num_blocks(); }
+
+ private:
+  Qwen3MoeModel& model_;
+  EngineOptions opt_;
+  KvBlockManager blocks_;
+  KvCache cache_;
+  EngineStats stats_;
+};
+
+}  // namespace mt

@@ -1,0 +1,251 @@
+// moetrain generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [options]: loads a Hugging Face
+// model directory, reads the prompts (rollout/prompts.h), generates with the engine and writes one JSON
+// line per sample. Progress (sequences done, tokens/s, ETA) goes to stderr; the last line on stdout is
+// `generate: <n> sequences, <m> new tokens in <s> s (<x> tokens/s)`.
+// Under `moetrain launch` the model is laid out as in training (--dp-shard, --ep; frozen weights), the
+// engine's inference layout gathers it once (the weight-sync time is printed), every rank generates for
+// the prompts i with i % world == rank, and rank 0 collects the samples and writes --out.
+#include "rollout/generate.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/hf_checkpoint.h"
+#include "model/qwen3_moe.h"
+#include "ops/threads.h"
+#include "rollout/engine.h"
+#include "rollout/prompts.h"
+#include "parallel/dist.h"
+#include "train/session.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+namespace {
+
+const char* kUsage =
+    "usage: moetrain generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N]\n"
+    "       [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--n N] [--seed S] [--stop-token-ids a,b]\n"
+    "       [--ignore-eos] [--device cpu|cuda|auto] [--kv-cache-fraction F] [--block-size B] [--max-running N]\n"
+    "       [--threads N] [--dp-shard N] [--ep N] (under moetrain launch)";
+
+// Available host memory (MemAvailable of /proc/meminfo), for the CPU's KV budget.
+int64_t host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return int64_t(4) << 30;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+template <class T>
+T parse_number(const std::string& flag, const std::string& v) {
+  std::istringstream is(v);
+  T x{};
+  if (!(is >> x) || !is.eof()) MT_THROW(flag, " '", v, "' is not a number");
+  return x;
+}
+
+// Every rank's samples on rank 0 (others get none), ordered by (prompt, sample): each rank's packed as
+// i32 words (prompt, sample, finish, n, tokens, logprob bits), lengths all-gathered, then the words
+// padded to the longest and all-gathered over the world communicator.
+std::vector<GeneratedSample> gather_samples(const std::vector<GeneratedSample>& mine, comm::Communicator& world,
+                                            int rank) {
+  std::vector<int32_t> words;
+  for (const GeneratedSample& g : mine) {
+    words.insert(words.end(), {int32_t(g.prompt_index), int32_t(g.sample_index), g.finish_reason == "stop" ? 1 : 0,
+                               int32_t(g.tokens.size())});
+    words.insert(words.end(), g.tokens.begin(), g.tokens.end());
+    for (float lp : g.logprobs) words.push_back(std::bit_cast<int32_t>(lp));
+  }
+  const Device dev = world.device();
+  auto on = [&](const Tensor& t) { return dev == Device::CPU ? t : t.to(dev); };
+  Tensor len = Tensor::empty({1}, DType::I64);
+  len.data<int64_t>()[0] = int64_t(words.size());
+  Tensor lens = on(Tensor::empty({world.size()}, DType::I64));
+  world.all_gather(on(len), lens)->wait();
+  const Tensor lens_h = lens.to(Device::CPU);
+  int64_t longest = 1;
+  for (int r = 0; r < world.size(); ++r) longest = std::max(longest, lens_h.data<int64_t>()[r]);
+  Tensor buf = Tensor::zeros({longest}, DType::I32);
+  std::copy(words.begin(), words.end(), buf.data<int32_t>());
+  Tensor all = on(Tensor::empty({world.size() * longest}, DType::I32));
+  world.all_gather(on(buf), all)->wait();
+  std::vector<GeneratedSample> out;
+  if (rank != 0) return out;
+  const Tensor all_h = all.to(Device::CPU);
+  for (int r = 0; r < world.size(); ++r) {
+    const int32_t* w = all_h.data<int32_t>() + int64_t(r) * longest;
+    const int32_t* end = w + lens_h.data<int64_t>()[r];
+    while (w < end) {
+      GeneratedSample g;
+      g.prompt_index = w[0];
+      g.sample_index = w[1];
+      g.finish_reason = w[2] ? "stop" : "length";
+      const int32_t n = w[3];
+      g.tokens.assign(w + 4, w + 4 + n);
+      for (int32_t i = 0; i < n; ++i) g.logprobs.push_back(std::bit_cast<float>(w[4 + n + i]));
+      w += 4 + 2 * n;
+      out.push_back(std::move(g));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const GeneratedSample& a, const GeneratedSample& b) {
+    return a.prompt_index != b.prompt_index ? a.prompt_index < b.prompt_index : a.sample_index < b.sample_index;
+  });
+  return out;
+}
+
+}  // namespace
+
+int generate_main(const std::vector<std::string>& args) {
+  std::string model_dir, prompts_path, out_path, device_name = "auto";
+  GenerateRequest base;
+  base.sampling.temperature = 1.0f;
+  base.max_new_tokens = 16;
+  double kv_fraction = 0.5;
+  EngineOptions eo;
+  int64_t threads = 0;
+  int dp_shard = 0, ep = 1;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) MT_THROW(a, " needs a value; ", kUsage);
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::printf("%s\n", kUsage);
+      return 0;
+    } else if (a == "--model") model_dir = value();
+    else if (a == "--prompts") prompts_path = value();
+    else if (a == "--out") out_path = value();
+    else if (a == "--max-new-tokens") base.max_new_tokens = parse_number<int64_t>(a, value());
+    else if (a == "--temperature") base.sampling.temperature = parse_number<float>(a, value());
+    else if (a == "--top-p") base.sampling.top_p = parse_number<float>(a, value());
+    else if (a == "--top-k") base.sampling.top_k = parse_number<int32_t>(a, value());
+    else if (a == "--min-p") base.sampling.min_p = parse_number<float>(a, value());
+    else if (a == "--n") base.n = parse_number<int64_t>(a, value());
+    else if (a == "--seed") base.sampling.seed = parse_number<uint64_t>(a, value());
+    else if (a == "--ignore-eos") base.ignore_eos = true;
+    else if (a == "--device") device_name = value();
+    else if (a == "--kv-cache-fraction") kv_fraction = parse_number<double>(a, value());
+    else if (a == "--block-size") eo.block_size = parse_number<int32_t>(a, value());
+    else if (a == "--max-running") eo.max_running = parse_number<int64_t>(a, value());
+    else if (a == "--threads") threads = parse_number<int64_t>(a, value());
+    else if (a == "--dp-shard") dp_shard = parse_number<int>(a, value());
+    else if (a == "--ep") ep = parse_number<int>(a, value());
+    else if (a == "--stop-token-ids") {
+      std::stringstream ss(value());
+      std::string item;
+      while (std::getline(ss, item, ',')) base.stop_token_ids.push_back(parse_number<int32_t>(a, item));
+    } else
+      MT_THROW("generate: unknown argument '", a, "'; ", kUsage);
+  }
+  if (model_dir.empty() || prompts_path.empty() || out_path.empty())
+    MT_THROW("generate: --model, --prompts and --out are required; ", kUsage);
+  if (!(kv_fraction > 0 && kv_fraction <= 1))
+    MT_THROW("--kv-cache-fraction ", kv_fraction, " must be in (0, 1]");
+  if (base.max_new_tokens < 1) MT_THROW("--max-new-tokens ", base.max_new_tokens, " must be >= 1");
+  validate_sampling_params(base.sampling);
+  if (threads > 0) ops::set_cpu_threads(int(threads));
+  const Device device = resolve_device(device_name);
+
+  ModelConfig cfg = load_model_config(model_dir);
+  const std::vector<Prompt> all_prompts = read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings);
+  SessionOptions so;
+  so.device = device;
+  so.dist.mesh.dp_shard = dp_shard;
+  so.dist.mesh.ep = ep;
+  so.weights = Weights::Frozen;
+  TrainSession session(cfg, so);
+  DistContext& dist = session.dist();
+  const int rank = dist.rank(), world = dist.world_size();
+  const LoadReport rep = session.load(model_dir);
+  Qwen3MoeModel& model = session.model();
+  std::vector<Prompt> prompts;  // this rank's: i % world == rank
+  std::vector<int64_t> prompt_index;
+  for (size_t i = 0; i < all_prompts.size(); ++i)
+    if (int(i % size_t(world)) == rank) {
+      prompts.push_back(all_prompts[i]);
+      prompt_index.push_back(int64_t(i));
+    }
+  if (rank == 0)
+    log_info("generate: loaded ", rep.tensors, " tensors from ", model_dir, " in ", rep.seconds, " s; ",
+             all_prompts.size(), " prompts from ", prompts_path, ", device ", mt::device_name(device),
+             world > 1 ? str(", ", world, " ranks (ep ", ep, ")") : std::string());
+  std::vector<GenerateRequest> reqs;
+  int64_t max_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Prompt& p = prompts[i];
+    GenerateRequest r = base;
+    r.prompt = p.ids;
+    // Each prompt its own stream (the draw counters are only (sample, position)): the same --seed gives
+    // the same samples whatever the number of ranks.
+    r.sampling.seed = splitmix64(base.sampling.seed + uint64_t(prompt_index[i]));
+    if (int64_t(r.prompt.size()) + r.max_new_tokens > cfg.max_position_embeddings)
+      MT_THROW(prompts_path, " line ", p.line, ": prompt of ", r.prompt.size(), " tokens + --max-new-tokens ",
+               r.max_new_tokens, " exceeds the model's max_position_embeddings (", cfg.max_position_embeddings, ")");
+    max_tokens += r.n * r.max_new_tokens;
+    reqs.push_back(std::move(r));
+  }
+  double last_log = -1;
+  eo.on_step = [&](const EngineProgress& p) {
+    if (rank != 0 || (p.seconds - last_log < 2.0 && p.finished < p.total)) return;
+    last_log = p.seconds;
+    const double rate = p.seconds > 0 ? double(p.new_tokens) / p.seconds : 0;
+    const double eta = rate > 0 ? double(max_tokens - p.new_tokens) / rate : 0;  // an upper bound (stops end early)
+    log_info("generate: ", p.finished, "/", p.total, " sequences, ", p.new_tokens, " new tokens, ", p.running,
+             " running, ", p.waiting, " prompts waiting, ", std::round(rate), " tokens/s, ETA <= ", std::round(eta), " s");
+  };
+  eo.lockstep = dist.ep();
+  // The inference layout first (the gathers), then the KV budget: a fraction of the memory then free.
+  const double sync_s = model.begin_inference();
+  const int64_t free_bytes = device == Device::CUDA ? int64_t(device_mem::cuda_free_bytes()) : host_available_bytes();
+  eo.kv_cache_bytes = int64_t(double(free_bytes) * kv_fraction);
+  RolloutEngine engine(model, eo);
+  if (rank == 0)
+    log_info("generate: weight sync (inference layout) ", sync_s, " s; KV cache of ", engine.num_blocks(),
+             " blocks of ", eo.block_size, " tokens (", eo.kv_cache_bytes / 1e6, " MB, --kv-cache-fraction ",
+             kv_fraction, ")");
+  std::vector<GeneratedSample> out = engine.generate(reqs);
+  model.end_inference();
+  for (GeneratedSample& g : out) g.prompt_index = prompt_index[size_t(g.prompt_index)];
+  if (world > 1) out = gather_samples(out, *dist.world(), rank);
+  if (rank != 0) return 0;
+
+  std::ofstream f(out_path, std::ios::trunc);
+  if (!f) MT_THROW("cannot open --out file ", out_path);
+  int64_t new_tokens = 0;
+  for (const GeneratedSample& s : out) {
+    nlohmann::json j{{"prompt_index", s.prompt_index},
+                     {"sample_index", s.sample_index},
+                     {"token_ids", s.tokens},
+                     {"logprobs", s.logprobs},
+                     {"finish_reason", s.finish_reason}};
+    f << j.dump() << "\n";
+    new_tokens += int64_t(s.tokens.size());
+  }
+  f.close();
+  if (!f) MT_THROW("writing ", out_path, " failed");
+  const double secs = engine.stats().seconds;  // rank 0's; the ranks step together under ep
+  std::printf("generate: %zu sequences, %lld new tokens in %.2f s (%.0f tokens/s)\n", out.size(),
+              (long long)new_tokens, secs, secs > 0 ? double(new_tokens) / secs : 0.0);
+  return 0;
+}
+
+}  // namespace mt

@@ -1,0 +1,128 @@
+// `moetrain generate` end to end, as a user runs it (the real binary, fp32 CPU): greedy decoding of a
+// golden model gives transformers' tokens (tests/assets/goldens/tiny/generate.json) and ends with the
+// summary line; n samples per prompt come back as n lines with per-token log-probs; under `moetrain
+// launch` with FSDP (--dp-shard 2) and with expert parallelism (--ep 2, ranks with different numbers of
+// prompts, so one steps idle for the other's exchanges) the output equals one process's, sampled tokens
+// included; bad prompt files are errors naming the line.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "parallel/launch_test_util.h"
+
+using namespace mt;
+using namespace mt::test;
+
+namespace {
+
+std::vector<nlohmann::json> read_lines(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
+// The golden prompts (and two more, so that two ranks get 3 and 2) as a prompts file.
+std::string write_prompts(const std::string& tag, const nlohmann::json& golden) {
+  const std::string path = tmp_path(tag, "prompts.jsonl");
+  std::ofstream f(path);
+  for (const auto& p : golden.at("prompts")) f << nlohmann::json{{"prompt_ids", p}}.dump() << "\n";
+  f << R"({"prompt_ids": [5, 6, 7, 8], "answer": "x"})" << "\n" << R"({"prompt_ids": [300]})" << "\n";
+  return path;
+}
+
+nlohmann::json golden() {
+  std::ifstream f(kGoldens + "/tiny/generate.json");
+  return nlohmann::json::parse(f);
+}
+
+void expect_same_samples(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                         const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["prompt_index"], b[i]["prompt_index"]) << what << " line " << i;
+    EXPECT_EQ(a[i]["sample_index"], b[i]["sample_index"]) << what << " line " << i;
+    EXPECT_EQ(a[i]["token_ids"], b[i]["token_ids"]) << what << " line " << i;
+    EXPECT_EQ(a[i]["finish_reason"], b[i]["finish_reason"]) << what << " line " << i;
+    const auto& la = a[i]["logprobs"];
+    const auto& lb = b[i]["logprobs"];
+    ASSERT_EQ(la.size(), lb.size());
+    for (size_t t = 0; t < la.size(); ++t) EXPECT_NEAR(la[t].get<double>(), lb[t].get<double>(), 1e-5) << what;
+  }
+}
+
+}  // namespace
+
+TEST(GenerateCli, GreedyMatchesTransformersAndSamplesComeBackPerLine) {
+  const nlohmann::json g = golden();
+  const std::string prompts = write_prompts("gencli", g), out = tmp_path("gencli", "greedy.jsonl");
+  const int64_t new_tokens = g.at("max_new_tokens").get<int64_t>();
+  ShellRun r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + prompts +
+                  " --out " + out + " --max-new-tokens " + std::to_string(new_tokens) + " --temperature 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("generate: 5 sequences, " + std::to_string(5 * new_tokens) + " new tokens in "),
+            std::string::npos)
+      << r.out;
+  const std::vector<nlohmann::json> lines = read_lines(out);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t p = 0; p < g["prompts"].size(); ++p) {
+    EXPECT_EQ(lines[p]["prompt_index"], p);
+    EXPECT_EQ(lines[p]["token_ids"], g["tokens"][p]) << "prompt " << p << " (transformers' greedy tokens)";
+    EXPECT_EQ(lines[p]["finish_reason"], "length");
+  }
+
+  const std::string sampled = tmp_path("gencli", "sampled.jsonl");
+  r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + prompts + " --out " +
+         sampled + " --max-new-tokens 6 --temperature 1 --top-p 0.9 --n 3 --seed 7");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<nlohmann::json> s = read_lines(sampled);
+  ASSERT_EQ(s.size(), 15u);
+  for (size_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(s[i]["prompt_index"], i / 3);
+    EXPECT_EQ(s[i]["sample_index"], i % 3);
+    EXPECT_EQ(s[i]["token_ids"].size(), 6u);
+    EXPECT_EQ(s[i]["logprobs"].size(), 6u);
+    for (const auto& lp : s[i]["logprobs"]) EXPECT_LE(lp.get<double>(), 0.0);
+  }
+}
+
+TEST(GenerateCli, UnderLaunchFsdpAndExpertParallelEqualOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  const nlohmann::json g = golden();
+  const std::string prompts = write_prompts("genlaunch", g);
+  const std::string args = " --device cpu --model " + kGoldens + "/tiny --prompts " + prompts +
+                           " --max-new-tokens 7 --temperature 0.9 --n 2 --seed 3";
+  const std::string one = tmp_path("genlaunch", "one.jsonl");
+  ShellRun r = sh(kMoetrainBin + " generate" + args + " --out " + one);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<nlohmann::json> want = read_lines(one);
+  ASSERT_EQ(want.size(), 10u);
+  for (const std::string layout : {"--dp-shard 2", "--ep 2"}) {
+    const std::string out = tmp_path("genlaunch", "two.jsonl");
+    r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- generate" + args + " " + layout + " --out " + out);
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
+    EXPECT_NE(r.out.find("weight sync (inference layout)"), std::string::npos) << r.out;
+    expect_same_samples(read_lines(out), want, layout);
+  }
+}
+
+TEST(GenerateCli, BadPromptFilesAreErrorsNamingTheLine) {
+  const std::string bad = tmp_path("genbad", "bad.jsonl"), out = tmp_path("genbad", "out.jsonl");
+  {
+    std::ofstream f(bad);
+    f << R"({"prompt_ids": [1, 2]})" << "\n" << R"({"prompt_ids": [1, 2)" << "\n";
+  }
+  ShellRun r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + bad + " --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("bad.jsonl:2"), std::string::npos) << r.out;
+  {
+    std::ofstream f(bad);
+    f << R"({"prompt_ids": [1, 99999]})" << "\n";
+  }
+  r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + bad + " --out " + out);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("99999"), std::string::npos) << r.out;
+}
