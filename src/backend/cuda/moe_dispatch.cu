@@ -266,9 +266,7 @@ void check_matrix(const Tensor& t, DType dtype, const char* what) {
 
 // A 2-D CUDA tensor of bf16 or f32 (the token-side rows of unpermute, which may be the f32 residual).
 void check_matrix_bf16_or_f32(const Tensor& t, const char* what) {
-  check_cuda(t, what);
-  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
-           ", expected bf16 or f32");
+  check_cuda_bf16_or_f32(t, what);
   MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
 }
 
