@@ -2,6 +2,8 @@
 #include "ops/op_checks.h"
 
 #include <array>
+#include <cmath>
+#include <limits>
 
 namespace mt::ops {
 
@@ -18,6 +20,261 @@ void check_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const T
   if (!(h.eps >= 0.0f)) MT_THROW("adamw_step: eps (", h.eps, ") must be >= 0");
   if (!(h.weight_decay >= 0.0f)) MT_THROW("adamw_step: weight_decay (", h.weight_decay, ") must be >= 0");
 }
+
+namespace {
+
+// "<what> must be 2-D, got f32[6] cpu"
+void check_2d(const Tensor& t, const char* what) {
+  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
+}
+
+void check_1d(const Tensor& t, const char* what) {
+  MT_CHECK(t.dim() == 1, what, " must be 1-D, got ", t.desc());
+}
+
+void check_n_rows(int64_t N, const char* op) {
+  if (N < 1) MT_THROW(op, ": pooled router row count N (", N, ") must be at least 1");
+}
+
+}  // namespace
+
+// ---- router, load balancing ----
+
+void check_router_fwd(const Tensor& logits_TE, int64_t K, bool /*norm_topk*/, const Tensor& probs_TE,
+                      const Tensor& topk_idx_TK, const Tensor& topk_w_TK, const Tensor* bias_E) {
+  check_2d(logits_TE, "router_fwd logits_TE");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+  if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
+  check_shape(probs_TE, {T, E}, "router_fwd probs_TE");
+  check_shape(topk_idx_TK, {T, K}, "router_fwd topk_idx_TK");
+  check_shape(topk_w_TK, {T, K}, "router_fwd topk_w_TK");
+  if (bias_E) check_shape(*bias_E, {E}, "router_fwd bias_E");
+}
+
+void check_router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE,
+                      const Tensor& topk_idx_TK, bool /*norm_topk*/, const Tensor& dlogits_TE) {
+  check_2d(probs_TE, "router_bwd probs_TE");
+  check_2d(dtopk_w_TK, "router_bwd dtopk_w_TK");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1), K = dtopk_w_TK.size(1);
+  check_shape(dtopk_w_TK, {T, K}, "router_bwd dtopk_w_TK");
+  check_shape(topk_idx_TK, {T, K}, "router_bwd topk_idx_TK");
+  if (dprobs_TE) check_shape(*dprobs_TE, {T, E}, "router_bwd dprobs_TE");
+  check_shape(dlogits_TE, {T, E}, "router_bwd dlogits_TE");
+}
+
+void check_expert_counts(const Tensor& topk_idx_TK, int64_t E, const Tensor& counts_E) {
+  check_2d(topk_idx_TK, "expert_counts topk_idx_TK");
+  if (E < 1) MT_THROW("expert_counts: expert count E (", E, ") must be at least 1");
+  check_shape(counts_E, {E}, "expert_counts counts_E");
+}
+
+void check_prob_column_sums(const Tensor& probs_TE, const Tensor& sums_E) {
+  check_2d(probs_TE, "prob_column_sums probs_TE");
+  check_shape(sums_E, {probs_TE.size(1)}, "prob_column_sums sums_E");
+}
+
+void check_aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
+  check_1d(counts_E, "aux_loss_value counts_E");
+  check_shape(sums_E, {counts_E.size(0)}, "aux_loss_value sums_E");
+  check_n_rows(N, "aux_loss_value");
+}
+
+void check_aux_loss_bwd(const Tensor& counts_E, int64_t N, float /*dloss: any value*/, const Tensor& dprobs_TE) {
+  check_1d(counts_E, "aux_loss_bwd counts_E");
+  check_2d(dprobs_TE, "aux_loss_bwd dprobs_TE");
+  check_shape(dprobs_TE, {dprobs_TE.size(0), counts_E.size(0)}, "aux_loss_bwd dprobs_TE");
+  check_n_rows(N, "aux_loss_bwd");
+}
+
+void check_router_z_loss_fwd(const Tensor& logits_TE, const Tensor& lse_T, const Tensor& zsum) {
+  check_2d(logits_TE, "router_z_loss_fwd logits_TE");
+  check_shape(lse_T, {logits_TE.size(0)}, "router_z_loss_fwd lse_T");
+  check_shape(zsum, {1}, "router_z_loss_fwd zsum");
+}
+
+void check_router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float /*scale: any value*/,
+                             const Tensor& dlogits_TE) {
+  check_2d(probs_TE, "router_z_loss_bwd probs_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
+  check_shape(lse_T, {T}, "router_z_loss_bwd lse_T");
+  check_shape(dlogits_TE, {T, E}, "router_z_loss_bwd dlogits_TE");
+}
+
+void check_router_bias_update(const Tensor& counts_LE, float rate, const Tensor& bias_LE) {
+  check_2d(counts_LE, "router_bias_update counts_LE");
+  check_shape(bias_LE, counts_LE.shape(), "router_bias_update bias_LE");
+  if (!std::isfinite(rate)) MT_THROW("router_bias_update: rate (", rate, ") must be finite");
+}
+
+// ---- token permutation by expert ----
+
+void check_make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, const Tensor& offsets_E1,
+                              const Tensor& assign_of_row_R, const Tensor& row_of_assign_TK) {
+  check_2d(topk_idx_TK, "make_dispatch_plan topk_idx_TK");
+  if (E < 1) MT_THROW("make_dispatch_plan: expert count E (", E, ") must be at least 1");
+  const int64_t T = topk_idx_TK.size(0), K = topk_idx_TK.size(1), R = T * K;
+  if (R > std::numeric_limits<int32_t>::max())
+    MT_THROW("make_dispatch_plan: T*K (", T, "*", K, " = ", R, ") dispatched rows exceed the i32 row index range");
+  check_shape(offsets_E1, {E + 1}, "make_dispatch_plan offsets_E1");
+  check_shape(assign_of_row_R, {R}, "make_dispatch_plan assign_of_row_R");
+  check_shape(row_of_assign_TK, {T, K}, "make_dispatch_plan row_of_assign_TK");
+}
+
+void check_permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, const Tensor& xp_RD) {
+  check_2d(x_TD, "permute_fwd x_TD");
+  check_1d(assign_of_row_R, "permute_fwd assign_of_row_R");
+  if (K < 1) MT_THROW("permute_fwd: K (", K, ") must be at least 1");
+  check_shape(xp_RD, {assign_of_row_R.size(0), x_TD.size(1)}, "permute_fwd xp_RD");
+}
+
+void check_permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, const Tensor& dx_TD) {
+  check_2d(dxp_RD, "permute_bwd dxp_RD");
+  if (K < 1) MT_THROW("permute_bwd: K (", K, ") must be at least 1");
+  check_2d(dx_TD, "permute_bwd dx_TD");
+  const int64_t R = dxp_RD.size(0), D = dxp_RD.size(1), T = dx_TD.size(0);
+  check_shape(assign_of_row_R, {R}, "permute_bwd assign_of_row_R");
+  check_shape(dx_TD, {T, D}, "permute_bwd dx_TD");
+}
+
+void check_unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, const Tensor& y_TD) {
+  check_2d(yp_RD, "unpermute_fwd yp_RD");
+  check_2d(row_of_assign_TK, "unpermute_fwd row_of_assign_TK");
+  const int64_t D = yp_RD.size(1), T = row_of_assign_TK.size(0), K = row_of_assign_TK.size(1);
+  check_shape(w_TK, {T, K}, "unpermute_fwd w_TK");
+  check_shape(y_TD, {T, D}, "unpermute_fwd y_TD");
+}
+
+void check_unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                         const Tensor& dyp_RD, const Tensor& dw_TK) {
+  // Either half may be skipped: yp_RD undefined = no dot products, dyp_RD undefined = no rows written.
+  const bool rows = dyp_RD.defined(), dots = yp_RD.defined();
+  MT_CHECK(rows || dots, "unpermute_bwd: neither dyp_RD nor yp_RD given");
+  check_2d(dy_TD, "unpermute_bwd dy_TD");
+  check_2d(row_of_assign_TK, "unpermute_bwd row_of_assign_TK");
+  const Tensor& rd = dots ? yp_RD : dyp_RD;
+  const char* rd_name = dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD";
+  check_2d(rd, rd_name);
+  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
+  check_shape(rd, {R, D}, rd_name);
+  check_shape(row_of_assign_TK, {T, K}, "unpermute_bwd row_of_assign_TK");
+  check_shape(w_TK, {T, K}, "unpermute_bwd w_TK");
+  if (rows) check_shape(dyp_RD, {R, D}, "unpermute_bwd dyp_RD");
+  if (dots) check_shape(dw_TK, {T, K}, "unpermute_bwd dw_TK");
+}
+
+void check_permute_weighted_fwd(const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                                const Tensor& xp_RD) {
+  check_2d(x_TD, "permute_weighted_fwd x_TD");
+  check_2d(row_of_assign_TK, "permute_weighted_fwd row_of_assign_TK");
+  check_2d(xp_RD, "permute_weighted_fwd xp_RD");
+  const int64_t T = x_TD.size(0), D = x_TD.size(1), K = row_of_assign_TK.size(1);
+  check_shape(xp_RD, {xp_RD.size(0), D}, "permute_weighted_fwd xp_RD");
+  check_shape(row_of_assign_TK, {T, K}, "permute_weighted_fwd row_of_assign_TK");
+  check_shape(w_TK, {T, K}, "permute_weighted_fwd w_TK");
+}
+
+void check_permute_weighted_bwd(const Tensor& dxp_RD, const Tensor& x_TD, const Tensor& row_of_assign_TK,
+                                const Tensor& w_TK, const Tensor& dx_TD, const Tensor& dw_TK) {
+  check_2d(dxp_RD, "permute_weighted_bwd dxp_RD");
+  check_2d(x_TD, "permute_weighted_bwd x_TD");
+  check_2d(row_of_assign_TK, "permute_weighted_bwd row_of_assign_TK");
+  const int64_t T = x_TD.size(0), D = x_TD.size(1), K = row_of_assign_TK.size(1);
+  check_shape(dxp_RD, {dxp_RD.size(0), D}, "permute_weighted_bwd dxp_RD");
+  check_shape(row_of_assign_TK, {T, K}, "permute_weighted_bwd row_of_assign_TK");
+  check_shape(w_TK, {T, K}, "permute_weighted_bwd w_TK");
+  check_shape(dx_TD, {T, D}, "permute_weighted_bwd dx_TD");
+  check_shape(dw_TK, {T, K}, "permute_weighted_bwd dw_TK");
+}
+
+// ---- experts ----
+
+namespace {
+
+struct ExpertDims {
+  int64_t E, F, D;
+};
+
+// w_gate_up_E2FD [E, 2F, D] and w_down_EDF [E, D, F]; returns {E, F, D}.
+ExpertDims check_expert_weights(const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const char* op) {
+  MT_CHECK(w_gate_up_E2FD.dim() == 3 && w_gate_up_E2FD.size(1) % 2 == 0, op,
+           ": w_gate_up_E2FD must be [E, 2F, D], got ", w_gate_up_E2FD.desc());
+  const ExpertDims d{w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
+  check_shape(w_down_EDF, {d.E, d.D, d.F}, str(op, " w_down_EDF").c_str());
+  return d;
+}
+
+// The grouped form's per-row tensors: xp_RD 2-D [R, D], gu_R2F [R, 2F], h_RF [R, F] and offsets_E1 [E+1];
+// returns R.
+int64_t check_expert_rows(const Tensor& xp_RD, const Tensor& offsets_E1, const ExpertDims& d, const Tensor& gu_R2F,
+                          const Tensor& h_RF, const char* op) {
+  check_2d(xp_RD, str(op, " xp_RD").c_str());
+  const int64_t R = xp_RD.size(0);
+  check_shape(xp_RD, {R, d.D}, str(op, " xp_RD").c_str());
+  check_shape(gu_R2F, {R, 2 * d.F}, str(op, " gu_R2F").c_str());
+  check_shape(h_RF, {R, d.F}, str(op, " h_RF").c_str());
+  check_shape(offsets_E1, {d.E + 1}, str(op, " offsets_E1").c_str());
+  return R;
+}
+
+// The reference form's token tensors: x_TD 2-D [T, D], topk_idx_TK 2-D [T, K], topk_w_TK [T, K]; returns {T, K}.
+std::array<int64_t, 2> check_expert_tokens(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                                           const ExpertDims& d, const char* op) {
+  check_2d(x_TD, str(op, " x_TD").c_str());
+  const int64_t T = x_TD.size(0);
+  check_shape(x_TD, {T, d.D}, str(op, " x_TD").c_str());
+  MT_CHECK(topk_idx_TK.dim() == 2 && topk_idx_TK.size(0) == T, op, ": topk_idx_TK must be [T, K] with T = ", T,
+           ", got ", topk_idx_TK.desc());
+  const int64_t K = topk_idx_TK.size(1);
+  check_shape(topk_w_TK, {T, K}, str(op, " topk_w_TK").c_str());
+  return {T, K};
+}
+
+}  // namespace
+
+void check_experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                       const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, const Tensor& yp_RD) {
+  const char* op = "experts_fwd";
+  const ExpertDims d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const int64_t R = check_expert_rows(xp_RD, offsets_E1, d, gu_R2F, h_RF, op);
+  check_shape(yp_RD, {R, d.D}, "experts_fwd yp_RD");
+}
+
+void check_experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
+                       const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF,
+                       const Tensor& dxp_RD, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF,
+                       bool /*accumulate_dw*/, const std::function<void()>& /*after_dx: may be empty*/) {
+  const char* op = "experts_bwd";
+  const ExpertDims d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const int64_t R = check_expert_rows(xp_RD, offsets_E1, d, gu_R2F, h_RF, op);
+  check_shape(dyp_RD, {R, d.D}, "experts_bwd dyp_RD");
+  check_shape(dxp_RD, {R, d.D}, "experts_bwd dxp_RD");
+  check_shape(dw_gate_up_E2FD, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
+  check_shape(dw_down_EDF, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
+}
+
+void check_experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                           const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& y_TD) {
+  const char* op = "experts_ref_fwd";
+  const ExpertDims d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const int64_t T = check_expert_tokens(x_TD, topk_idx_TK, topk_w_TK, d, op)[0];
+  check_shape(y_TD, {T, d.D}, "experts_ref_fwd y_TD");
+}
+
+void check_experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                           const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& dx_TD,
+                           const Tensor& dtopk_w_TK, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF,
+                           bool /*accumulate_dw*/) {
+  const char* op = "experts_ref_bwd";
+  const ExpertDims d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const auto [T, K] = check_expert_tokens(x_TD, topk_idx_TK, topk_w_TK, d, op);
+  check_shape(dy_TD, {T, d.D}, "experts_ref_bwd dy_TD");
+  check_shape(dx_TD, {T, d.D}, "experts_ref_bwd dx_TD");
+  check_shape(dtopk_w_TK, {T, K}, "experts_ref_bwd dtopk_w_TK");
+  check_shape(dw_gate_up_E2FD, w_gate_up_E2FD.shape(), "experts_ref_bwd dw_gate_up_E2FD");
+  check_shape(dw_down_EDF, w_down_EDF.shape(), "experts_ref_bwd dw_down_EDF");
+}
+
+// ---- cross-entropy and the LM head ----
 
 namespace {
 

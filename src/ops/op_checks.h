@@ -14,6 +14,66 @@ namespace mt::ops {
 void check_adamw_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWHyper& h,
                       float grad_scale, const Tensor* p_compute);
 
+// ---- router, load balancing ----
+// logits_TE is 2-D [T, E]; K in [1, E]; probs_TE is [T, E], topk_idx_TK and topk_w_TK [T, K], bias_E (when given) [E].
+void check_router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, const Tensor& probs_TE,
+                      const Tensor& topk_idx_TK, const Tensor& topk_w_TK, const Tensor* bias_E);
+// probs_TE is 2-D [T, E], dtopk_w_TK 2-D [T, K], topk_idx_TK [T, K]; dprobs_TE (when given) and dlogits_TE [T, E].
+void check_router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE,
+                      const Tensor& topk_idx_TK, bool norm_topk, const Tensor& dlogits_TE);
+// topk_idx_TK is 2-D; E >= 1; counts_E is [E].
+void check_expert_counts(const Tensor& topk_idx_TK, int64_t E, const Tensor& counts_E);
+// probs_TE is 2-D [T, E]; sums_E is [E].
+void check_prob_column_sums(const Tensor& probs_TE, const Tensor& sums_E);
+// counts_E is 1-D [E], sums_E [E]; N >= 1.
+void check_aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N);
+// counts_E is 1-D [E]; N >= 1; dprobs_TE is 2-D [T, E].
+void check_aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, const Tensor& dprobs_TE);
+// logits_TE is 2-D [T, E]; lse_T is [T], zsum [1].
+void check_router_z_loss_fwd(const Tensor& logits_TE, const Tensor& lse_T, const Tensor& zsum);
+// probs_TE is 2-D [T, E]; lse_T is [T], dlogits_TE [T, E].
+void check_router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, const Tensor& dlogits_TE);
+// counts_LE is 2-D [L, E], bias_LE [L, E]; rate is finite.
+void check_router_bias_update(const Tensor& counts_LE, float rate, const Tensor& bias_LE);
+
+// ---- token permutation by expert ----
+// topk_idx_TK is 2-D [T, K]; E >= 1; R = T*K fits i32; offsets_E1 [E+1], assign_of_row_R [R], row_of_assign_TK [T, K].
+void check_make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, const Tensor& offsets_E1,
+                              const Tensor& assign_of_row_R, const Tensor& row_of_assign_TK);
+// x_TD is 2-D [T, D], assign_of_row_R 1-D [R]; K >= 1; xp_RD is [R, D].
+void check_permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, const Tensor& xp_RD);
+// dxp_RD and dx_TD are 2-D [R, D] and [T, D]; K >= 1; assign_of_row_R is [R].
+void check_permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, const Tensor& dx_TD);
+// yp_RD and row_of_assign_TK are 2-D [R, D] and [T, K]; w_TK is [T, K], y_TD [T, D].
+void check_unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, const Tensor& y_TD);
+// yp_RD or dyp_RD given, each [R, D]; dy_TD 2-D [T, D]; row_of_assign_TK, w_TK and dw_TK (with yp_RD) [T, K].
+void check_unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                         const Tensor& dyp_RD, const Tensor& dw_TK);
+// x_TD, row_of_assign_TK and xp_RD are 2-D [T, D], [T, K], [R, D]; w_TK is [T, K].
+void check_permute_weighted_fwd(const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
+                                const Tensor& xp_RD);
+// dxp_RD, x_TD and row_of_assign_TK are 2-D [R, D], [T, D], [T, K]; w_TK and dw_TK are [T, K], dx_TD [T, D].
+void check_permute_weighted_bwd(const Tensor& dxp_RD, const Tensor& x_TD, const Tensor& row_of_assign_TK,
+                                const Tensor& w_TK, const Tensor& dx_TD, const Tensor& dw_TK);
+
+// ---- experts ----
+// Weights [E, 2F, D] and [E, D, F]; xp_RD 2-D [R, D]; gu_R2F [R, 2F], h_RF [R, F], yp_RD [R, D]; offsets_E1 [E+1].
+void check_experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                       const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, const Tensor& yp_RD);
+// As experts_fwd, and dyp_RD and dxp_RD are [R, D], dw_gate_up_E2FD and dw_down_EDF have their weight's shape.
+void check_experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
+                       const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF,
+                       const Tensor& dxp_RD, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF,
+                       bool accumulate_dw, const std::function<void()>& after_dx);
+// The weights as experts_fwd; x_TD is 2-D [T, D], topk_idx_TK 2-D [T, K], topk_w_TK [T, K], y_TD [T, D].
+void check_experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                           const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& y_TD);
+// As experts_ref_fwd, and dy_TD and dx_TD are [T, D], dtopk_w_TK [T, K], the weight gradients their weight's shape.
+void check_experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
+                           const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& dx_TD,
+                           const Tensor& dtopk_w_TK, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF,
+                           bool accumulate_dw);
+
 // ---- cross-entropy and the LM head ----
 // logits_TV is 2-D [T, V]; labels_T and lse_T are [T]; V > 0 when T > 0.
 void check_cross_entropy_fwd(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, int64_t* n_valid);

@@ -128,6 +128,7 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
                 Tensor& topk_w_TK, const Tensor* bias_E) {
   const bool cuda = on_cuda("router_fwd", {&logits_TE, &probs_TE, &topk_idx_TK, &topk_w_TK, bias_E});
   OpScope scope("router_fwd", cuda);
+  check_router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK, bias_E);
   if (cuda) return cuda::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK, bias_E);
   return cpu::router_fwd(logits_TE, K, norm_topk, probs_TE, topk_idx_TK, topk_w_TK, bias_E);
 }
@@ -136,6 +137,7 @@ void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor&
                 bool norm_topk, Tensor& dlogits_TE) {
   const bool cuda = on_cuda("router_bwd", {&dtopk_w_TK, dprobs_TE, &probs_TE, &topk_idx_TK, &dlogits_TE});
   OpScope scope("router_bwd", cuda);
+  check_router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
   if (cuda) return cuda::router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
   return cpu::router_bwd(dtopk_w_TK, dprobs_TE, probs_TE, topk_idx_TK, norm_topk, dlogits_TE);
 }
@@ -143,6 +145,7 @@ void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor&
 void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
   const bool cuda = on_cuda("expert_counts", {&topk_idx_TK, &counts_E});
   OpScope scope("expert_counts", cuda);
+  check_expert_counts(topk_idx_TK, E, counts_E);
   if (cuda) return cuda::expert_counts(topk_idx_TK, E, counts_E);
   return cpu::expert_counts(topk_idx_TK, E, counts_E);
 }
@@ -150,6 +153,7 @@ void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
 void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
   const bool cuda = on_cuda("prob_column_sums", {&probs_TE, &sums_E});
   OpScope scope("prob_column_sums", cuda);
+  check_prob_column_sums(probs_TE, sums_E);
   if (cuda) return cuda::prob_column_sums(probs_TE, sums_E);
   return cpu::prob_column_sums(probs_TE, sums_E);
 }
@@ -157,6 +161,7 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
   const bool cuda = on_cuda("aux_loss_value", {&counts_E, &sums_E});
   OpScope scope("aux_loss_value", cuda);
+  check_aux_loss_value(counts_E, sums_E, N);
   if (cuda) return cuda::aux_loss_value(counts_E, sums_E, N);
   return cpu::aux_loss_value(counts_E, sums_E, N);
 }
@@ -164,6 +169,7 @@ double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
   const bool cuda = on_cuda("aux_loss_bwd", {&counts_E, &dprobs_TE});
   OpScope scope("aux_loss_bwd", cuda);
+  check_aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
   if (cuda) return cuda::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
   return cpu::aux_loss_bwd(counts_E, N, dloss, dprobs_TE);
 }
@@ -171,6 +177,7 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
 void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
   const bool cuda = on_cuda("router_z_loss_fwd", {&logits_TE, &lse_T, &zsum});
   OpScope scope("router_z_loss_fwd", cuda);
+  check_router_z_loss_fwd(logits_TE, lse_T, zsum);
   if (cuda) return cuda::router_z_loss_fwd(logits_TE, lse_T, zsum);
   return cpu::router_z_loss_fwd(logits_TE, lse_T, zsum);
 }
@@ -178,6 +185,7 @@ void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
 void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
   const bool cuda = on_cuda("router_z_loss_bwd", {&lse_T, &probs_TE, &dlogits_TE});
   OpScope scope("router_z_loss_bwd", cuda);
+  check_router_z_loss_bwd(lse_T, probs_TE, scale, dlogits_TE);
   if (cuda) return cuda::router_z_loss_bwd(lse_T, probs_TE, scale, dlogits_TE);
   return cpu::router_z_loss_bwd(lse_T, probs_TE, scale, dlogits_TE);
 }
@@ -185,6 +193,7 @@ void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale,
 void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
   const bool cuda = on_cuda("router_bias_update", {&counts_LE, &bias_LE});
   OpScope scope("router_bias_update", cuda);
+  check_router_bias_update(counts_LE, rate, bias_LE);
   if (cuda) return cuda::router_bias_update(counts_LE, rate, bias_LE);
   return cpu::router_bias_update(counts_LE, rate, bias_LE);
 }
@@ -193,6 +202,7 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
                         Tensor& row_of_assign_TK) {
   const bool cuda = on_cuda("make_dispatch_plan", {&topk_idx_TK, &offsets_E1, &assign_of_row_R, &row_of_assign_TK});
   OpScope scope("make_dispatch_plan", cuda);
+  check_make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
   if (cuda) return cuda::make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
   return cpu::make_dispatch_plan(topk_idx_TK, E, offsets_E1, assign_of_row_R, row_of_assign_TK);
 }
@@ -200,6 +210,7 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD) {
   const bool cuda = on_cuda("permute_fwd", {&x_TD, &assign_of_row_R, &xp_RD});
   OpScope scope("permute_fwd", cuda);
+  check_permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
   if (cuda) return cuda::permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
   return cpu::permute_fwd(x_TD, assign_of_row_R, K, xp_RD);
 }
@@ -207,6 +218,7 @@ void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, T
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD) {
   const bool cuda = on_cuda("permute_bwd", {&dxp_RD, &assign_of_row_R, &dx_TD});
   OpScope scope("permute_bwd", cuda);
+  check_permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
   if (cuda) return cuda::permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
   return cpu::permute_bwd(dxp_RD, assign_of_row_R, K, dx_TD);
 }
@@ -214,6 +226,7 @@ void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K,
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD) {
   const bool cuda = on_cuda("unpermute_fwd", {&yp_RD, &row_of_assign_TK, &w_TK, &y_TD});
   OpScope scope("unpermute_fwd", cuda);
+  check_unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
   if (cuda) return cuda::unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
   return cpu::unpermute_fwd(yp_RD, row_of_assign_TK, w_TK, y_TD);
 }
@@ -222,6 +235,7 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
                    Tensor& dyp_RD, Tensor& dw_TK) {
   const bool cuda = on_cuda("unpermute_bwd", {&dy_TD, &yp_RD, &row_of_assign_TK, &w_TK, &dyp_RD, &dw_TK});
   OpScope scope("unpermute_bwd", cuda);
+  check_unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
   if (cuda) return cuda::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
   return cpu::unpermute_bwd(dy_TD, yp_RD, row_of_assign_TK, w_TK, dyp_RD, dw_TK);
 }
@@ -229,6 +243,7 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
 void permute_weighted_fwd(const Tensor& x_TD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& xp_RD) {
   const bool cuda = on_cuda("permute_weighted_fwd", {&x_TD, &row_of_assign_TK, &w_TK, &xp_RD});
   OpScope scope("permute_weighted_fwd", cuda);
+  check_permute_weighted_fwd(x_TD, row_of_assign_TK, w_TK, xp_RD);
   Tensor no_rows, no_dw;  // the rows half of unpermute_bwd: dyp = w * dy
   if (cuda) return cuda::unpermute_bwd(x_TD, no_rows, row_of_assign_TK, w_TK, xp_RD, no_dw);
   return cpu::unpermute_bwd(x_TD, no_rows, row_of_assign_TK, w_TK, xp_RD, no_dw);
@@ -238,6 +253,7 @@ void permute_weighted_bwd(const Tensor& dxp_RD, const Tensor& x_TD, const Tensor
                           Tensor& dx_TD, Tensor& dw_TK) {
   const bool cuda = on_cuda("permute_weighted_bwd", {&dxp_RD, &x_TD, &row_of_assign_TK, &w_TK, &dx_TD, &dw_TK});
   OpScope scope("permute_weighted_bwd", cuda);
+  check_permute_weighted_bwd(dxp_RD, x_TD, row_of_assign_TK, w_TK, dx_TD, dw_TK);
   Tensor no_rows;  // the dot half of unpermute_bwd: dw = <x[t], dxp[row]>
   if (cuda) {
     cuda::unpermute_fwd(dxp_RD, row_of_assign_TK, w_TK, dx_TD);
@@ -265,6 +281,7 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
   const bool cuda = on_cuda("experts_fwd", {&xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD});
   OpScope scope("experts_fwd", cuda);
+  check_experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
   if (cuda) return cuda::experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
   return cpu::experts_fwd(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
 }
@@ -276,6 +293,8 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
   const bool cuda = on_cuda("experts_bwd", {&dyp_RD, &xp_RD, &offsets_E1, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF,
                                             &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
   OpScope scope("experts_bwd", cuda);
+  check_experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD,
+                    dw_down_EDF, accumulate_dw, after_dx);
   if (cuda)
     return cuda::experts_bwd(dyp_RD, xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, dxp_RD,
                              dw_gate_up_E2FD, dw_down_EDF, accumulate_dw, after_dx);
@@ -288,6 +307,7 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
   const bool cuda = on_cuda("experts_ref_fwd", {&x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF, &y_TD});
   OpScope scope("experts_ref_fwd", cuda);
+  check_experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
   if (cuda) return cuda::experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
   return cpu::experts_ref_fwd(x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, y_TD);
 }
@@ -298,6 +318,8 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
   const bool cuda = on_cuda("experts_ref_bwd", {&dy_TD, &x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF,
                                                 &dx_TD, &dtopk_w_TK, &dw_gate_up_E2FD, &dw_down_EDF});
   OpScope scope("experts_ref_bwd", cuda);
+  check_experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
+                        dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);
   if (cuda)
     return cuda::experts_ref_bwd(dy_TD, x_TD, topk_idx_TK, topk_w_TK, w_gate_up_E2FD, w_down_EDF, dx_TD, dtopk_w_TK,
                                  dw_gate_up_E2FD, dw_down_EDF, accumulate_dw);

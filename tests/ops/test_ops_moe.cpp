@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "fd_check.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -141,10 +142,11 @@ TEST(OpsMoeRouter, TiesGoToTheLowerExpertIndex) {
   for (int k = 0; k < 3; ++k) EXPECT_FLOAT_EQ(r.w.data<float>()[3 + k], 1.0f / 3.0f);  // all-equal row
 }
 
+// K is checked by the dispatch (ops/op_checks.h), so through ops::.
 TEST(OpsMoeRouter, RejectsKAboveE) {
   Tensor logits = Tensor::zeros({2, 4});
   Tensor probs = Tensor::empty({2, 4}), idx = Tensor::empty({2, 5}, DType::I32), w = Tensor::empty({2, 5});
-  const std::string msg = error_of([&] { cpu::router_fwd(logits, 5, false, probs, idx, w); });
+  const std::string msg = error_of([&] { ops::router_fwd(logits, 5, false, probs, idx, w); });
   EXPECT_NE(msg.find("K (5)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("E (4)"), std::string::npos) << msg;
 }
@@ -458,4 +460,122 @@ TEST(OpsMoeExperts, GroupedPathEqualsReferenceForwardAndBackward) {
   const int64_t per_gu = 2 * F * D, per_d = D * F;
   for (int64_t i = 0; i < per_gu; ++i) ASSERT_EQ(dwgu.data<float>()[(P.E - 1) * per_gu + i], 0.0f);
   for (int64_t i = 0; i < per_d; ++i) ASSERT_EQ(dwd.data<float>()[(P.E - 1) * per_d + i], 0.0f);
+}
+
+// ---------------------------------------------------------------- argument checks of the dispatch
+
+// The shapes and scalar arguments of the router, dispatch and expert ops are checked once, by the
+// dispatch (ops/op_checks.h): through ops::, naming the op, the argument, the value and what is allowed.
+// Dtypes stay with the backend.
+TEST(OpsMoeChecks, DispatchChecksRouterShapesAndScalars) {
+  const int64_t T = 2, E = 4, K = 2;
+  const Tensor logits = Tensor::zeros({T, E});
+  Tensor probs = Tensor::empty({T, E}), idx = Tensor::zeros({T, K}, DType::I32), w = Tensor::empty({T, K});
+  Tensor probs_bad = Tensor::empty({T, E - 1});
+  std::string msg = error_of([&] { ops::router_fwd(logits, K, true, probs_bad, idx, w); });
+  EXPECT_NE(msg.find("router_fwd probs_TE has shape [2, 3], expected [2, 4]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::router_fwd(logits, 0, true, probs, idx, w); });
+  EXPECT_NE(msg.find("router_fwd: top-k K (0) must be in [1, E] where E (4) is the expert count"), std::string::npos)
+      << msg;
+  const Tensor logits_1d = Tensor::zeros({E});
+  msg = error_of([&] { ops::router_fwd(logits_1d, K, true, probs, idx, w); });
+  EXPECT_NE(msg.find("router_fwd logits_TE must be 2-D, got f32[4] cpu"), std::string::npos) << msg;
+  Tensor probs_i32 = Tensor::empty({T, E}, DType::I32);  // a dtype error: the backend's
+  msg = error_of([&] { ops::router_fwd(logits, K, true, probs_i32, idx, w); });
+  EXPECT_NE(msg.find("router_fwd probs_TE has dtype i32, expected f32"), std::string::npos) << msg;
+
+  const Tensor dw = Tensor::zeros({T, K});
+  Tensor dlogits_bad = Tensor::empty({T + 1, E});
+  msg = error_of([&] { ops::router_bwd(dw, nullptr, probs, idx, true, dlogits_bad); });
+  EXPECT_NE(msg.find("router_bwd dlogits_TE has shape [3, 4], expected [2, 4]"), std::string::npos) << msg;
+
+  Tensor counts = Tensor::zeros({E}, DType::I64), sums = Tensor::zeros({E});
+  msg = error_of([&] { ops::expert_counts(idx, 0, counts); });
+  EXPECT_NE(msg.find("expert_counts: expert count E (0) must be at least 1"), std::string::npos) << msg;
+  Tensor sums_bad = Tensor::zeros({E + 1});
+  msg = error_of([&] { ops::prob_column_sums(probs, sums_bad); });
+  EXPECT_NE(msg.find("prob_column_sums sums_E has shape [5], expected [4]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::aux_loss_value(counts, sums, 0); });
+  EXPECT_NE(msg.find("aux_loss_value: pooled router row count N (0) must be at least 1"), std::string::npos) << msg;
+  const Tensor counts_2d = Tensor::zeros({2, 2}, DType::I64);
+  Tensor dprobs = Tensor::zeros({T, E});
+  msg = error_of([&] { ops::aux_loss_bwd(counts_2d, 4, 1.0f, dprobs); });
+  EXPECT_NE(msg.find("aux_loss_bwd counts_E must be 1-D, got i64[2, 2] cpu"), std::string::npos) << msg;
+
+  Tensor lse = Tensor::empty({T}), zsum_bad = Tensor::zeros({2});
+  msg = error_of([&] { ops::router_z_loss_fwd(logits, lse, zsum_bad); });
+  EXPECT_NE(msg.find("router_z_loss_fwd zsum has shape [2], expected [1]"), std::string::npos) << msg;
+  Tensor lse_bad = Tensor::empty({T + 1}), dlogits = Tensor::zeros({T, E});
+  msg = error_of([&] { ops::router_z_loss_bwd(lse_bad, probs, 1.0f, dlogits); });
+  EXPECT_NE(msg.find("router_z_loss_bwd lse_T has shape [3], expected [2]"), std::string::npos) << msg;
+
+  const Tensor counts_LE = Tensor::zeros({3, E}, DType::I64);
+  Tensor bias = Tensor::zeros({3, E});
+  msg = error_of([&] { ops::router_bias_update(counts_LE, std::numeric_limits<float>::infinity(), bias); });
+  EXPECT_NE(msg.find("router_bias_update: rate (inf) must be finite"), std::string::npos) << msg;
+}
+
+TEST(OpsMoeChecks, DispatchChecksPermutationShapesAndScalars) {
+  const int64_t T = 4, K = 2, E = 4, D = 3, R = T * K;
+  const Tensor idx = i32_tensor({T, K}, {0, 1, 2, 3, 1, 2, 0, 2});
+  Tensor off = Tensor::empty({E + 1}, DType::I64), aor = Tensor::empty({R}, DType::I32),
+         roa = Tensor::empty({T, K}, DType::I32), off_bad = Tensor::empty({E}, DType::I64);
+  std::string msg = error_of([&] { ops::make_dispatch_plan(idx, 0, off, aor, roa); });
+  EXPECT_NE(msg.find("make_dispatch_plan: expert count E (0) must be at least 1"), std::string::npos) << msg;
+  msg = error_of([&] { ops::make_dispatch_plan(idx, E, off_bad, aor, roa); });
+  EXPECT_NE(msg.find("make_dispatch_plan offsets_E1 has shape [4], expected [5]"), std::string::npos) << msg;
+  ops::make_dispatch_plan(idx, E, off, aor, roa);
+
+  const Tensor x = Tensor::zeros({T, D}), w = Tensor::zeros({T, K});
+  Tensor xp = Tensor::zeros({R, D}), xp_bad = Tensor::zeros({R, D - 1}), dx = Tensor::zeros({T, D}),
+         dx_bad = Tensor::zeros({T, D + 1});
+  msg = error_of([&] { ops::permute_fwd(x, aor, 0, xp); });
+  EXPECT_NE(msg.find("permute_fwd: K (0) must be at least 1"), std::string::npos) << msg;
+  msg = error_of([&] { ops::permute_fwd(x, aor, K, xp_bad); });
+  EXPECT_NE(msg.find("permute_fwd xp_RD has shape [8, 2], expected [8, 3]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::permute_bwd(xp, aor, K, dx_bad); });
+  EXPECT_NE(msg.find("permute_bwd dx_TD has shape [4, 4], expected [4, 3]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::unpermute_fwd(xp, roa, w, dx_bad); });
+  EXPECT_NE(msg.find("unpermute_fwd y_TD has shape [4, 4], expected [4, 3]"), std::string::npos) << msg;
+  Tensor none, dw = Tensor::zeros({T, K}), dw_bad = Tensor::zeros({T, K + 1});
+  msg = error_of([&] { ops::unpermute_bwd(x, none, roa, w, none, dw); });
+  EXPECT_NE(msg.find("unpermute_bwd: neither dyp_RD nor yp_RD given"), std::string::npos) << msg;
+  msg = error_of([&] { ops::unpermute_bwd(x, xp, roa, w, xp, dw_bad); });
+  EXPECT_NE(msg.find("unpermute_bwd dw_TK has shape [4, 3], expected [4, 2]"), std::string::npos) << msg;
+  // The composite ops are checked under their own names.
+  msg = error_of([&] { ops::permute_weighted_fwd(x, roa, w, xp_bad); });
+  EXPECT_NE(msg.find("permute_weighted_fwd xp_RD has shape [8, 2], expected [8, 3]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::permute_weighted_bwd(xp, x, roa, w, dx, dw_bad); });
+  EXPECT_NE(msg.find("permute_weighted_bwd dw_TK has shape [4, 3], expected [4, 2]"), std::string::npos) << msg;
+}
+
+TEST(OpsMoeChecks, DispatchChecksExpertShapes) {
+  const int64_t T = 4, K = 2, E = 4, F = 2, D = 3, R = T * K;
+  const Tensor idx = i32_tensor({T, K}, {0, 1, 2, 3, 1, 2, 0, 2});
+  Plan p = plan_for(idx, E);
+  const Tensor wgu = Tensor::zeros({E, 2 * F, D}), wd = Tensor::zeros({E, D, F});
+  const Tensor wgu_odd = Tensor::zeros({E, 3, D}), wd_bad = Tensor::zeros({E, D, F + 1});
+  const Tensor xp = Tensor::zeros({R, D});
+  Tensor gu = Tensor::zeros({R, 2 * F}), h = Tensor::zeros({R, F}), yp = Tensor::zeros({R, D}),
+         h_bad = Tensor::zeros({R + 1, F});
+  std::string msg = error_of([&] { ops::experts_fwd(xp, p.offsets, wgu_odd, wd, gu, h, yp); });
+  EXPECT_NE(msg.find("experts_fwd: w_gate_up_E2FD must be [E, 2F, D], got f32[4, 3, 3] cpu"), std::string::npos) << msg;
+  msg = error_of([&] { ops::experts_fwd(xp, p.offsets, wgu, wd_bad, gu, h, yp); });
+  EXPECT_NE(msg.find("experts_fwd w_down_EDF has shape [4, 3, 3], expected [4, 3, 2]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::experts_fwd(xp, p.offsets, wgu, wd, gu, h_bad, yp); });
+  EXPECT_NE(msg.find("experts_fwd h_RF has shape [9, 2], expected [8, 2]"), std::string::npos) << msg;
+  msg = error_of([&] { ops::experts_fwd(xp, p.assign_of_row, wgu, wd, gu, h, yp); });
+  EXPECT_NE(msg.find("experts_fwd offsets_E1 has shape [8], expected [5]"), std::string::npos) << msg;
+  Tensor dxp = Tensor::zeros({R, D}), dwgu = Tensor::zeros({E, 2 * F, D}), dwd_bad = Tensor::zeros({E, D, F + 1});
+  msg = error_of([&] { ops::experts_bwd(yp, xp, p.offsets, wgu, wd, gu, h, dxp, dwgu, dwd_bad); });
+  EXPECT_NE(msg.find("experts_bwd dw_down_EDF has shape [4, 3, 3], expected [4, 3, 2]"), std::string::npos) << msg;
+
+  const Tensor x = Tensor::zeros({T, D}), w = Tensor::zeros({T, K}), idx3 = Tensor::zeros({T - 1, K}, DType::I32);
+  Tensor y = Tensor::zeros({T, D}), dx = Tensor::zeros({T, D}), dtw_bad = Tensor::zeros({T, K + 1}),
+         dwd = Tensor::zeros({E, D, F});
+  msg = error_of([&] { ops::experts_ref_fwd(x, idx3, w, wgu, wd, y); });
+  EXPECT_NE(msg.find("experts_ref_fwd: topk_idx_TK must be [T, K] with T = 4, got i32[3, 2] cpu"), std::string::npos)
+      << msg;
+  msg = error_of([&] { ops::experts_ref_bwd(y, x, idx, w, wgu, wd, dx, dtw_bad, dwgu, dwd); });
+  EXPECT_NE(msg.find("experts_ref_bwd dtopk_w_TK has shape [4, 3], expected [4, 2]"), std::string::npos) << msg;
 }

@@ -5,6 +5,7 @@
 //    scalar loops and fp64 accumulation and sharing no code with the grouped form (not even the
 //    SwiGLU), so that comparing the two checks the plan, the permutation and every GEMM transpose.
 // Weights: w_gate_up_E2FD [E, 2F, D] (rows [0,F) gate, [F,2F) up), w_down_EDF [E, D, F].
+// Shapes are checked by the dispatch (ops/op_checks.h); dtypes, offsets and expert ids here.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -20,19 +21,15 @@ struct ExpertDims {
   int64_t E, F, D;
 };
 
-ExpertDims check_expert_weights(const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const char* op) {
-  MT_CHECK(w_gate_up_E2FD.dim() == 3 && w_gate_up_E2FD.size(1) % 2 == 0, op,
-           ": w_gate_up_E2FD must be [E, 2F, D], got ", w_gate_up_E2FD.desc());
+// The weights' dtypes; returns their dims.
+ExpertDims check_expert_weights(const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF) {
   check_dtype(w_gate_up_E2FD, DType::F32, "w_gate_up_E2FD");
-  const ExpertDims d{w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
-  check_shape(w_down_EDF, {d.E, d.D, d.F}, "w_down_EDF");
   check_dtype(w_down_EDF, DType::F32, "w_down_EDF");
-  return d;
+  return {w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
 }
 
 // offsets_E1 must describe E contiguous, ordered row ranges that cover exactly [0, R).
 const int64_t* check_offsets(const Tensor& offsets_E1, int64_t E, int64_t R, const char* op) {
-  check_shape(offsets_E1, {E + 1}, "offsets_E1");
   check_dtype(offsets_E1, DType::I64, "offsets_E1");
   const int64_t* off = offsets_E1.data<int64_t>();
   MT_CHECK(off[0] == 0 && off[E] == R, op, ": offsets_E1 must run from 0 to R (", R, "), got ", off[0], " .. ", off[E]);
@@ -41,19 +38,11 @@ const int64_t* check_offsets(const Tensor& offsets_E1, int64_t E, int64_t R, con
   return off;
 }
 
-void check_rows(const Tensor& t, int64_t R, int64_t cols, const char* what) {
-  check_shape(t, {R, cols}, what);
-  check_dtype(t, DType::F32, what);
-}
-
-// Routing arguments of the reference form; returns K.
+// Routing arguments of the reference form: dtypes and expert ids; returns K.
 int64_t check_routing(const Tensor& topk_idx_TK, const Tensor& topk_w_TK, int64_t T, int64_t E, const char* op) {
-  MT_CHECK(topk_idx_TK.dim() == 2 && topk_idx_TK.size(0) == T, op, ": topk_idx_TK must be [T, K] with T = ", T,
-           ", got ", topk_idx_TK.desc());
   check_dtype(topk_idx_TK, DType::I32, "topk_idx_TK");
-  const int64_t K = topk_idx_TK.size(1);
-  check_shape(topk_w_TK, {T, K}, "topk_w_TK");
   check_dtype(topk_w_TK, DType::F32, "topk_w_TK");
+  const int64_t K = topk_idx_TK.size(1);
   const int32_t* idx = topk_idx_TK.data<int32_t>();
   for (int64_t a = 0; a < T * K; ++a)
     if (idx[a] < 0 || idx[a] >= E)
@@ -90,13 +79,12 @@ void expert_mlp_ref(const float* x, const float* wgu, const float* wd, int64_t F
 
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_fwd");
-  MT_CHECK(xp_RD.dim() == 2, "experts_fwd xp_RD must be 2-D, got ", xp_RD.desc());
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF);
+  check_dtype(xp_RD, DType::F32, "experts_fwd xp_RD");
+  check_dtype(gu_R2F, DType::F32, "experts_fwd gu_R2F");
+  check_dtype(h_RF, DType::F32, "experts_fwd h_RF");
+  check_dtype(yp_RD, DType::F32, "experts_fwd yp_RD");
   const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, R, D, "experts_fwd xp_RD");
-  check_rows(gu_R2F, R, 2 * F, "experts_fwd gu_R2F");
-  check_rows(h_RF, R, F, "experts_fwd h_RF");
-  check_rows(yp_RD, R, D, "experts_fwd yp_RD");
   const int64_t* off = check_offsets(offsets_E1, E, R, "experts_fwd");
 
   const float* xp = xp_RD.data<float>();
@@ -119,18 +107,15 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
                  Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_bwd");
-  MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
-  const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, R, D, "experts_bwd xp_RD");
-  check_rows(dyp_RD, R, D, "experts_bwd dyp_RD");
-  check_rows(gu_R2F, R, 2 * F, "experts_bwd gu_R2F");
-  check_rows(h_RF, R, F, "experts_bwd h_RF");
-  check_rows(dxp_RD, R, D, "experts_bwd dxp_RD");
-  check_shape(dw_gate_up_E2FD, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF);
+  check_dtype(xp_RD, DType::F32, "experts_bwd xp_RD");
+  check_dtype(dyp_RD, DType::F32, "experts_bwd dyp_RD");
+  check_dtype(gu_R2F, DType::F32, "experts_bwd gu_R2F");
+  check_dtype(h_RF, DType::F32, "experts_bwd h_RF");
+  check_dtype(dxp_RD, DType::F32, "experts_bwd dxp_RD");
   check_dtype(dw_gate_up_E2FD, DType::F32, "experts_bwd dw_gate_up_E2FD");
-  check_shape(dw_down_EDF, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
   check_dtype(dw_down_EDF, DType::F32, "experts_bwd dw_down_EDF");
+  const int64_t R = xp_RD.size(0);
   const int64_t* off = check_offsets(offsets_E1, E, R, "experts_bwd");
 
   const float* dyp = dyp_RD.data<float>();
@@ -168,11 +153,10 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
 
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_ref_fwd");
-  MT_CHECK(x_TD.dim() == 2, "experts_ref_fwd x_TD must be 2-D, got ", x_TD.desc());
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF);
+  check_dtype(x_TD, DType::F32, "experts_ref_fwd x_TD");
+  check_dtype(y_TD, DType::F32, "experts_ref_fwd y_TD");
   const int64_t T = x_TD.size(0);
-  check_rows(x_TD, T, D, "experts_ref_fwd x_TD");
-  check_rows(y_TD, T, D, "experts_ref_fwd y_TD");
   const int64_t K = check_routing(topk_idx_TK, topk_w_TK, T, E, "experts_ref_fwd");
 
   const float* x = x_TD.data<float>();
@@ -196,19 +180,15 @@ void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
                      Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
-  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_ref_bwd");
-  MT_CHECK(x_TD.dim() == 2, "experts_ref_bwd x_TD must be 2-D, got ", x_TD.desc());
-  const int64_t T = x_TD.size(0);
-  check_rows(x_TD, T, D, "experts_ref_bwd x_TD");
-  check_rows(dy_TD, T, D, "experts_ref_bwd dy_TD");
-  check_rows(dx_TD, T, D, "experts_ref_bwd dx_TD");
-  const int64_t K = check_routing(topk_idx_TK, topk_w_TK, T, E, "experts_ref_bwd");
-  check_shape(dtopk_w_TK, {T, K}, "experts_ref_bwd dtopk_w_TK");
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF);
+  check_dtype(x_TD, DType::F32, "experts_ref_bwd x_TD");
+  check_dtype(dy_TD, DType::F32, "experts_ref_bwd dy_TD");
+  check_dtype(dx_TD, DType::F32, "experts_ref_bwd dx_TD");
   check_dtype(dtopk_w_TK, DType::F32, "experts_ref_bwd dtopk_w_TK");
-  check_shape(dw_gate_up_E2FD, w_gate_up_E2FD.shape(), "experts_ref_bwd dw_gate_up_E2FD");
   check_dtype(dw_gate_up_E2FD, DType::F32, "experts_ref_bwd dw_gate_up_E2FD");
-  check_shape(dw_down_EDF, w_down_EDF.shape(), "experts_ref_bwd dw_down_EDF");
   check_dtype(dw_down_EDF, DType::F32, "experts_ref_bwd dw_down_EDF");
+  const int64_t T = x_TD.size(0);
+  const int64_t K = check_routing(topk_idx_TK, topk_w_TK, T, E, "experts_ref_bwd");
 
   const float* dy = dy_TD.data<float>();
   const float* x = x_TD.data<float>();

@@ -1,38 +1,23 @@
 // CPU reference for dropless token dispatch: the plan (a stable counting sort of the T*K
 // assignments by expert), the permutation of token rows into expert-contiguous rows, and the
 // weighted un-permutation back to tokens. Every loop runs in a fixed order so that results are
-// bit-reproducible run to run.
+// bit-reproducible run to run. Shapes and scalar arguments are checked by the dispatch (ops/op_checks.h);
+// dtypes, expert ids, assignments and rows here.
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
 
 namespace mt::cpu {
 
-namespace {
-
-void check_matrix(const Tensor& t, DType dtype, const char* what) {
-  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
-  check_dtype(t, dtype, what);
-}
-
-}  // namespace
-
 void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1, Tensor& assign_of_row_R,
                         Tensor& row_of_assign_TK) {
-  check_matrix(topk_idx_TK, DType::I32, "make_dispatch_plan topk_idx_TK");
-  if (E < 1) MT_THROW("make_dispatch_plan: expert count E (", E, ") must be at least 1");
-  const int64_t T = topk_idx_TK.size(0), K = topk_idx_TK.size(1), R = T * K;
-  if (R > std::numeric_limits<int32_t>::max())
-    MT_THROW("make_dispatch_plan: T*K (", T, "*", K, " = ", R, ") dispatched rows exceed the i32 row index range");
-  check_shape(offsets_E1, {E + 1}, "make_dispatch_plan offsets_E1");
+  check_dtype(topk_idx_TK, DType::I32, "make_dispatch_plan topk_idx_TK");
   check_dtype(offsets_E1, DType::I64, "make_dispatch_plan offsets_E1");
-  check_shape(assign_of_row_R, {R}, "make_dispatch_plan assign_of_row_R");
   check_dtype(assign_of_row_R, DType::I32, "make_dispatch_plan assign_of_row_R");
-  check_shape(row_of_assign_TK, {T, K}, "make_dispatch_plan row_of_assign_TK");
   check_dtype(row_of_assign_TK, DType::I32, "make_dispatch_plan row_of_assign_TK");
+  const int64_t K = topk_idx_TK.size(1), R = topk_idx_TK.numel();
 
   const int32_t* idx = topk_idx_TK.data<int32_t>();
   int64_t* off = offsets_E1.data<int64_t>();
@@ -58,13 +43,10 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
 }
 
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD) {
-  check_matrix(x_TD, DType::F32, "permute_fwd x_TD");
-  MT_CHECK(assign_of_row_R.dim() == 1, "permute_fwd assign_of_row_R must be 1-D, got ", assign_of_row_R.desc());
+  check_dtype(x_TD, DType::F32, "permute_fwd x_TD");
   check_dtype(assign_of_row_R, DType::I32, "permute_fwd assign_of_row_R");
-  MT_CHECK(K >= 1, "permute_fwd: K (", K, ") must be at least 1");
-  const int64_t T = x_TD.size(0), D = x_TD.size(1), R = assign_of_row_R.size(0);
-  check_shape(xp_RD, {R, D}, "permute_fwd xp_RD");
   check_dtype(xp_RD, DType::F32, "permute_fwd xp_RD");
+  const int64_t T = x_TD.size(0), D = x_TD.size(1), R = assign_of_row_R.size(0);
   const int32_t* assign = assign_of_row_R.data<int32_t>();
   const float* x = x_TD.data<float>();
   float* xp = xp_RD.data<float>();
@@ -76,14 +58,10 @@ void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, T
 }
 
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD) {
-  check_matrix(dxp_RD, DType::F32, "permute_bwd dxp_RD");
-  MT_CHECK(assign_of_row_R.dim() == 1, "permute_bwd assign_of_row_R must be 1-D, got ", assign_of_row_R.desc());
+  check_dtype(dxp_RD, DType::F32, "permute_bwd dxp_RD");
   check_dtype(assign_of_row_R, DType::I32, "permute_bwd assign_of_row_R");
-  MT_CHECK(K >= 1, "permute_bwd: K (", K, ") must be at least 1");
-  check_matrix(dx_TD, DType::F32, "permute_bwd dx_TD");
+  check_dtype(dx_TD, DType::F32, "permute_bwd dx_TD");
   const int64_t R = dxp_RD.size(0), D = dxp_RD.size(1), T = dx_TD.size(0);
-  check_shape(assign_of_row_R, {R}, "permute_bwd assign_of_row_R");
-  check_shape(dx_TD, {T, D}, "permute_bwd dx_TD");
   const int32_t* assign = assign_of_row_R.data<int32_t>();
   const float* dxp = dxp_RD.data<float>();
   float* dx = dx_TD.data<float>();
@@ -97,14 +75,12 @@ void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K,
 }
 
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD) {
-  check_matrix(yp_RD, DType::F32, "unpermute_fwd yp_RD");
-  check_matrix(row_of_assign_TK, DType::I32, "unpermute_fwd row_of_assign_TK");
+  check_dtype(yp_RD, DType::F32, "unpermute_fwd yp_RD");
+  check_dtype(row_of_assign_TK, DType::I32, "unpermute_fwd row_of_assign_TK");
+  check_dtype(w_TK, DType::F32, "unpermute_fwd w_TK");
+  check_dtype(y_TD, DType::F32, "unpermute_fwd y_TD");
   const int64_t R = yp_RD.size(0), D = yp_RD.size(1);
   const int64_t T = row_of_assign_TK.size(0), K = row_of_assign_TK.size(1);
-  check_shape(w_TK, {T, K}, "unpermute_fwd w_TK");
-  check_dtype(w_TK, DType::F32, "unpermute_fwd w_TK");
-  check_shape(y_TD, {T, D}, "unpermute_fwd y_TD");
-  check_dtype(y_TD, DType::F32, "unpermute_fwd y_TD");
   const float* yp = yp_RD.data<float>();
   const int32_t* row = row_of_assign_TK.data<int32_t>();
   const float* w = w_TK.data<float>();
@@ -125,26 +101,19 @@ void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Te
 void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK,
                    Tensor& dyp_RD, Tensor& dw_TK) {
   // Either half may be skipped: yp_RD undefined = no dot products (dw_TK untouched), dyp_RD
-  // undefined = no rows written (ops::permute_weighted_fwd / _bwd use one half each).
+  // undefined = no rows written (ops::permute_weighted_fwd / _bwd use one half each; the dispatch
+  // checks that one is given).
   const bool rows = dyp_RD.defined(), dots = yp_RD.defined();
-  MT_CHECK(rows || dots, "unpermute_bwd: neither dyp_RD nor yp_RD given");
-  check_matrix(dy_TD, DType::F32, "unpermute_bwd dy_TD");
-  check_matrix(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
-  const Tensor& rd = dots ? yp_RD : dyp_RD;
-  check_matrix(rd, DType::F32, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
-  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
-  check_shape(rd, {R, D}, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
-  check_shape(row_of_assign_TK, {T, K}, "unpermute_bwd row_of_assign_TK");
-  check_shape(w_TK, {T, K}, "unpermute_bwd w_TK");
+  check_dtype(dy_TD, DType::F32, "unpermute_bwd dy_TD");
+  check_dtype(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
   check_dtype(w_TK, DType::F32, "unpermute_bwd w_TK");
-  if (rows) {
-    check_shape(dyp_RD, {R, D}, "unpermute_bwd dyp_RD");
-    check_dtype(dyp_RD, DType::F32, "unpermute_bwd dyp_RD");
-  }
+  if (rows) check_dtype(dyp_RD, DType::F32, "unpermute_bwd dyp_RD");
   if (dots) {
-    check_shape(dw_TK, {T, K}, "unpermute_bwd dw_TK");
+    check_dtype(yp_RD, DType::F32, "unpermute_bwd yp_RD");
     check_dtype(dw_TK, DType::F32, "unpermute_bwd dw_TK");
   }
+  const Tensor& rd = dots ? yp_RD : dyp_RD;
+  const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
   const float* dy = dy_TD.data<float>();
   const float* yp = dots ? yp_RD.data<float>() : nullptr;
   const int32_t* row = row_of_assign_TK.data<int32_t>();

@@ -4,6 +4,7 @@
 // so that this file can serve as the reference the CUDA kernels and parallel layouts are held to.
 // Also the load-balancing options beside the aux loss: the biased top-k selection and its bias update
 // (aux-loss-free balancing, DeepSeek-V3) and the router z-loss (ST-MoE).
+// Shapes and scalar arguments are checked by the dispatch (ops/op_checks.h); dtypes and expert ids here.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,12 +15,6 @@ namespace mt::cpu {
 
 namespace {
 
-// Every router tensor is a 2-D [T, E] or [T, K] matrix of one dtype.
-void check_2d(const Tensor& t, DType dtype, const char* what) {
-  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
-  check_dtype(t, dtype, what);
-}
-
 void check_expert_id(int32_t e, int64_t E, int64_t t, int64_t k, const char* op) {
   if (e < 0 || e >= E)
     MT_THROW(op, ": token ", t, " choice ", k, " has expert id ", e, ", expected a value in [0, ", E, ")");
@@ -29,19 +24,12 @@ void check_expert_id(int32_t e, int64_t E, int64_t t, int64_t k, const char* op)
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
                 Tensor& topk_w_TK, const Tensor* bias_E) {
-  check_2d(logits_TE, DType::F32, "router_fwd logits_TE");
-  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
-  if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
-  check_shape(probs_TE, {T, E}, "router_fwd probs_TE");
+  check_dtype(logits_TE, DType::F32, "router_fwd logits_TE");
   check_dtype(probs_TE, DType::F32, "router_fwd probs_TE");
-  check_shape(topk_idx_TK, {T, K}, "router_fwd topk_idx_TK");
   check_dtype(topk_idx_TK, DType::I32, "router_fwd topk_idx_TK");
-  check_shape(topk_w_TK, {T, K}, "router_fwd topk_w_TK");
   check_dtype(topk_w_TK, DType::F32, "router_fwd topk_w_TK");
-  if (bias_E) {
-    check_shape(*bias_E, {E}, "router_fwd bias_E");
-    check_dtype(*bias_E, DType::F32, "router_fwd bias_E");
-  }
+  if (bias_E) check_dtype(*bias_E, DType::F32, "router_fwd bias_E");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
 
   const float* logits = logits_TE.data<float>();
   float* probs = probs_TE.data<float>();
@@ -82,18 +70,12 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
 
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
                 bool norm_topk, Tensor& dlogits_TE) {
-  check_2d(probs_TE, DType::F32, "router_bwd probs_TE");
-  check_2d(dtopk_w_TK, DType::F32, "router_bwd dtopk_w_TK");
-  const int64_t T = probs_TE.size(0), E = probs_TE.size(1), K = dtopk_w_TK.size(1);
-  check_shape(dtopk_w_TK, {T, K}, "router_bwd dtopk_w_TK");
-  check_shape(topk_idx_TK, {T, K}, "router_bwd topk_idx_TK");
+  check_dtype(probs_TE, DType::F32, "router_bwd probs_TE");
+  check_dtype(dtopk_w_TK, DType::F32, "router_bwd dtopk_w_TK");
   check_dtype(topk_idx_TK, DType::I32, "router_bwd topk_idx_TK");
-  if (dprobs_TE) {
-    check_shape(*dprobs_TE, {T, E}, "router_bwd dprobs_TE");
-    check_dtype(*dprobs_TE, DType::F32, "router_bwd dprobs_TE");
-  }
-  check_shape(dlogits_TE, {T, E}, "router_bwd dlogits_TE");
+  if (dprobs_TE) check_dtype(*dprobs_TE, DType::F32, "router_bwd dprobs_TE");
   check_dtype(dlogits_TE, DType::F32, "router_bwd dlogits_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1), K = dtopk_w_TK.size(1);
 
   const float* dw = dtopk_w_TK.data<float>();
   const float* dprobs = dprobs_TE ? dprobs_TE->data<float>() : nullptr;
@@ -125,9 +107,7 @@ void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor&
 }
 
 void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
-  check_2d(topk_idx_TK, DType::I32, "expert_counts topk_idx_TK");
-  if (E < 1) MT_THROW("expert_counts: expert count E (", E, ") must be at least 1");
-  check_shape(counts_E, {E}, "expert_counts counts_E");
+  check_dtype(topk_idx_TK, DType::I32, "expert_counts topk_idx_TK");
   check_dtype(counts_E, DType::I64, "expert_counts counts_E");
   const int64_t T = topk_idx_TK.size(0), K = topk_idx_TK.size(1);
   const int32_t* idx = topk_idx_TK.data<int32_t>();
@@ -141,10 +121,9 @@ void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
 }
 
 void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
-  check_2d(probs_TE, DType::F32, "prob_column_sums probs_TE");
-  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
-  check_shape(sums_E, {E}, "prob_column_sums sums_E");
+  check_dtype(probs_TE, DType::F32, "prob_column_sums probs_TE");
   check_dtype(sums_E, DType::F32, "prob_column_sums sums_E");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
   const float* p = probs_TE.data<float>();
   float* sums = sums_E.data<float>();
   std::vector<double> acc(static_cast<size_t>(E), 0.0);
@@ -155,11 +134,8 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
 
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
   check_dtype(counts_E, DType::I64, "aux_loss_value counts_E");
-  MT_CHECK(counts_E.dim() == 1, "aux_loss_value counts_E must be 1-D, got ", counts_E.desc());
-  const int64_t E = counts_E.size(0);
-  check_shape(sums_E, {E}, "aux_loss_value sums_E");
   check_dtype(sums_E, DType::F32, "aux_loss_value sums_E");
-  if (N < 1) MT_THROW("aux_loss_value: pooled router row count N (", N, ") must be at least 1");
+  const int64_t E = counts_E.size(0);
   const int64_t* counts = counts_E.data<int64_t>();
   const float* sums = sums_E.data<float>();
   double acc = 0;
@@ -169,12 +145,8 @@ double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
 
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
   check_dtype(counts_E, DType::I64, "aux_loss_bwd counts_E");
-  MT_CHECK(counts_E.dim() == 1, "aux_loss_bwd counts_E must be 1-D, got ", counts_E.desc());
-  const int64_t E = counts_E.size(0);
-  check_2d(dprobs_TE, DType::F32, "aux_loss_bwd dprobs_TE");
-  check_shape(dprobs_TE, {dprobs_TE.size(0), E}, "aux_loss_bwd dprobs_TE");
-  if (N < 1) MT_THROW("aux_loss_bwd: pooled router row count N (", N, ") must be at least 1");
-  const int64_t T = dprobs_TE.size(0);
+  check_dtype(dprobs_TE, DType::F32, "aux_loss_bwd dprobs_TE");
+  const int64_t E = counts_E.size(0), T = dprobs_TE.size(0);
   const int64_t* counts = counts_E.data<int64_t>();
   std::vector<float> g(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e) g[size_t(e)] = float(double(dloss) * double(E) * double(counts[e]) / (double(N) * N));
@@ -184,12 +156,10 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
 }
 
 void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
-  check_2d(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
-  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
-  check_shape(lse_T, {T}, "router_z_loss_fwd lse_T");
+  check_dtype(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
   check_dtype(lse_T, DType::F32, "router_z_loss_fwd lse_T");
-  check_shape(zsum, {1}, "router_z_loss_fwd zsum");
   check_dtype(zsum, DType::F32, "router_z_loss_fwd zsum");
+  const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   const float* logits = logits_TE.data<float>();
   float* lse = lse_T.data<float>();
   double acc = 0;
@@ -207,12 +177,10 @@ void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
 }
 
 void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
-  check_2d(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
-  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
-  check_shape(lse_T, {T}, "router_z_loss_bwd lse_T");
+  check_dtype(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
   check_dtype(lse_T, DType::F32, "router_z_loss_bwd lse_T");
-  check_shape(dlogits_TE, {T, E}, "router_z_loss_bwd dlogits_TE");
   check_dtype(dlogits_TE, DType::F32, "router_z_loss_bwd dlogits_TE");
+  const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
   const float* lse = lse_T.data<float>();
   const float* p = probs_TE.data<float>();
   float* d = dlogits_TE.data<float>();
@@ -223,11 +191,9 @@ void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale,
 }
 
 void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
-  check_2d(counts_LE, DType::I64, "router_bias_update counts_LE");
-  const int64_t L = counts_LE.size(0), E = counts_LE.size(1);
-  check_shape(bias_LE, {L, E}, "router_bias_update bias_LE");
+  check_dtype(counts_LE, DType::I64, "router_bias_update counts_LE");
   check_dtype(bias_LE, DType::F32, "router_bias_update bias_LE");
-  if (!std::isfinite(rate)) MT_THROW("router_bias_update: rate (", rate, ") must be finite");
+  const int64_t L = counts_LE.size(0), E = counts_LE.size(1);
   const int64_t* c = counts_LE.data<int64_t>();
   float* b = bias_LE.data<float>();
   for (int64_t l = 0; l < L; ++l) {

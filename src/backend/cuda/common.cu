@@ -58,5 +58,14 @@ void check_cuda(const Tensor& t, DType dtype, const Shape& shape, const char* wh
   check_cuda(t, dtype, what);
   check_shape(t, shape, what);
 }
+void check_cuda_bf16_or_f32(const Tensor& t, const char* what) {
+  check_cuda(t, what);
+  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
+           ", expected bf16 or f32");
+}
+void check_cuda_bf16_or_f32(const Tensor& t, const Shape& shape, const char* what) {
+  check_cuda_bf16_or_f32(t, what);
+  check_shape(t, shape, what);
+}
 
 }  // namespace mt::cuda

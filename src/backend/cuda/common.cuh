@@ -48,6 +48,10 @@ inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + thread
 void check_cuda(const Tensor& t, const char* what);
 void check_cuda(const Tensor& t, DType dtype, const char* what);
 void check_cuda(const Tensor& t, DType dtype, const Shape& shape, const char* what);
+// A CUDA tensor of bf16 or f32 (the ops whose activations may be either): "<what> has dtype i32,
+// expected bf16 or f32"; with shape, also of that shape.
+void check_cuda_bf16_or_f32(const Tensor& t, const char* what);
+void check_cuda_bf16_or_f32(const Tensor& t, const Shape& shape, const char* what);
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }

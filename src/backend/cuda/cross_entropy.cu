@@ -160,9 +160,7 @@ __global__ void ce_bwd_kernel(const T* __restrict__ logits, const int64_t* __res
 // Checks that logits_TV (f32 or bf16), labels_T (i64) and lse_T (f32) are on CUDA with these dtypes (the
 // shapes are op_checks.h's, checked by the dispatch).
 void check_ce_args(const Tensor& logits_TV, const Tensor& labels_T, const Tensor& lse_T, const char* op) {
-  check_cuda(logits_TV, str(op, " logits_TV").c_str());
-  MT_CHECK(logits_TV.dtype() == DType::F32 || logits_TV.dtype() == DType::BF16, op,
-           " logits_TV must be f32 or bf16, got ", logits_TV.desc());
+  check_cuda_bf16_or_f32(logits_TV, str(op, " logits_TV").c_str());
   check_cuda(labels_T, DType::I64, str(op, " labels_T").c_str());
   check_cuda(lse_T, DType::F32, str(op, " lse_T").c_str());
 }

@@ -82,14 +82,6 @@ __global__ void embedding_bwd_kernel(const int64_t* ids, const TG* dout, float* 
   }
 }
 
-// Checks that t is a CUDA bf16 or f32 tensor of the given shape.
-void check_bf16_or_f32(const Tensor& t, const Shape& shape, const char* what) {
-  check_cuda(t, what);
-  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
-           ", expected bf16 or f32");
-  check_shape(t, shape, what);
-}
-
 // Calls f(float{}) or f(__nv_bfloat16{}) for dt (bf16 or f32, checked before).
 template <class F>
 void dispatch_float(DType dt, F&& f) {
@@ -113,7 +105,7 @@ void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD) 
   MT_CHECK(table_VD.dim() == 2, "embedding_fwd table_VD must be 2-D, got ", table_VD.desc());
   const int64_t V = table_VD.size(0), D = table_VD.size(1);
   const int64_t T = check_ids(ids_T, "embedding_fwd ids_T");
-  check_bf16_or_f32(out_TD, {T, D}, "embedding_fwd out_TD");
+  check_cuda_bf16_or_f32(out_TD, {T, D}, "embedding_fwd out_TD");
   if (T == 0 || D == 0) return;
   const auto* table = static_cast<const __nv_bfloat16*>(table_VD.raw());
   const unsigned grid = unsigned(std::min(T, kMaxGrid));
@@ -134,7 +126,7 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
   MT_CHECK(dtable_VD.dim() == 2, "embedding_bwd dtable_VD must be 2-D, got ", dtable_VD.desc());
   const int64_t V = dtable_VD.size(0), D = dtable_VD.size(1);
   const int64_t T = check_ids(ids_T, "embedding_bwd ids_T");
-  check_bf16_or_f32(dout_TD, {T, D}, "embedding_bwd dout_TD");
+  check_cuda_bf16_or_f32(dout_TD, {T, D}, "embedding_bwd dout_TD");
   // = is a clear and the scatter-add: rows of ids that do not occur must become 0 as well.
   if (!accumulate_dw && V * D > 0)
     MT_CUDA_CHECK("embedding_bwd", cudaMemsetAsync(dtable_VD.raw(), 0, size_t(V * D) * sizeof(float), stream()));

@@ -16,6 +16,8 @@
 // grouped pieces (plan, permute, experts_fwd/bwd, unpermute) with per-call temporaries. Unlike on
 // the CPU it shares code with the grouped form, so CUDA-vs-CPU tests, not ref-vs-grouped on the GPU,
 // are what check it.
+//
+// Shapes are checked by the dispatch (ops/op_checks.h); device, dtypes and offsets here.
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -34,23 +36,21 @@ struct ExpertDims {
   int64_t E, F, D;
 };
 
+// The weights' device and dtypes; returns their dims.
 ExpertDims check_expert_weights(const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const char* op) {
   check_cuda(w_gate_up_E2FD, DType::BF16, str(op, " w_gate_up_E2FD").c_str());
-  MT_CHECK(w_gate_up_E2FD.dim() == 3 && w_gate_up_E2FD.size(1) % 2 == 0, op,
-           ": w_gate_up_E2FD must be [E, 2F, D], got ", w_gate_up_E2FD.desc());
-  const ExpertDims d{w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
-  check_cuda(w_down_EDF, DType::BF16, {d.E, d.D, d.F}, str(op, " w_down_EDF").c_str());
-  return d;
+  check_cuda(w_down_EDF, DType::BF16, str(op, " w_down_EDF").c_str());
+  return {w_gate_up_E2FD.size(0), w_gate_up_E2FD.size(1) / 2, w_gate_up_E2FD.size(2)};
 }
 
-void check_rows(const Tensor& t, DType dtype, int64_t R, int64_t cols, const char* op, const char* name) {
-  check_cuda(t, dtype, {R, cols}, str(op, " ", name).c_str());
+void check_rows(const Tensor& t, DType dtype, const char* op, const char* name) {
+  check_cuda(t, dtype, str(op, " ", name).c_str());
 }
 
 // Copies offsets_E1 to the host (synchronises the stream: the reference path's one host round trip)
 // and checks that they describe E ordered ranges covering exactly [0, R).
 std::vector<int64_t> host_offsets(const Tensor& offsets_E1, int64_t E, int64_t R, const char* op) {
-  check_cuda(offsets_E1, DType::I64, {E + 1}, str(op, " offsets_E1").c_str());
+  check_cuda(offsets_E1, DType::I64, str(op, " offsets_E1").c_str());
   std::vector<int64_t> off(size_t(E + 1));
   MT_CUDA_CHECK(op, cudaMemcpyAsync(off.data(), offsets_E1.raw(), off.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
                                     stream()));
@@ -76,34 +76,26 @@ Tensor device_view(void* p, const Shape& shape, DType dtype) {
   return Tensor(nullptr, p, shape, dtype, Device::CUDA);
 }
 
-// Argument checks of experts_fwd; returns R.
-int64_t check_fwd(const Tensor& xp_RD, const ExpertDims& d, const Tensor& gu_R2F, const Tensor& h_RF,
-                  const Tensor& yp_RD, const char* op) {
-  check_cuda(xp_RD, DType::BF16, "experts_fwd xp_RD");
-  MT_CHECK(xp_RD.dim() == 2, "experts_fwd xp_RD must be 2-D, got ", xp_RD.desc());
-  const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, DType::BF16, R, d.D, op, "xp_RD");
-  check_rows(gu_R2F, DType::BF16, R, 2 * d.F, op, "gu_R2F");
-  check_rows(h_RF, DType::BF16, R, d.F, op, "h_RF");
-  check_rows(yp_RD, DType::BF16, R, d.D, op, "yp_RD");
-  return R;
+// Device and dtype checks of experts_fwd; returns R.
+int64_t check_fwd(const Tensor& xp_RD, const Tensor& gu_R2F, const Tensor& h_RF, const Tensor& yp_RD, const char* op) {
+  check_rows(xp_RD, DType::BF16, op, "xp_RD");
+  check_rows(gu_R2F, DType::BF16, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, op, "h_RF");
+  check_rows(yp_RD, DType::BF16, op, "yp_RD");
+  return xp_RD.size(0);
 }
 
-// Argument checks of experts_bwd; returns R.
-int64_t check_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
-                  const ExpertDims& d, const Tensor& gu_R2F, const Tensor& h_RF, const Tensor& dxp_RD,
-                  const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF, const char* op) {
-  check_cuda(xp_RD, DType::BF16, "experts_bwd xp_RD");
-  MT_CHECK(xp_RD.dim() == 2, "experts_bwd xp_RD must be 2-D, got ", xp_RD.desc());
-  const int64_t R = xp_RD.size(0);
-  check_rows(xp_RD, DType::BF16, R, d.D, op, "xp_RD");
-  check_rows(dyp_RD, DType::BF16, R, d.D, op, "dyp_RD");
-  check_rows(gu_R2F, DType::BF16, R, 2 * d.F, op, "gu_R2F");
-  check_rows(h_RF, DType::BF16, R, d.F, op, "h_RF");
-  check_rows(dxp_RD, DType::BF16, R, d.D, op, "dxp_RD");
-  check_cuda(dw_gate_up_E2FD, DType::F32, w_gate_up_E2FD.shape(), "experts_bwd dw_gate_up_E2FD");
-  check_cuda(dw_down_EDF, DType::F32, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
-  return R;
+// Device and dtype checks of experts_bwd; returns R.
+int64_t check_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& gu_R2F, const Tensor& h_RF,
+                  const Tensor& dxp_RD, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF, const char* op) {
+  check_rows(xp_RD, DType::BF16, op, "xp_RD");
+  check_rows(dyp_RD, DType::BF16, op, "dyp_RD");
+  check_rows(gu_R2F, DType::BF16, op, "gu_R2F");
+  check_rows(h_RF, DType::BF16, op, "h_RF");
+  check_rows(dxp_RD, DType::BF16, op, "dxp_RD");
+  check_cuda(dw_gate_up_E2FD, DType::F32, "experts_bwd dw_gate_up_E2FD");
+  check_cuda(dw_down_EDF, DType::F32, "experts_bwd dw_down_EDF");
+  return xp_RD.size(0);
 }
 
 // The backward's bf16 intermediates dh [R, F] and dgu [R, 2F], reused across calls (stream-ordered).
@@ -186,8 +178,8 @@ void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Te
   const char* op = "experts_fwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
-  const int64_t R = check_fwd(xp_RD, d, gu_R2F, h_RF, yp_RD, op);
-  check_cuda(offsets_E1, DType::I64, {E + 1}, "experts_fwd offsets_E1");
+  const int64_t R = check_fwd(xp_RD, gu_R2F, h_RF, yp_RD, op);
+  check_cuda(offsets_E1, DType::I64, "experts_fwd offsets_E1");
   const std::string why =
       experts_grouped_unsupported(D, F, {&xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD});
   MT_CHECK(why.empty(), op, ": the grouped path cannot run: ", why);
@@ -208,9 +200,8 @@ void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor
   const char* op = "experts_bwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
-  const int64_t R =
-      check_bwd(dyp_RD, xp_RD, w_gate_up_E2FD, w_down_EDF, d, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
-  check_cuda(offsets_E1, DType::I64, {E + 1}, "experts_bwd offsets_E1");
+  const int64_t R = check_bwd(dyp_RD, xp_RD, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
+  check_cuda(offsets_E1, DType::I64, "experts_bwd offsets_E1");
   const std::string why = experts_grouped_unsupported(
       D, F, {&dyp_RD, &xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &dxp_RD, &dw_gate_up_E2FD, &dw_down_EDF});
   MT_CHECK(why.empty(), op, ": the grouped path cannot run: ", why);
@@ -247,7 +238,7 @@ void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const 
   const char* op = "experts_fwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
-  const int64_t R = check_fwd(xp_RD, d, gu_R2F, h_RF, yp_RD, op);
+  const int64_t R = check_fwd(xp_RD, gu_R2F, h_RF, yp_RD, op);
   const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
   if (R == 0) return;
 
@@ -279,8 +270,7 @@ void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tens
   const char* op = "experts_bwd";
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   const auto [E, F, D] = d;
-  const int64_t R =
-      check_bwd(dyp_RD, xp_RD, w_gate_up_E2FD, w_down_EDF, d, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
+  const int64_t R = check_bwd(dyp_RD, xp_RD, gu_R2F, h_RF, dxp_RD, dw_gate_up_E2FD, dw_down_EDF, op);
   const std::vector<int64_t> off = host_offsets(offsets_E1, E, R, op);
   // The reference path keeps +=: = is a clear first (experts without rows must read 0 too).
   if (!accumulate_dw) {
@@ -335,12 +325,8 @@ RefState ref_forward(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
                      const Tensor& w_down_EDF, const char* op) {
   const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
   check_cuda(x_TD, DType::BF16, str(op, " x_TD").c_str());
-  MT_CHECK(x_TD.dim() == 2 && x_TD.size(1) == D, op, ": x_TD must be [T, D] with D = ", D, ", got ", x_TD.desc());
   check_cuda(topk_idx_TK, DType::I32, str(op, " topk_idx_TK").c_str());
-  const int64_t T = x_TD.size(0);
-  MT_CHECK(topk_idx_TK.dim() == 2 && topk_idx_TK.size(0) == T, op, ": topk_idx_TK must be [T, K] with T = ", T,
-           ", got ", topk_idx_TK.desc());
-  const int64_t K = topk_idx_TK.size(1), R = T * K;
+  const int64_t T = x_TD.size(0), K = topk_idx_TK.size(1), R = T * K;
   const Device dev = Device::CUDA;
   RefState s{Tensor::empty({E + 1}, DType::I64, dev),     Tensor::empty({R}, DType::I32, dev),
              Tensor::empty({T, K}, DType::I32, dev),      Tensor::empty({R, D}, DType::BF16, dev),
@@ -357,8 +343,8 @@ RefState ref_forward(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
   const char* op = "experts_ref_fwd";
-  check_cuda(topk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_fwd topk_w_TK");
-  check_cuda(y_TD, DType::BF16, x_TD.shape(), "experts_ref_fwd y_TD");
+  check_cuda(topk_w_TK, DType::F32, "experts_ref_fwd topk_w_TK");
+  check_cuda(y_TD, DType::BF16, "experts_ref_fwd y_TD");
   const RefState s = ref_forward(x_TD, topk_idx_TK, w_gate_up_E2FD, w_down_EDF, op);
   unpermute_fwd(s.yp, s.row_of_assign, topk_w_TK, y_TD);
 }
@@ -367,10 +353,10 @@ void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& dx_TD, Tensor& dtopk_w_TK,
                      Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw) {
   const char* op = "experts_ref_bwd";
-  check_cuda(topk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_bwd topk_w_TK");
-  check_cuda(dy_TD, DType::BF16, x_TD.shape(), "experts_ref_bwd dy_TD");
-  check_cuda(dx_TD, DType::BF16, x_TD.shape(), "experts_ref_bwd dx_TD");
-  check_cuda(dtopk_w_TK, DType::F32, topk_idx_TK.shape(), "experts_ref_bwd dtopk_w_TK");
+  check_cuda(topk_w_TK, DType::F32, "experts_ref_bwd topk_w_TK");
+  check_cuda(dy_TD, DType::BF16, "experts_ref_bwd dy_TD");
+  check_cuda(dx_TD, DType::BF16, "experts_ref_bwd dx_TD");
+  check_cuda(dtopk_w_TK, DType::F32, "experts_ref_bwd dtopk_w_TK");
   RefState s = ref_forward(x_TD, topk_idx_TK, w_gate_up_E2FD, w_down_EDF, op);
   const int64_t K = topk_idx_TK.size(1);
   Tensor dyp = Tensor::empty(s.yp.shape(), DType::BF16, Device::CUDA);

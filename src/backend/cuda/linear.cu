@@ -45,10 +45,6 @@ const float* as_f32(const Tensor& t, DeviceScratch& scratch, const char* op) {
   return tmp;
 }
 
-void check_float(const Tensor& t, const char* what) {
-  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " must be bf16 or f32, got ", t.desc());
-}
-
 void check_matrix(const Tensor& t, const char* what) {
   check_cuda(t, what);
   MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
@@ -63,13 +59,11 @@ const __nv_bfloat16* bf16_ptr(const Tensor& t) {
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   check_matrix(x_TI, "linear_fwd x_TI");
   check_matrix(w_OI, "linear_fwd w_OI");
-  check_float(x_TI, "linear_fwd x_TI");
-  check_float(w_OI, "linear_fwd w_OI");
+  check_cuda_bf16_or_f32(x_TI, "linear_fwd x_TI");
+  check_cuda_bf16_or_f32(w_OI, "linear_fwd w_OI");
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
   check_shape(w_OI, {O, I}, "linear_fwd w_OI");
-  check_cuda(y_TO, "linear_fwd y_TO");
-  check_shape(y_TO, {T, O}, "linear_fwd y_TO");
-  check_float(y_TO, "linear_fwd y_TO");
+  check_cuda_bf16_or_f32(y_TO, {T, O}, "linear_fwd y_TO");
   if (w_OI.dtype() == DType::F32) {
     MT_CHECK(y_TO.dtype() == DType::F32, "linear_fwd y_TO must be f32 with an f32 weight (fp32 GEMM), got ",
              y_TO.desc());
@@ -86,18 +80,14 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
                 Tensor& dw_OI, bool accumulate_dw) {
   check_matrix(x_TI, "linear_bwd x_TI");
   check_matrix(w_OI, "linear_bwd w_OI");
-  check_float(x_TI, "linear_bwd x_TI");
-  check_float(w_OI, "linear_bwd w_OI");
+  check_cuda_bf16_or_f32(x_TI, "linear_bwd x_TI");
+  check_cuda_bf16_or_f32(w_OI, "linear_bwd w_OI");
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
   check_shape(w_OI, {O, I}, "linear_bwd w_OI");
-  check_cuda(dy_TO, "linear_bwd dy_TO");
-  check_shape(dy_TO, {T, O}, "linear_bwd dy_TO");
-  check_float(dy_TO, "linear_bwd dy_TO");
+  check_cuda_bf16_or_f32(dy_TO, {T, O}, "linear_bwd dy_TO");
   check_cuda(dw_OI, DType::F32, {O, I}, "linear_bwd dw_OI");
   if (dx_TI) {
-    check_cuda(*dx_TI, "linear_bwd dx_TI");
-    check_shape(*dx_TI, {T, I}, "linear_bwd dx_TI");
-    check_float(*dx_TI, "linear_bwd dx_TI");
+    check_cuda_bf16_or_f32(*dx_TI, {T, I}, "linear_bwd dx_TI");
   }
   if (w_OI.dtype() == DType::F32) {
     if (dx_TI)

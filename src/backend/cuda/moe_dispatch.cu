@@ -6,6 +6,8 @@
 // K rows run in k order in f32. Nothing synchronises the host; bad expert ids surface as described
 // in moe_dispatch.cuh. Indices that a valid plan never produces (a row or an assignment out of
 // range) are skipped rather than dereferenced, so a corrupt plan cannot write out of bounds.
+// Shapes and scalar arguments are checked by the dispatch (ops/op_checks.h); device, dtypes and this
+// backend's index and grid limits here.
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <initializer_list>
@@ -259,19 +261,6 @@ __nv_bfloat16* bf16_out(Tensor& t) {
   return static_cast<__nv_bfloat16*>(t.raw());
 }
 
-void check_matrix(const Tensor& t, DType dtype, const char* what) {
-  check_cuda(t, dtype, what);
-  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
-}
-
-// A 2-D CUDA tensor of bf16 or f32 (the token-side rows of unpermute, which may be the f32 residual).
-void check_matrix_bf16_or_f32(const Tensor& t, const char* what) {
-  check_cuda(t, what);
-  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
-           ", expected bf16 or f32");
-  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
-}
-
 // Calls f(float{}) or f(__nv_bfloat16{}) for dt (bf16 or f32, checked before).
 template <class F>
 void dispatch_float(DType dt, F&& f) {
@@ -304,15 +293,12 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
                         Tensor& row_of_assign_TK) {
   const char* op = "make_dispatch_plan";
   check_dispatch_plan_errors(op);  // an earlier call's bad ids, if their record has landed
-  check_matrix(topk_idx_TK, DType::I32, "make_dispatch_plan topk_idx_TK");
-  if (E < 1) MT_THROW("make_dispatch_plan: expert count E (", E, ") must be at least 1");
+  check_cuda(topk_idx_TK, DType::I32, "make_dispatch_plan topk_idx_TK");
   if (E > std::numeric_limits<int32_t>::max()) MT_THROW("make_dispatch_plan: expert count E (", E, ") exceeds i32");
-  const int64_t T = topk_idx_TK.size(0), K = topk_idx_TK.size(1), R = T * K;
-  if (R > std::numeric_limits<int32_t>::max())
-    MT_THROW("make_dispatch_plan: T*K (", T, "*", K, " = ", R, ") dispatched rows exceed the i32 row index range");
-  check_cuda(offsets_E1, DType::I64, {E + 1}, "make_dispatch_plan offsets_E1");
-  check_cuda(assign_of_row_R, DType::I32, {R}, "make_dispatch_plan assign_of_row_R");
-  check_cuda(row_of_assign_TK, DType::I32, {T, K}, "make_dispatch_plan row_of_assign_TK");
+  const int64_t K = topk_idx_TK.size(1), R = topk_idx_TK.numel();
+  check_cuda(offsets_E1, DType::I64, "make_dispatch_plan offsets_E1");
+  check_cuda(assign_of_row_R, DType::I32, "make_dispatch_plan assign_of_row_R");
+  check_cuda(row_of_assign_TK, DType::I32, "make_dispatch_plan row_of_assign_TK");
   g_plan_K = std::max<int64_t>(K, 1);
   g_plan_E = E;
 
@@ -344,12 +330,10 @@ void make_dispatch_plan(const Tensor& topk_idx_TK, int64_t E, Tensor& offsets_E1
 }
 
 void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, Tensor& xp_RD) {
-  check_matrix(x_TD, DType::BF16, "permute_fwd x_TD");
+  check_cuda(x_TD, DType::BF16, "permute_fwd x_TD");
   check_cuda(assign_of_row_R, DType::I32, "permute_fwd assign_of_row_R");
-  MT_CHECK(assign_of_row_R.dim() == 1, "permute_fwd assign_of_row_R must be 1-D, got ", assign_of_row_R.desc());
-  MT_CHECK(K >= 1, "permute_fwd: K (", K, ") must be at least 1");
+  check_cuda(xp_RD, DType::BF16, "permute_fwd xp_RD");
   const int64_t T = x_TD.size(0), D = x_TD.size(1), R = assign_of_row_R.size(0);
-  check_cuda(xp_RD, DType::BF16, {R, D}, "permute_fwd xp_RD");
   if (R == 0 || D == 0) return;
   MT_CHECK(R < (int64_t(1) << 31), "permute_fwd: R (", R, ") exceeds the grid size");
   const __nv_bfloat16* x = bf16_in(x_TD);
@@ -365,13 +349,10 @@ void permute_fwd(const Tensor& x_TD, const Tensor& assign_of_row_R, int64_t K, T
 
 void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K, Tensor& dx_TD) {
   const char* op = "permute_bwd";
-  check_matrix(dxp_RD, DType::BF16, "permute_bwd dxp_RD");
+  check_cuda(dxp_RD, DType::BF16, "permute_bwd dxp_RD");
   check_cuda(assign_of_row_R, DType::I32, "permute_bwd assign_of_row_R");
-  MT_CHECK(K >= 1, "permute_bwd: K (", K, ") must be at least 1");
-  check_matrix_bf16_or_f32(dx_TD, "permute_bwd dx_TD");
+  check_cuda_bf16_or_f32(dx_TD, "permute_bwd dx_TD");
   const int64_t R = dxp_RD.size(0), D = dxp_RD.size(1), T = dx_TD.size(0);
-  check_shape(assign_of_row_R, {R}, "permute_bwd assign_of_row_R");
-  check_shape(dx_TD, {T, D}, "permute_bwd dx_TD");
   MT_CHECK(T * K <= std::numeric_limits<int32_t>::max(), "permute_bwd: T*K (", T * K, ") exceeds i32");
   if (T == 0 || D == 0) return;
   // A gather per token over the inverse permutation instead of a scatter-add: deterministic, no atomics.
@@ -399,13 +380,12 @@ void permute_bwd(const Tensor& dxp_RD, const Tensor& assign_of_row_R, int64_t K,
 }
 
 void unpermute_fwd(const Tensor& yp_RD, const Tensor& row_of_assign_TK, const Tensor& w_TK, Tensor& y_TD) {
-  check_matrix(yp_RD, DType::BF16, "unpermute_fwd yp_RD");
-  check_matrix(row_of_assign_TK, DType::I32, "unpermute_fwd row_of_assign_TK");
+  check_cuda(yp_RD, DType::BF16, "unpermute_fwd yp_RD");
+  check_cuda(row_of_assign_TK, DType::I32, "unpermute_fwd row_of_assign_TK");
+  check_cuda(w_TK, DType::F32, "unpermute_fwd w_TK");
+  check_cuda_bf16_or_f32(y_TD, "unpermute_fwd y_TD");
   const int64_t R = yp_RD.size(0), D = yp_RD.size(1);
   const int64_t T = row_of_assign_TK.size(0), K = row_of_assign_TK.size(1);
-  check_cuda(w_TK, DType::F32, {T, K}, "unpermute_fwd w_TK");
-  check_matrix_bf16_or_f32(y_TD, "unpermute_fwd y_TD");
-  check_shape(y_TD, {T, D}, "unpermute_fwd y_TD");
   if (T == 0 || D == 0) return;
   MT_CHECK(T < (int64_t(1) << 31), "unpermute_fwd: T (", T, ") exceeds the grid size");
   const __nv_bfloat16* yp = bf16_in(yp_RD);
@@ -426,19 +406,16 @@ void unpermute_bwd(const Tensor& dy_TD, const Tensor& yp_RD, const Tensor& row_o
                    Tensor& dyp_RD, Tensor& dw_TK) {
   const char* op = "unpermute_bwd";
   // Either half may be skipped: yp_RD undefined = no dot products (dw_TK untouched), dyp_RD undefined =
-  // no rows written.
+  // no rows written (the dispatch checks that one is given).
   const bool rows = dyp_RD.defined(), dots = yp_RD.defined();
-  MT_CHECK(rows || dots, "unpermute_bwd: neither dyp_RD nor yp_RD given");
-  check_matrix_bf16_or_f32(dy_TD, "unpermute_bwd dy_TD");
+  check_cuda_bf16_or_f32(dy_TD, "unpermute_bwd dy_TD");
+  if (dots) check_cuda(yp_RD, DType::BF16, "unpermute_bwd yp_RD");
+  check_cuda(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
+  check_cuda(w_TK, DType::F32, "unpermute_bwd w_TK");
+  if (rows) check_cuda(dyp_RD, DType::BF16, "unpermute_bwd dyp_RD");
+  if (dots) check_cuda(dw_TK, DType::F32, "unpermute_bwd dw_TK");
   const Tensor& rd = dots ? yp_RD : dyp_RD;
-  check_matrix(rd, DType::BF16, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
-  check_matrix(row_of_assign_TK, DType::I32, "unpermute_bwd row_of_assign_TK");
   const int64_t T = dy_TD.size(0), D = dy_TD.size(1), R = rd.size(0), K = row_of_assign_TK.size(1);
-  check_shape(rd, {R, D}, dots ? "unpermute_bwd yp_RD" : "unpermute_bwd dyp_RD");
-  check_shape(row_of_assign_TK, {T, K}, "unpermute_bwd row_of_assign_TK");
-  check_cuda(w_TK, DType::F32, {T, K}, "unpermute_bwd w_TK");
-  if (rows) check_cuda(dyp_RD, DType::BF16, {R, D}, "unpermute_bwd dyp_RD");
-  if (dots) check_cuda(dw_TK, DType::F32, {T, K}, "unpermute_bwd dw_TK");
   // A row no assignment points at (possible only with a plan that is not a bijection) gets zero, not garbage.
   if (rows && R != T * K && R * D > 0) MT_CUDA_CHECK(op, cudaMemsetAsync(dyp_RD.raw(), 0, dyp_RD.nbytes(), stream()));
   if (T * K == 0) return;

@@ -223,13 +223,7 @@ __global__ void cast_kernel(const S* src, D* dst, int64_t n) {
     dst[i] = from_f32<D>(to_f32(src[i]));
 }
 
-// Checks that x is a CUDA f32 or bf16 tensor.
-void check_float(const Tensor& x, const char* what) {
-  check_cuda(x, what);
-  MT_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, what, " must be f32 or bf16, got ", x.desc());
-}
-
-// Calls f(float{}) or f(__nv_bfloat16{}) for the dtype of x (checked by check_float).
+// Calls f(float{}) or f(__nv_bfloat16{}) for the dtype of x (checked by check_cuda_bf16_or_f32).
 template <class F>
 void dispatch_float(DType dt, F&& f) {
   if (dt == DType::F32)
@@ -287,7 +281,7 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
 
 // Synchronises the stream: one device-to-host copy of the block partials.
 double sum_squares(const Tensor& x) {
-  check_float(x, "sum_squares x");
+  check_cuda_bf16_or_f32(x, "sum_squares x");
   const int64_t n = x.numel();
   if (n == 0) return 0.0;
   double* partials = nullptr;
@@ -311,7 +305,7 @@ double sum_squares(const Tensor& x) {
 }
 
 void scale_(Tensor& x, float s) {
-  check_float(x, "scale_ x");
+  check_cuda_bf16_or_f32(x, "scale_ x");
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float(x.dtype(), [&](auto tag) {
@@ -325,7 +319,7 @@ void scale_(Tensor& x, float s) {
 
 // Same dtypes, or y f32 with x bf16 (a bf16 branch output added into an f32 residual stream).
 void add_(Tensor& y, const Tensor& x, float alpha) {
-  check_float(y, "add_ y");
+  check_cuda_bf16_or_f32(y, "add_ y");
   check_cuda(x, "add_ x");
   const bool mixed = y.dtype() == DType::F32 && x.dtype() == DType::BF16;
   MT_CHECK(x.dtype() == y.dtype() || mixed, "add_ x has dtype ", dtype_name(x.dtype()), ", expected ",
@@ -351,7 +345,7 @@ void add_(Tensor& y, const Tensor& x, float alpha) {
 
 // Synchronises the stream: one device-to-host copy of the flag.
 bool all_finite(const Tensor& x) {
-  check_float(x, "all_finite x");
+  check_cuda_bf16_or_f32(x, "all_finite x");
   const int64_t n = x.numel();
   if (n == 0) return true;
   int* flag = nullptr;

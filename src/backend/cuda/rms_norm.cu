@@ -192,14 +192,6 @@ void dispatch_float(DType dt, F&& f) {
     f(bf16{});
 }
 
-// Checks that t is a CUDA bf16 or f32 tensor of the given shape.
-void check_bf16_or_f32(const Tensor& t, const Shape& shape, const std::string& what) {
-  check_cuda(t, what.c_str());
-  MT_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, what, " has dtype ", dtype_name(t.dtype()),
-           ", expected bf16 or f32");
-  check_shape(t, shape, what.c_str());
-}
-
 int sm_count() {
   static const int n = [] {
     int dev = 0, count = 0;
@@ -215,7 +207,7 @@ std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_
                                             const char* op) {
   if (x_ND.dim() != 2) MT_THROW(op, " x_ND must be 2-D, got shape ", shape_str(x_ND.shape()));
   const int64_t N = x_ND.size(0), D = x_ND.size(1);
-  check_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND"));
+  check_cuda_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND").c_str());
   check_cuda(w_D, str(op, " w_D").c_str());
   MT_CHECK(w_D.dtype() == DType::F32, op, " w_D must be f32 (the gain is read from the fp32 master weights), got ",
            w_D.desc());
@@ -251,8 +243,8 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw) {
   const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
-  check_bf16_or_f32(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
-  check_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
+  check_cuda_bf16_or_f32(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
+  check_cuda_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
   check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
   // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats).
   if (!accumulate_dw && D > 0)

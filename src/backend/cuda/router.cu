@@ -15,6 +15,9 @@
 // expert_counts and prob_column_sums accumulate per block (shared-memory histogram; fp64 column sums)
 // and add to the outputs with atomics. aux_loss_value returns a host value: it copies counts and sums
 // (E values each) to the host and synchronises the stream.
+//
+// Shapes and scalar arguments are checked by the dispatch (ops/op_checks.h); device, dtypes and this
+// backend's limits on E here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -241,11 +244,6 @@ __global__ void router_bias_update_kernel(const int64_t* __restrict__ counts, in
   }
 }
 
-void check_2d(const Tensor& t, DType dtype, const char* what) {
-  check_cuda(t, dtype, what);
-  MT_CHECK(t.dim() == 2, what, " must be 2-D, got ", t.desc());
-}
-
 void check_experts_limit(int64_t E, int64_t limit, const char* op) {
   if (E > limit) MT_THROW(op, ": expert count E (", E, ") is above the CUDA kernel's limit of ", limit);
 }
@@ -258,14 +256,13 @@ unsigned token_blocks(int64_t T) {
 
 void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& probs_TE, Tensor& topk_idx_TK,
                 Tensor& topk_w_TK, const Tensor* bias_E) {
-  check_2d(logits_TE, DType::F32, "router_fwd logits_TE");
+  check_cuda(logits_TE, DType::F32, "router_fwd logits_TE");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
-  if (K < 1 || K > E) MT_THROW("router_fwd: top-k K (", K, ") must be in [1, E] where E (", E, ") is the expert count");
   check_experts_limit(E, kMaxExperts, "router_fwd");
-  check_cuda(probs_TE, DType::F32, {T, E}, "router_fwd probs_TE");
-  check_cuda(topk_idx_TK, DType::I32, {T, K}, "router_fwd topk_idx_TK");
-  check_cuda(topk_w_TK, DType::F32, {T, K}, "router_fwd topk_w_TK");
-  if (bias_E) check_cuda(*bias_E, DType::F32, {E}, "router_fwd bias_E");
+  check_cuda(probs_TE, DType::F32, "router_fwd probs_TE");
+  check_cuda(topk_idx_TK, DType::I32, "router_fwd topk_idx_TK");
+  check_cuda(topk_w_TK, DType::F32, "router_fwd topk_w_TK");
+  if (bias_E) check_cuda(*bias_E, DType::F32, "router_fwd bias_E");
   if (T == 0) return;
   router_fwd_kernel<<<token_blocks(T), kWarps * 32, size_t(kWarps) * size_t(E) * sizeof(float), stream()>>>(
       logits_TE.data<float>(), probs_TE.data<float>(), topk_idx_TK.data<int32_t>(), topk_w_TK.data<float>(), T, int(E),
@@ -275,14 +272,13 @@ void router_fwd(const Tensor& logits_TE, int64_t K, bool norm_topk, Tensor& prob
 
 void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor& probs_TE, const Tensor& topk_idx_TK,
                 bool norm_topk, Tensor& dlogits_TE) {
-  check_2d(probs_TE, DType::F32, "router_bwd probs_TE");
-  check_2d(dtopk_w_TK, DType::F32, "router_bwd dtopk_w_TK");
+  check_cuda(probs_TE, DType::F32, "router_bwd probs_TE");
+  check_cuda(dtopk_w_TK, DType::F32, "router_bwd dtopk_w_TK");
   const int64_t T = probs_TE.size(0), E = probs_TE.size(1), K = dtopk_w_TK.size(1);
   check_experts_limit(E, kMaxExperts, "router_bwd");
-  check_shape(dtopk_w_TK, {T, K}, "router_bwd dtopk_w_TK");
-  check_cuda(topk_idx_TK, DType::I32, {T, K}, "router_bwd topk_idx_TK");
-  if (dprobs_TE) check_cuda(*dprobs_TE, DType::F32, {T, E}, "router_bwd dprobs_TE");
-  check_cuda(dlogits_TE, DType::F32, {T, E}, "router_bwd dlogits_TE");
+  check_cuda(topk_idx_TK, DType::I32, "router_bwd topk_idx_TK");
+  if (dprobs_TE) check_cuda(*dprobs_TE, DType::F32, "router_bwd dprobs_TE");
+  check_cuda(dlogits_TE, DType::F32, "router_bwd dlogits_TE");
   if (T == 0 || E == 0) return;
   router_bwd_kernel<<<token_blocks(T), kWarps * 32, size_t(kWarps) * size_t(E) * sizeof(double), stream()>>>(
       dtopk_w_TK.data<float>(), dprobs_TE ? dprobs_TE->data<float>() : nullptr, probs_TE.data<float>(),
@@ -291,10 +287,9 @@ void router_bwd(const Tensor& dtopk_w_TK, const Tensor* dprobs_TE, const Tensor&
 }
 
 void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
-  check_2d(topk_idx_TK, DType::I32, "expert_counts topk_idx_TK");
-  if (E < 1) MT_THROW("expert_counts: expert count E (", E, ") must be at least 1");
+  check_cuda(topk_idx_TK, DType::I32, "expert_counts topk_idx_TK");
   check_experts_limit(E, kMaxCountExperts, "expert_counts");
-  check_cuda(counts_E, DType::I64, {E}, "expert_counts counts_E");
+  check_cuda(counts_E, DType::I64, "expert_counts counts_E");
   const int64_t n = topk_idx_TK.numel();
   if (n == 0) return;
   const unsigned grid = unsigned(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 264));
@@ -305,9 +300,9 @@ void expert_counts(const Tensor& topk_idx_TK, int64_t E, Tensor& counts_E) {
 }
 
 void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
-  check_2d(probs_TE, DType::F32, "prob_column_sums probs_TE");
+  check_cuda(probs_TE, DType::F32, "prob_column_sums probs_TE");
+  check_cuda(sums_E, DType::F32, "prob_column_sums sums_E");
   const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
-  check_cuda(sums_E, DType::F32, {E}, "prob_column_sums sums_E");
   if (T == 0 || E == 0) return;
   constexpr int64_t kRowsPerBlock = 32;
   const int64_t blocks = (T + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -321,10 +316,8 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
 // expression there.
 double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
   check_cuda(counts_E, DType::I64, "aux_loss_value counts_E");
-  MT_CHECK(counts_E.dim() == 1, "aux_loss_value counts_E must be 1-D, got ", counts_E.desc());
+  check_cuda(sums_E, DType::F32, "aux_loss_value sums_E");
   const int64_t E = counts_E.size(0);
-  check_cuda(sums_E, DType::F32, {E}, "aux_loss_value sums_E");
-  if (N < 1) MT_THROW("aux_loss_value: pooled router row count N (", N, ") must be at least 1");
   std::vector<int64_t> counts(static_cast<size_t>(E));
   std::vector<float> sums(static_cast<size_t>(E));
   if (E > 0) {
@@ -341,12 +334,8 @@ double aux_loss_value(const Tensor& counts_E, const Tensor& sums_E, int64_t N) {
 
 void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs_TE) {
   check_cuda(counts_E, DType::I64, "aux_loss_bwd counts_E");
-  MT_CHECK(counts_E.dim() == 1, "aux_loss_bwd counts_E must be 1-D, got ", counts_E.desc());
-  const int64_t E = counts_E.size(0);
-  check_2d(dprobs_TE, DType::F32, "aux_loss_bwd dprobs_TE");
-  check_shape(dprobs_TE, {dprobs_TE.size(0), E}, "aux_loss_bwd dprobs_TE");
-  if (N < 1) MT_THROW("aux_loss_bwd: pooled router row count N (", N, ") must be at least 1");
-  const int64_t T = dprobs_TE.size(0);
+  check_cuda(dprobs_TE, DType::F32, "aux_loss_bwd dprobs_TE");
+  const int64_t E = counts_E.size(0), T = dprobs_TE.size(0);
   if (T == 0 || E == 0) return;
   const unsigned grid = unsigned(std::clamp<int64_t>((T * E + kThreads - 1) / kThreads, 1, 4096));
   aux_loss_bwd_kernel<<<grid, kThreads, 0, stream()>>>(counts_E.data<int64_t>(), T, int(E), N, dloss,
@@ -355,10 +344,10 @@ void aux_loss_bwd(const Tensor& counts_E, int64_t N, float dloss, Tensor& dprobs
 }
 
 void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
-  check_2d(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
+  check_cuda(logits_TE, DType::F32, "router_z_loss_fwd logits_TE");
+  check_cuda(lse_T, DType::F32, "router_z_loss_fwd lse_T");
+  check_cuda(zsum, DType::F32, "router_z_loss_fwd zsum");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
-  check_cuda(lse_T, DType::F32, {T}, "router_z_loss_fwd lse_T");
-  check_cuda(zsum, DType::F32, {1}, "router_z_loss_fwd zsum");
   if (T == 0 || E == 0) return;
   router_z_loss_fwd_kernel<<<token_blocks(T), kWarps * 32, 0, stream()>>>(logits_TE.data<float>(), lse_T.data<float>(),
                                                                           T, int(E), zsum.data<float>());
@@ -366,10 +355,10 @@ void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
 }
 
 void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {
-  check_2d(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
+  check_cuda(probs_TE, DType::F32, "router_z_loss_bwd probs_TE");
+  check_cuda(lse_T, DType::F32, "router_z_loss_bwd lse_T");
+  check_cuda(dlogits_TE, DType::F32, "router_z_loss_bwd dlogits_TE");
   const int64_t T = probs_TE.size(0), E = probs_TE.size(1);
-  check_cuda(lse_T, DType::F32, {T}, "router_z_loss_bwd lse_T");
-  check_cuda(dlogits_TE, DType::F32, {T, E}, "router_z_loss_bwd dlogits_TE");
   if (T == 0 || E == 0) return;
   const unsigned grid = unsigned(std::clamp<int64_t>((T * E + kThreads - 1) / kThreads, 1, 4096));
   router_z_loss_bwd_kernel<<<grid, kThreads, 0, stream()>>>(lse_T.data<float>(), probs_TE.data<float>(), T, int(E),
@@ -378,10 +367,9 @@ void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale,
 }
 
 void router_bias_update(const Tensor& counts_LE, float rate, Tensor& bias_LE) {
-  check_2d(counts_LE, DType::I64, "router_bias_update counts_LE");
+  check_cuda(counts_LE, DType::I64, "router_bias_update counts_LE");
+  check_cuda(bias_LE, DType::F32, "router_bias_update bias_LE");
   const int64_t L = counts_LE.size(0), E = counts_LE.size(1);
-  check_cuda(bias_LE, DType::F32, {L, E}, "router_bias_update bias_LE");
-  if (!std::isfinite(rate)) MT_THROW("router_bias_update: rate (", rate, ") must be finite");
   if (L == 0 || E == 0) return;
   router_bias_update_kernel<<<unsigned(L), kThreads, 0, stream()>>>(counts_LE.data<int64_t>(), int(E), rate,
                                                                     bias_LE.data<float>());
