@@ -83,8 +83,9 @@ __device__ __forceinline__ Best best_of(Best a, Best b) {
   return (b.v > a.v || (b.v == a.v && b.t < a.t)) ? b : a;
 }
 
+// The block's reduction of x under op; identity is op's neutral element (the lanes past the warp count).
 template <class T, class Op>
-__device__ T block_reduce(T x, Op op, T* shared) {
+__device__ T block_reduce(T x, Op op, T identity, T* shared) {
   for (int o = 16; o > 0; o >>= 1) {
     T y;
     if constexpr (sizeof(T) == 8) {
@@ -105,7 +106,7 @@ __device__ T block_reduce(T x, Op op, T* shared) {
   if (lane == 0) shared[w] = x;
   __syncthreads();
   if (w == 0) {
-    x = lane < kWarps ? shared[lane] : shared[0];
+    x = lane < kWarps ? shared[lane] : identity;
     for (int o = 16; o > 0; o >>= 1) {
       T y;
       if constexpr (sizeof(T) == 8) {
@@ -201,8 +202,8 @@ __global__ void sample_kernel(const float* __restrict__ logits, const int64_t* _
       l = lse_push(l, x[t]);
       b = best_of(b, Best{x[t], int32_t(t)});
     }
-    l = block_reduce(l, lse_op, lse_sh);
-    b = block_reduce(b, best_op, best_sh);
+    l = block_reduce(l, lse_op, Lse{-INFINITY, 0.0f}, lse_sh);
+    b = block_reduce(b, best_op, Best{-INFINITY, -1}, best_sh);
     if (threadIdx.x == 0) {
       tokens[r] = b.t;
       logprobs[r] = x[b.t] - l.m - logf(l.s);
@@ -225,7 +226,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, const int64_t* _
       if (race_now && z > -INFINITY) b = best_of(b, Best{race_score(t, z, w), int32_t(t)});
     }
   }
-  l = block_reduce(l, lse_op, lse_sh);
+  l = block_reduce(l, lse_op, Lse{-INFINITY, 0.0f}, lse_sh);
   const float z_max = l.m, log_z = l.m + logf(l.s);
   if (!race_now) {
     // Thresholds: keys at or above k_thr (top-k) and p_thr (top-p) are kept.
@@ -243,7 +244,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, const int64_t* _
       for (int64_t t = threadIdx.x; t < V; t += blockDim.x)
         if (key_of(x[t], t) >= k_thr) mass += weight(x[t]);
       auto add = [](float a, float c) { return a + c; };
-      mass = block_reduce(mass, add, reinterpret_cast<float*>(red8));
+      mass = block_reduce(mass, add, 0.0f, reinterpret_cast<float*>(red8));
       if (threadIdx.x == 0) s_target = double(p.top_p) * double(mass);
       __syncthreads();
       p_thr = radix_select<true>(
@@ -260,7 +261,7 @@ __global__ void sample_kernel(const float* __restrict__ logits, const int64_t* _
       }
     }
   }
-  b = block_reduce(b, best_op, best_sh);
+  b = block_reduce(b, best_op, Best{-INFINITY, -1}, best_sh);
   if (threadIdx.x == 0) {
     tokens[r] = b.t;
     logprobs[r] = x[b.t] * invT - log_z;
