@@ -1,0 +1,95 @@
+// Advantage estimators (advantages.h); fp64 throughout.
+#include "rl/advantages.h"
+
+#include <cmath>
+
+#include "core/error.h"
+
+namespace mt::rl {
+
+namespace {
+
+void check_groups(std::span<const double> r, int64_t G, const char* what) {
+  if (G < 2) MT_THROW(what, ": group size ", G, " < 2; a group baseline needs at least two samples per prompt (--n)");
+  if (r.empty() || int64_t(r.size()) % G != 0)
+    MT_THROW(what, ": ", r.size(), " rewards are not a whole number of groups of ", G);
+  for (size_t i = 0; i < r.size(); ++i)
+    if (!std::isfinite(r[i])) MT_THROW(what, ": reward ", i, " is ", r[i], "; rewards must be finite");
+}
+
+double mean(std::span<const double> x) {
+  double s = 0;
+  for (double v : x) s += v;
+  return s / double(x.size());
+}
+
+double unbiased_std(std::span<const double> x, double m) {
+  double s = 0;
+  for (double v : x) s += (v - m) * (v - m);
+  return std::sqrt(s / double(x.size() - 1));
+}
+
+}  // namespace
+
+std::vector<double> grpo_advantages(std::span<const double> rewards, int64_t G, bool normalize_std, double eps) {
+  check_groups(rewards, G, "grpo_advantages");
+  std::vector<double> a(rewards.size());
+  for (size_t g = 0; g < rewards.size(); g += size_t(G)) {
+    const std::span<const double> grp = rewards.subspan(g, size_t(G));
+    const double m = mean(grp), s = normalize_std ? unbiased_std(grp, m) + eps : 1.0;
+    for (int64_t i = 0; i < G; ++i) a[g + size_t(i)] = (grp[size_t(i)] - m) / s;
+  }
+  return a;
+}
+
+std::vector<double> rloo_advantages(std::span<const double> rewards, int64_t G) {
+  check_groups(rewards, G, "rloo_advantages");
+  std::vector<double> a(rewards.size());
+  for (size_t g = 0; g < rewards.size(); g += size_t(G)) {
+    double sum = 0;
+    for (int64_t i = 0; i < G; ++i) sum += rewards[g + size_t(i)];
+    for (int64_t i = 0; i < G; ++i) {
+      const double r = rewards[g + size_t(i)];
+      a[g + size_t(i)] = r - (sum - r) / double(G - 1);
+    }
+  }
+  return a;
+}
+
+std::vector<double> batch_normalized_advantages(std::span<const double> rewards, double eps) {
+  if (rewards.size() < 2) MT_THROW("batch_normalized_advantages: ", rewards.size(), " rewards; need at least 2");
+  const double m = mean(rewards), s = unbiased_std(rewards, m) + eps;
+  std::vector<double> a(rewards.size());
+  for (size_t i = 0; i < rewards.size(); ++i) a[i] = (rewards[i] - m) / s;
+  return a;
+}
+
+Gae gae(std::span<const double> r, std::span<const double> v, double gamma, double lambda) {
+  if (r.size() != v.size()) MT_THROW("gae: ", r.size(), " token rewards but ", v.size(), " values");
+  if (!(gamma >= 0 && gamma <= 1)) MT_THROW("gae: gamma ", gamma, " must be in [0, 1]");
+  if (!(lambda >= 0 && lambda <= 1)) MT_THROW("gae: lambda ", lambda, " must be in [0, 1]");
+  const size_t T = r.size();
+  Gae out{std::vector<double>(T), std::vector<double>(T)};
+  double next_v = 0, next_a = 0;  // after the last token: terminal
+  for (size_t k = T; k-- > 0;) {
+    const double delta = r[k] + gamma * next_v - v[k];
+    next_a = delta + gamma * lambda * next_a;
+    out.advantages[k] = next_a;
+    out.returns[k] = next_a + v[k];
+    next_v = v[k];
+  }
+  return out;
+}
+
+std::vector<bool> constant_groups(std::span<const double> rewards, int64_t G) {
+  check_groups(rewards, G, "constant_groups");
+  std::vector<bool> c;
+  for (size_t g = 0; g < rewards.size(); g += size_t(G)) {
+    bool same = true;
+    for (int64_t i = 1; i < G; ++i) same = same && rewards[g + size_t(i)] == rewards[g];
+    c.push_back(same);
+  }
+  return c;
+}
+
+}  // namespace mt::rl

@@ -1,0 +1,36 @@
+// Advantage estimators for RL post-training (docs/rl.md has each formula and where it comes from).
+//
+// Outcome estimators take one scalar reward per sample, samples of one prompt consecutive (group-major:
+// prompt p's G samples are [p G, (p + 1) G)), and return one advantage per sample, which the loss
+// broadcasts to the sample's response tokens:
+//   GRPO          A_i = (r_i - mean_g) / (std_g + eps), std unbiased (n - 1, as torch.std, veRL, TRL);
+//   Dr. GRPO      A_i = r_i - mean_g (no std normalisation: GRPO with normalize_std = false);
+//   RLOO          A_i = r_i - mean of the other G - 1 rewards of the group = G / (G - 1) (r_i - mean_g);
+//   REINFORCE++   A_i = (r_i - mean_batch) / (std_batch + eps) over the whole batch (no groups).
+// GAE(gamma, lambda) with a critic works per token of one response: delta_t = r_t + gamma V_{t+1} - V_t
+// (V after the last token is 0: the response ended), A_t = delta_t + gamma lambda A_{t+1}, returns
+// R_t = A_t + V_t (the critic's targets).
+// Errors name the value: a group size below 2 (no baseline), rewards not a whole number of groups,
+// gamma or lambda outside [0, 1], lengths that differ.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mt::rl {
+
+std::vector<double> grpo_advantages(std::span<const double> rewards, int64_t group_size, bool normalize_std,
+                                    double eps = 1e-6);
+std::vector<double> rloo_advantages(std::span<const double> rewards, int64_t group_size);
+std::vector<double> batch_normalized_advantages(std::span<const double> rewards, double eps = 1e-6);
+
+struct Gae {
+  std::vector<double> advantages, returns;
+};
+Gae gae(std::span<const double> token_rewards, std::span<const double> values, double gamma, double lambda);
+
+// Per group: whether all its rewards are equal (GRPO's zero-variance groups, which dynamic sampling
+// drops: their advantages are all 0, so they carry no gradient).
+std::vector<bool> constant_groups(std::span<const double> rewards, int64_t group_size);
+
+}  // namespace mt::rl

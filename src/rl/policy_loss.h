@@ -1,0 +1,105 @@
+// Policy losses for RL post-training, per token, and the objective that feeds them to the model's head
+// (model/objective.h). docs/rl.md has the formulas; the forms follow veRL's core_algos (PPO clip with
+// separate low/high ranges, dual clip, GSPO's sequence ratio) so that runs can be compared.
+//
+// Per response token t of sample i, with logp the current log-probability, old the behaviour policy's
+// (the trainer's before this update), A the advantage, r = exp(logp - old):
+//   PPO clip:  l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); with dual clip c > 1 and A < 0,
+//              l = min(l, -c A). dl/dlogp = -A r where the unclipped term is taken, else 0.
+//   GSPO:      the sequence ratio s_i = exp(mean over i's tokens of (logp - old)) replaces r, with the
+//              gradient flowing per token (veRL's form: each token's ratio is sg(s_i) exp(logp - sg(logp)),
+//              so dl/dlogp = -A s_i unclipped); clipped as PPO. Needs all of a sample's tokens in one
+//              micro-batch on one rank (not under sequence parallelism).
+//   plain PG:  l = -A r (REINFORCE with the importance weight; on-policy its gradient is -A).
+// KL to a frozen reference (ref = log p_ref), a loss term beta k(logp, ref):
+//   k1 = logp - ref (dk/dlogp = 1); k2 = (logp - ref)^2 / 2 (logp - ref); k3 = e^(ref - logp) - (ref - logp) - 1
+//   (1 - e^(ref - logp)). Entropy bonus: - entropy_coef H_t.
+// Every term is weighted by the token's weight w_t, fixed before the update (token_weights below): the
+// aggregation's normaliser times the mismatch corrections. The loss is sum_t w_t (l_t + beta k_t -
+// entropy_coef H_t), a sum of per-token terms as the objective contract requires.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/objective.h"
+
+namespace mt::rl {
+
+enum class PolicyLoss { PpoClip, Gspo, PolicyGradient };
+enum class KlEstimator { K1, K2, K3 };
+// token-mean: 1 / (response tokens of the step); seq-mean-token-sum: 1 / samples; seq-mean-token-mean:
+// 1 / (samples x the sample's length); constant (Dr. GRPO): 1 / (samples x a constant, e.g. max new tokens).
+enum class LossAggregation { TokenMean, SeqMeanTokenSum, SeqMeanTokenMean, Constant };
+
+PolicyLoss parse_policy_loss(const std::string& s);            // "ppo", "gspo", "pg"
+KlEstimator parse_kl_estimator(const std::string& s);          // "k1", "k2", "k3"
+LossAggregation parse_loss_aggregation(const std::string& s);  // "token-mean", "seq-mean-token-sum", ...
+
+struct PolicyLossConfig {
+  PolicyLoss kind = PolicyLoss::PpoClip;
+  double clip_low = 0.2, clip_high = 0.2;  // eps_low, eps_high (clip-higher: eps_high > eps_low)
+  double dual_clip = 0;                    // c > 1, or 0 = off
+  double kl_coef = 0;                      // beta; 0 = no KL term
+  KlEstimator kl = KlEstimator::K3;
+  double entropy_coef = 0;
+};
+void validate(const PolicyLossConfig& c);  // errors name the field and its value
+
+struct TokenTerm {
+  double loss = 0, dlogp = 0;  // the policy term l and dl/dlogp (no KL, no weight)
+  bool clipped_low = false, clipped_high = false, dual_clipped = false;
+};
+// One token of PPO clip / plain PG with ratio r = exp(log_ratio) (for GSPO pass the sequence's log ratio).
+TokenTerm policy_term(const PolicyLossConfig& c, double log_ratio, double advantage);
+double kl_value(KlEstimator k, double logp, double ref);
+double kl_grad(KlEstimator k, double logp, double ref);  // d k / d logp
+
+// The rollout/trainer mismatch corrections, from the trainer's log-probs before the update (old) and the
+// engine's (rollout), per response token of one sample: truncated importance sampling min(w, cap) at
+// token level (w = e^(old - rollout)) or sequence level (w = e^(sum of old - rollout)), and masks: tokens
+// whose w is outside [token_mask_low, token_mask_high], samples whose geometric-mean ratio
+// e^(mean of old - rollout) is outside [seq_mask_low, seq_mask_high]. Zero or negative caps/bands = off.
+struct MismatchConfig {
+  double tis_cap = 0;
+  bool tis_sequence = false;
+  double token_mask_low = 0, token_mask_high = 0;
+  double seq_mask_low = 0, seq_mask_high = 0;
+};
+// w_t for one sample's response tokens: the aggregation's normaliser (`norm`, e.g. 1 / tokens of the step)
+// times the TIS weight, 0 where masked. `masked` (optional) receives how many tokens were masked.
+std::vector<double> token_weights(std::span<const double> old_logp, std::span<const double> rollout_logp, double norm,
+                                  const MismatchConfig& m, int64_t* masked = nullptr);
+// The normaliser of one sample of `length` response tokens under an aggregation, given the step's totals.
+double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples,
+                        double constant);
+
+// Metrics of the last coefficients() calls (sums; the loop divides by the token counts it knows).
+struct PolicyMetrics {
+  double pg_loss = 0, kl_loss = 0, entropy_loss = 0;  // weighted sums, as in the loss
+  int64_t tokens = 0, clipped_low = 0, clipped_high = 0, dual_clipped = 0;
+  double approx_kl = 0;  // sum of (old - logp) over the tokens: PPO's approximate KL to the behaviour policy
+  double ref_kl = 0;     // sum of k(logp, ref) over the tokens
+  double entropy = 0;    // sum of H_t
+};
+
+// The objective of an RL update. MicroBatch::token_values, shifted with the labels: [0] advantage,
+// [1] old log-prob, [2] token weight w_t, [3] reference log-prob (when kl_coef > 0), [4] the sample's id
+// within the micro-batch (GSPO). Rows with label -100 (prompt, padding) contribute nothing.
+class PolicyObjective : public TokenObjective {
+ public:
+  explicit PolicyObjective(const PolicyLossConfig& c);
+  bool needs_entropy() const override { return cfg_.entropy_coef != 0; }
+  double coefficients(const TokenRows& rows, Tensor& dlogp, Tensor* dentropy) const override;
+  const PolicyMetrics& metrics() const { return metrics_; }
+  void reset_metrics() { metrics_ = {}; }
+
+  static constexpr int kAdvantage = 0, kOldLogp = 1, kWeight = 2, kRefLogp = 3, kSample = 4;
+
+ private:
+  PolicyLossConfig cfg_;
+  mutable PolicyMetrics metrics_;
+};
+
+}  // namespace mt::rl

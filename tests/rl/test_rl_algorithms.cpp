@@ -1,0 +1,234 @@
+// The RL algorithms against hand-computed cases (the numbers in the comments were worked out by hand
+// and checked in Python): GRPO (std on and off: Dr. GRPO), RLOO, REINFORCE++'s batch normalisation, GAE,
+// PPO clip with separate low/high ranges, dual clip, plain PG, the three KL estimators and their
+// gradients, the mismatch corrections (TIS at token and sequence level, token and sequence masks), the
+// loss aggregations, and the policy objective's loss and coefficients (finite differences, GSPO).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+#include "rl/advantages.h"
+#include "rl/policy_loss.h"
+
+using namespace mt;
+using namespace mt::rl;
+
+namespace {
+
+void expect_vec(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << what << " [" << i << "]";
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+const std::vector<double> kRewards = {1, 0, 0, 1, 1, 1, 1, 0};  // two groups of 4
+
+}  // namespace
+
+TEST(RlAdvantages, GrpoDrGrpoRlooAndBatchNormalisedByHand) {
+  // Group 1: mean 0.5, unbiased std sqrt(1/3) = 0.577350 -> +-0.866025. Group 2: mean 0.75, std 0.5.
+  expect_vec(grpo_advantages(kRewards, 4, true, 0.0), {0.866025, -0.866025, -0.866025, 0.866025, 0.5, 0.5, 0.5, -1.5},
+             1e-6, "grpo");
+  expect_vec(grpo_advantages(kRewards, 4, false), {0.5, -0.5, -0.5, 0.5, 0.25, 0.25, 0.25, -0.75}, 1e-12, "dr grpo");
+  // r_i minus the mean of the other three.
+  expect_vec(rloo_advantages(kRewards, 4), {2.0 / 3, -2.0 / 3, -2.0 / 3, 2.0 / 3, 1.0 / 3, 1.0 / 3, 1.0 / 3, -1.0},
+             1e-12, "rloo");
+  // Whole batch: mean 0.625, unbiased std sqrt(1.875 / 7) = 0.517549.
+  const double s = std::sqrt(1.875 / 7);
+  expect_vec(batch_normalized_advantages(kRewards, 0.0),
+             {0.375 / s, -0.625 / s, -0.625 / s, 0.375 / s, 0.375 / s, 0.375 / s, 0.375 / s, -0.625 / s}, 1e-12,
+             "reinforce++");
+  EXPECT_EQ(constant_groups(std::vector<double>{1, 1, 1, 1, 0, 1, 0, 1}, 4), (std::vector<bool>{true, false}));
+  // A constant group has zero advantages under every group estimator (eps keeps GRPO finite).
+  expect_vec(grpo_advantages(std::vector<double>{3, 3}, 2, true), {0, 0}, 0, "constant group");
+  expect_error([] { grpo_advantages(kRewards, 1, true); }, "group size 1 < 2");
+  expect_error([] { rloo_advantages(std::vector<double>(7, 0.0), 4); }, "7 rewards are not a whole number of groups of 4");
+  expect_error([] { grpo_advantages(std::vector<double>{1, NAN}, 2, true); }, "reward 1 is nan");
+}
+
+TEST(RlAdvantages, GaeByHand) {
+  // gamma 1, lambda 0.95: deltas 0.1, 0.1, 0.3; A = 0.46575, 0.385, 0.3; returns A + V.
+  Gae g = gae(std::vector<double>{0, 0, 1}, std::vector<double>{0.5, 0.6, 0.7}, 1.0, 0.95);
+  expect_vec(g.advantages, {0.46575, 0.385, 0.3}, 1e-12, "gae advantages");
+  expect_vec(g.returns, {0.96575, 0.985, 1.0}, 1e-12, "gae returns");
+  // gamma 0.9, lambda 1: deltas 0.04, 0.03, 0.3; A = 0.31, 0.3, 0.3.
+  g = gae(std::vector<double>{0, 0, 1}, std::vector<double>{0.5, 0.6, 0.7}, 0.9, 1.0);
+  expect_vec(g.advantages, {0.31, 0.3, 0.3}, 1e-12, "gae gamma 0.9");
+  expect_error([] { gae(std::vector<double>{0}, std::vector<double>{0}, 1.5, 1); }, "gamma 1.5 must be in [0, 1]");
+  expect_error([] { gae(std::vector<double>{0, 1}, std::vector<double>{0}, 1, 1); }, "2 token rewards but 1 values");
+}
+
+TEST(RlPolicyLoss, PpoClipDualClipClipHigherAndPlainPgByHand) {
+  PolicyLossConfig c;  // eps 0.2 both sides
+  // r = e^0.2 = 1.221403, A = 1: the clipped term -1.2 wins, no gradient, clipped high.
+  TokenTerm t = policy_term(c, 0.2, 1.0);
+  EXPECT_NEAR(t.loss, -1.2, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.clipped_high);
+  // Same ratio, A = -1: unclipped 1.221403 is the larger; gradient -A r.
+  t = policy_term(c, 0.2, -1.0);
+  EXPECT_NEAR(t.loss, std::exp(0.2), 1e-12);
+  EXPECT_NEAR(t.dlogp, std::exp(0.2), 1e-12);
+  EXPECT_FALSE(t.clipped_high || t.clipped_low);
+  // r = 0.5, A = -1: clipped 0.8 > 0.5, clipped low; A = +1: unclipped -0.5.
+  t = policy_term(c, std::log(0.5), -1.0);
+  EXPECT_NEAR(t.loss, 0.8, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.clipped_low);
+  t = policy_term(c, std::log(0.5), 1.0);
+  EXPECT_NEAR(t.loss, -0.5, 1e-12);
+  EXPECT_NEAR(t.dlogp, -0.5, 1e-12);
+  // Dual clip c = 3: r = 4, A = -1: PPO gives 4, dual clip caps it at 3, no gradient.
+  c.dual_clip = 3;
+  t = policy_term(c, std::log(4.0), -1.0);
+  EXPECT_NEAR(t.loss, 3.0, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.dual_clipped);
+  // Clip-higher (0.2 low, 0.28 high): r = 1.25 with A = 1 is inside the range.
+  c = PolicyLossConfig{};
+  c.clip_high = 0.28;
+  t = policy_term(c, std::log(1.25), 1.0);
+  EXPECT_NEAR(t.loss, -1.25, 1e-12);
+  EXPECT_NEAR(t.dlogp, -1.25, 1e-12);
+  // Plain PG: -A r, never clipped.
+  c.kind = PolicyLoss::PolicyGradient;
+  t = policy_term(c, 0.7, 2.0);
+  EXPECT_NEAR(t.loss, -2.0 * std::exp(0.7), 1e-12);
+  EXPECT_NEAR(t.dlogp, -2.0 * std::exp(0.7), 1e-12);
+  expect_error([] { validate(PolicyLossConfig{.dual_clip = 0.5}); }, "dual_clip (0.5) must be > 1");
+  expect_error([] { parse_policy_loss("ppo2"); }, "unknown policy loss 'ppo2'; allowed: ppo, gspo, pg");
+}
+
+TEST(RlPolicyLoss, KlEstimatorsAndTheirGradients) {
+  // logp -1, ref -1.5 (d = ref - logp = -0.5): k1 0.5, k2 0.125, k3 e^-0.5 + 0.5 - 1 = 0.106531.
+  EXPECT_NEAR(kl_value(KlEstimator::K1, -1, -1.5), 0.5, 1e-12);
+  EXPECT_NEAR(kl_value(KlEstimator::K2, -1, -1.5), 0.125, 1e-12);
+  EXPECT_NEAR(kl_value(KlEstimator::K3, -1, -1.5), std::exp(-0.5) - 0.5, 1e-12);
+  for (KlEstimator k : {KlEstimator::K1, KlEstimator::K2, KlEstimator::K3}) {
+    const double h = 1e-6, fd = (kl_value(k, -1 + h, -1.5) - kl_value(k, -1 - h, -1.5)) / (2 * h);
+    EXPECT_NEAR(kl_grad(k, -1, -1.5), fd, 1e-8) << int(k);
+    EXPECT_NEAR(kl_value(k, -2, -2), 0.0, 1e-15) << "no divergence from itself";
+  }
+}
+
+TEST(RlPolicyLoss, MismatchCorrectionsAndAggregationByHand) {
+  // Ratios old/rollout: e^0.1 = 1.105171, e^-0.5 = 0.606531, 1.
+  const std::vector<double> old = {-1, -2, -0.5}, roll = {-1.1, -1.5, -0.5};
+  expect_vec(token_weights(old, roll, 0.1, {}), {0.1, 0.1, 0.1}, 1e-15, "no correction");
+  expect_vec(token_weights(old, roll, 0.1, {.tis_cap = 1.05}), {0.105, 0.1 * std::exp(-0.5), 0.1}, 1e-12, "token TIS");
+  expect_vec(token_weights(old, roll, 0.1, {.tis_cap = 2, .tis_sequence = true}),
+             {0.1 * std::exp(-0.4), 0.1 * std::exp(-0.4), 0.1 * std::exp(-0.4)}, 1e-12, "sequence TIS");
+  int64_t masked = -1;
+  expect_vec(token_weights(old, roll, 0.1, {.token_mask_low = 0.7, .token_mask_high = 1.2}, &masked), {0.1, 0, 0.1},
+             1e-15, "token mask");
+  EXPECT_EQ(masked, 1);
+  // Geometric mean e^(-0.4 / 3) = 0.875 is outside [0.9, 1.1]: the whole sample is masked.
+  expect_vec(token_weights(old, roll, 0.1, {.seq_mask_low = 0.9, .seq_mask_high = 1.1}, &masked), {0, 0, 0}, 0,
+             "sequence mask");
+  EXPECT_EQ(masked, 3);
+  EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::TokenMean, 10, 100, 4, 0), 0.01);
+  EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::SeqMeanTokenSum, 10, 100, 4, 0), 0.25);
+  EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::SeqMeanTokenMean, 10, 100, 4, 0), 0.025);
+  EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::Constant, 10, 100, 4, 512), 1.0 / 2048);
+  expect_error([] { aggregation_norm(LossAggregation::Constant, 10, 100, 4, 0); }, "constant normaliser 0 must be > 0");
+}
+
+namespace {
+
+// Rows of one micro-batch: 6 tokens, the first a prompt token (label -100), two samples (ids 0 and 1).
+struct Rows {
+  std::vector<float> logp = {0, -1.0f, -0.7f, -2.0f, -0.3f, -1.5f};
+  std::vector<float> adv = {0, 1.0f, 1.0f, -0.5f, -0.5f, -0.5f}, old = {0, -1.1f, -0.9f, -1.6f, -0.3f, -1.4f},
+                     w = {0, 0.2f, 0.2f, 0.1f, 0.1f, 0.1f}, ref = {0, -1.2f, -0.6f, -2.1f, -0.5f, -1.5f},
+                     sample = {0, 0, 0, 1, 1, 1}, ent = {0, 2.0f, 1.5f, 1.0f, 0.5f, 3.0f};
+  TokenRows make(const std::vector<float>& lp) const {
+    TokenRows r;
+    r.rows = 6;
+    r.labels = Tensor::empty({6}, DType::I64);
+    for (int64_t t = 0; t < 6; ++t) r.labels.data<int64_t>()[t] = t == 0 ? -100 : 7;
+    auto f = [](const std::vector<float>& v) {
+      Tensor x = Tensor::empty({int64_t(v.size())});
+      std::copy(v.begin(), v.end(), x.data<float>());
+      return x;
+    };
+    r.logp = f(lp);
+    r.entropy = f(ent);
+    r.values = {f(adv), f(old), f(w), f(ref), f(sample)};
+    return r;
+  }
+};
+
+double loss_of(const PolicyObjective& o, const Rows& R, const std::vector<float>& lp, std::vector<float>* g) {
+  TokenRows rows = R.make(lp);
+  Tensor dlogp = Tensor::zeros({6}), dent = Tensor::zeros({6});
+  const double l = o.coefficients(rows, dlogp, &dent);
+  if (g) g->assign(dlogp.data<float>(), dlogp.data<float>() + 6);
+  return l;
+}
+
+}  // namespace
+
+TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
+  const Rows R;
+  for (PolicyLoss kind : {PolicyLoss::PpoClip, PolicyLoss::Gspo, PolicyLoss::PolicyGradient}) {
+    PolicyLossConfig c;
+    c.kind = kind;
+    c.kl_coef = 0.05;
+    c.kl = KlEstimator::K3;
+    c.entropy_coef = 0.01;
+    const PolicyObjective o(c);
+    std::vector<float> g;
+    const double L = loss_of(o, R, R.logp, &g);
+    // The loss by hand from the per-token pieces.
+    double want = 0;
+    for (size_t t = 1; t < 6; ++t) {
+      double lr = double(R.logp[t]) - double(R.old[t]);
+      if (kind == PolicyLoss::Gspo) {
+        const size_t b = t < 3 ? 1 : 3, e = t < 3 ? 3 : 6;
+        lr = 0;
+        for (size_t u = b; u < e; ++u) lr += double(R.logp[u]) - double(R.old[u]);
+        lr /= double(e - b);
+      }
+      want += double(R.w[t]) * (policy_term(c, lr, R.adv[t]).loss + 0.05 * kl_value(KlEstimator::K3, R.logp[t], R.ref[t]) -
+                                0.01 * double(R.ent[t]));
+    }
+    EXPECT_NEAR(L, want, 1e-6) << int(kind);
+    EXPECT_EQ(g[0], 0.0f) << "the prompt token";
+    if (kind == PolicyLoss::Gspo) continue;  // GSPO's per-token gradient is not the derivative of its loss value
+    for (size_t t = 1; t < 6; ++t) {
+      const float h = 1e-3f;
+      std::vector<float> up = R.logp, dn = R.logp;
+      up[t] += h;
+      dn[t] -= h;
+      const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
+      EXPECT_NEAR(g[t], fd, 2e-4) << "kind " << int(kind) << " token " << t;
+    }
+  }
+}
+
+TEST(RlPolicyLoss, GspoUsesTheSequenceRatioForEveryToken) {
+  const Rows R;
+  PolicyLossConfig c;
+  c.kind = PolicyLoss::Gspo;
+  c.clip_low = 0.99;  // nothing clipped (ratios 1.16 and 0.85): g_t = -w_t A s_i
+  c.clip_high = 10;
+  const PolicyObjective o(c);
+  std::vector<float> g;
+  loss_of(o, R, R.logp, &g);
+  const double s0 = std::exp(((-1.0 + 1.1) + (-0.7 + 0.9)) / 2), s1 = std::exp(((-2.0 + 1.6) + 0.0 + (-1.5 + 1.4)) / 3);
+  EXPECT_NEAR(g[1], -0.2 * 1.0 * s0, 1e-6);
+  EXPECT_NEAR(g[2], -0.2 * 1.0 * s0, 1e-6);
+  for (size_t t = 3; t < 6; ++t) EXPECT_NEAR(g[t], -0.1 * -0.5 * s1, 1e-6) << t;
+  EXPECT_EQ(o.metrics().tokens, 5);
+}
