@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 
 #include "core/log.h"
 #include "data/batch.h"
@@ -71,6 +72,29 @@ GradsResult run_grads(const GradsOptions& opt) {
 
   SafetensorsFile bf(opt.batch_path);
   MicroBatch mb{read_batch_tensor(bf, "input_ids"), read_batch_tensor(bf, "labels")};
+  const bool policy = !opt.objective.empty();
+  std::unique_ptr<rl::PolicyObjective> objective;
+  if (policy) {
+    if (opt.policy.kind == rl::PolicyLoss::Gspo && dopt.mesh.sp > 1)
+      MT_THROW("grads: --objective gspo needs each sample's tokens on one rank; not with --sp ", dopt.mesh.sp);
+    objective = std::make_unique<rl::PolicyObjective>(opt.policy);
+    auto values = [&](const char* name, bool required) {
+      if (!bf.has(name)) {
+        if (required) MT_THROW("batch file ", opt.batch_path, " has no tensor '", name, "' (--objective ", opt.objective,
+                               " needs advantages, old_logprobs, token_weights and, with --kl-coef, ref_logprobs)");
+        return Tensor::zeros(mb.labels.shape());
+      }
+      Tensor t = bf.read_f32(name);
+      if (t.shape() != mb.labels.shape())
+        MT_THROW("batch tensor '", name, "' is ", shape_str(t.shape()), "; expected ", shape_str(mb.labels.shape()),
+                 " like labels");
+      return t;
+    };
+    Tensor sample = Tensor::empty(mb.labels.shape());
+    for (int64_t i = 0; i < sample.numel(); ++i) sample.data<float>()[i] = float(i / mb.labels.size(1));
+    mb.token_values = {values("advantages", true), values("old_logprobs", true), values("token_weights", true),
+                       values("ref_logprobs", opt.policy.kl_coef > 0), sample};
+  }
   if (mb.labels.shape() != mb.input_ids.shape())
     MT_THROW("labels ", shape_str(mb.labels.shape()), " and input_ids ", shape_str(mb.input_ids.shape()),
              " in ", opt.batch_path, " differ in shape");
@@ -80,16 +104,17 @@ GradsResult run_grads(const GradsOptions& opt) {
   if (n_valid == 0) MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
   double aux_scale = model.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
   const int64_t rows = B / dist->dp_size();
-  MicroBatch local = session.local_micro_batch(mb.input_ids, mb.labels);  // this rank's rows (and sp chunk)
+  MicroBatch local = session.local_micro_batch(mb);  // this rank's rows (and sp chunk), with their token values
 
   if (fsdp) fsdp->zero_grads();
   else model.zero_grads();
   Tensor logits;
   PassOptions po;
-  po.ce_scale = 1.0 / double(n_valid);
+  po.ce_scale = policy ? 0.0 : 1.0 / double(n_valid);
+  po.objective = objective.get();
   po.aux_scale = aux_scale;
   po.recompute = session.recompute();
-  po.logits_out = &logits;
+  po.logits_out = policy ? nullptr : &logits;
   LossParts lp = model.forward_backward(local, po);
   // HSDP: the replicas of every gradient shard must hold the same bits (the all-reduce over
   // dp_replicate gives them one sum); checked here, before anything is gathered or written.
@@ -101,10 +126,17 @@ GradsResult run_grads(const GradsOptions& opt) {
   }
   Tensor all_logits = logits;
   double ce_sum = lp.ce_sum;
+  double objective_sum = lp.objective;
+  if (policy && dist->world() && dist->world()->size() > 1) {  // every rank's rows are its own
+    objective_sum = 0;
+    for (double v : comm::all_gather_doubles(*dist->world(), {lp.objective})) objective_sum += v;
+  }
   // The ranks with rows of their own: dp, and under tp every rank (tp rank order is row order within
   // a dp rank's rows, and the world's rank order is dp-major).
   comm::Communicator* rows_comm = pm.tp ? dist->world() : dist->dp();
-  if (rows_comm && rows_comm->size() > 1 && sp == 1) {
+  if (policy) {
+    // no logits: the objective path never materialises them
+  } else if (rows_comm && rows_comm->size() > 1 && sp == 1) {
     // Under tp the model may have padded each sequence to S' (B × S' divisible by tp): the gathered
     // rows are [B, S'], and the padding is dropped.
     const int64_t Sp = model.padded_seq_len(), V = cfg.vocab_size;
@@ -145,7 +177,7 @@ GradsResult run_grads(const GradsOptions& opt) {
     for (const ParamEntry& e : table.entries())
       view_at(grads, e.offset, e.shape).copy_from(pm.gather_param_host(e, /*grads=*/true));
 
-  GradsResult res{ce_sum / double(n_valid) + lp.aux * aux_scale, lp.aux, n_valid};
+  GradsResult res{(policy ? objective_sum : ce_sum / double(n_valid)) + lp.aux * aux_scale, lp.aux, n_valid};
   struct Finish {  // every rank waits until rank 0 has written the file
     DistContext& d;
     ~Finish() noexcept(false) {
@@ -159,7 +191,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   aux.data<float>()[0] = float(lp.aux);
   out.emplace_back("loss", loss);
   out.emplace_back("aux_loss", aux);
-  out.emplace_back("logits", all_logits.to(Device::CPU).view({B, S, cfg.vocab_size}));
+  if (!policy) out.emplace_back("logits", all_logits.to(Device::CPU).view({B, S, cfg.vocab_size}));
   CheckpointReader r(opt.model_dir);
   bool file_has_lm_head = r.has("lm_head.weight");
   for (auto& [name, t] : export_hf_tensors(cfg, table, grads, rep.layout)) {
@@ -202,10 +234,19 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
     else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
     else if (a == "--sp") opt.sp = parse_degree(a, value(), 1);
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N]");
+    else if (a == "--objective") {
+      opt.objective = value();
+      opt.policy.kind = rl::parse_policy_loss(opt.objective);
+    } else if (a == "--clip-low") opt.policy.clip_low = std::stod(value());
+    else if (a == "--clip-high") opt.policy.clip_high = std::stod(value());
+    else if (a == "--dual-clip") opt.policy.dual_clip = std::stod(value());
+    else if (a == "--kl-coef") opt.policy.kl_coef = std::stod(value());
+    else if (a == "--kl") opt.policy.kl = rl::parse_kl_estimator(value());
+    else if (a == "--entropy-coef") opt.policy.entropy_coef = std::stod(value());
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

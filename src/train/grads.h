@@ -5,6 +5,7 @@
 #include <string>
 
 #include "model/qwen3_moe.h"
+#include "rl/policy_loss.h"
 
 namespace mt {
 
@@ -23,6 +24,12 @@ struct GradsOptions {
   int tp = 1;   // tensor parallelism: tp ranks share samples and split heads / MLP columns
   int etp = 1;  // expert tensor parallelism: 1 or tp (experts' F split over the tp ranks)
   int sp = 1;  // sequence parallelism (Ulysses): every sequence split over sp ranks
+  // --objective ppo|gspo|pg: an RL policy loss (rl/policy_loss.h) instead of cross-entropy. The batch
+  // file then also holds f32 [B, T] tensors aligned with labels: advantages, old_logprobs,
+  // token_weights and (with a KL term) ref_logprobs; each batch row is one sample. The output has loss
+  // (the objective, + aux) and the gradients, no logits.
+  std::string objective;
+  rl::PolicyLossConfig policy;
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the
