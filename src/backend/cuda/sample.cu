@@ -14,6 +14,7 @@
 // The CPU reference computes in fp64; f32 here differs only where two race scores or a threshold's
 // masses are within rounding (tests/cuda compare the two and the draws' distribution).
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -83,45 +84,32 @@ __device__ __forceinline__ Best best_of(Best a, Best b) {
   return (b.v > a.v || (b.v == a.v && b.t < a.t)) ? b : a;
 }
 
+// The warp's reduction of x under op (T of 4 or 8 bytes, shuffled as raw bits).
+template <class T, class Op>
+__device__ T warp_reduce(T x, Op op) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "4- or 8-byte values");
+  using Bits = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+  for (int o = 16; o > 0; o >>= 1) {
+    Bits bits;
+    memcpy(&bits, &x, sizeof(T));
+    bits = __shfl_xor_sync(0xffffffffu, bits, o);
+    T y;
+    memcpy(&y, &bits, sizeof(T));
+    x = op(x, y);
+  }
+  return x;
+}
+
 // The block's reduction of x under op; identity is op's neutral element (the lanes past the warp count).
 template <class T, class Op>
 __device__ T block_reduce(T x, Op op, T identity, T* shared) {
-  for (int o = 16; o > 0; o >>= 1) {
-    T y;
-    if constexpr (sizeof(T) == 8) {
-      uint64_t bits;
-      memcpy(&bits, &x, 8);
-      bits = __shfl_xor_sync(0xffffffffu, bits, o);
-      memcpy(&y, &bits, 8);
-    } else {
-      uint32_t bits;
-      memcpy(&bits, &x, 4);
-      bits = __shfl_xor_sync(0xffffffffu, bits, o);
-      memcpy(&y, &bits, 4);
-    }
-    x = op(x, y);
-  }
+  x = warp_reduce(x, op);
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // shared may still be read by a previous reduction
   if (lane == 0) shared[w] = x;
   __syncthreads();
   if (w == 0) {
-    x = lane < kWarps ? shared[lane] : identity;
-    for (int o = 16; o > 0; o >>= 1) {
-      T y;
-      if constexpr (sizeof(T) == 8) {
-        uint64_t bits;
-        memcpy(&bits, &x, 8);
-        bits = __shfl_xor_sync(0xffffffffu, bits, o);
-        memcpy(&y, &bits, 8);
-      } else {
-        uint32_t bits;
-        memcpy(&bits, &x, 4);
-        bits = __shfl_xor_sync(0xffffffffu, bits, o);
-        memcpy(&y, &bits, 4);
-      }
-      x = op(x, y);
-    }
+    x = warp_reduce(lane < kWarps ? shared[lane] : identity, op);
     if (lane == 0) shared[0] = x;
   }
   __syncthreads();
