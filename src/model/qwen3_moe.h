@@ -65,7 +65,8 @@ struct KvCache {
   int64_t block_size = 0;
   std::vector<Tensor> k, v;  // per layer [num_blocks × block_size, G, Hd]
   int64_t num_blocks() const { return k.empty() ? 0 : k[0].size(0) / block_size; }
-  // Zeros; the model's config, device and activation dtype decide the shapes.
+  // Uninitialised (every slot is written before it is read); the model's config, device and activation
+  // dtype decide the shapes.
   static KvCache allocate(const ModelConfig& c, Device device, int64_t num_blocks, int64_t block_size);
   // Copies block src into block dst in every layer, K and V (copy-on-write of a shared block).
   void copy_block(int64_t src, int64_t dst);

@@ -19,8 +19,10 @@ KvCache KvCache::allocate(const ModelConfig& c, Device device, int64_t num_block
   kc.block_size = block_size;
   const DType dt = device == Device::CUDA ? DType::BF16 : DType::F32;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    kc.k.push_back(Tensor::zeros({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
-    kc.v.push_back(Tensor::zeros({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
+    // Not zeroed: a slot is written before any attention reads it (copy-on-write may copy unwritten
+    // slots of a block, which nothing reads either).
+    kc.k.push_back(Tensor::empty({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
+    kc.v.push_back(Tensor::empty({num_blocks * block_size, c.num_key_value_heads, c.head_dim}, dt, device));
   }
   return kc;
 }

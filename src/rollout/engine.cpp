@@ -45,6 +45,17 @@ RolloutEngine::RolloutEngine(Qwen3MoeModel& model, const EngineOptions& opt)
   stats_.num_blocks = blocks_.num_blocks();
 }
 
+int64_t RolloutEngine::kv_bytes_needed(const Qwen3MoeModel& model, const std::vector<GenerateRequest>& requests,
+                                       int32_t block_size) {
+  const ModelConfig& c = model.config();
+  const KvCacheGeometry g{c.num_hidden_layers, c.num_key_value_heads, c.head_dim, block_size,
+                          model.device() == Device::CUDA ? 2 : 4};
+  const KvBlockManager sizing(1, block_size);
+  int64_t blocks = 0;
+  for (const GenerateRequest& r : requests) blocks += sizing.blocks_needed(int64_t(r.prompt.size()), r.max_new_tokens, r.n);
+  return std::max<int64_t>(blocks, 1) * kv_bytes_per_block(g);
+}
+
 std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateRequest>& requests) {
   const ModelConfig& c = model_.config();
   int64_t total = 0;

@@ -82,6 +82,10 @@ class RolloutEngine {
   // naming the request and the value, before any work starts.
   std::vector<GeneratedSample> generate(const std::vector<GenerateRequest>& requests);
   const EngineStats& stats() const { return stats_; }
+  // The KV bytes these requests could hold at once at most (every sample at its full length): a budget
+  // above it buys nothing, so callers cap theirs here.
+  static int64_t kv_bytes_needed(const Qwen3MoeModel& model, const std::vector<GenerateRequest>& requests,
+                                 int32_t block_size);
   int64_t num_blocks() const { return blocks_.num_blocks(); }
 
  private:

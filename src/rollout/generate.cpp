@@ -215,13 +215,17 @@ int generate_main(const std::vector<std::string>& args) {
   eo.lockstep = dist.ep();
   // The inference layout first (the gathers), then the KV budget: a fraction of the memory then free.
   const double sync_s = model.begin_inference();
-  const int64_t free_bytes = device == Device::CUDA ? int64_t(device_mem::cuda_free_bytes()) : host_available_bytes();
-  eo.kv_cache_bytes = int64_t(double(free_bytes) * kv_fraction);
+  // On the CPU the ranks of a launch share the host's memory: each takes its share. Never more than the
+  // requests can hold at once.
+  const int64_t free_bytes = device == Device::CUDA ? int64_t(device_mem::cuda_free_bytes())
+                                                    : host_available_bytes() / std::max(1, world);
+  eo.kv_cache_bytes = std::min(int64_t(double(free_bytes) * kv_fraction),
+                               RolloutEngine::kv_bytes_needed(model, reqs, eo.block_size));
   RolloutEngine engine(model, eo);
   if (rank == 0)
     log_info("generate: weight sync (inference layout) ", sync_s, " s; KV cache of ", engine.num_blocks(),
-             " blocks of ", eo.block_size, " tokens (", eo.kv_cache_bytes / 1e6, " MB, --kv-cache-fraction ",
-             kv_fraction, ")");
+             " blocks of ", eo.block_size, " tokens (", eo.kv_cache_bytes / 1e6, " MB: --kv-cache-fraction ",
+             kv_fraction, " of the free memory, capped at what the requests can hold)");
   std::vector<GeneratedSample> out = engine.generate(reqs);
   model.end_inference();
   for (GeneratedSample& g : out) g.prompt_index = prompt_index[size_t(g.prompt_index)];
