@@ -150,7 +150,6 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
       s->req = waiting.front();
       s->prompt_len = L;
       s->tokens = r.prompt;
-      if (record) s->routing.resize(size_t(0));
       blocks_.allocate(s->id, L, r.max_new_tokens);
       const int64_t row = int64_t(tables.size());
       fed.push_back({s.get(), int64_t(tok.size()), L, true, int64_t(logit_rows.size())});

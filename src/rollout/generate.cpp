@@ -167,6 +167,11 @@ int generate_main(const std::vector<std::string>& args) {
 
   ModelConfig cfg = load_model_config(model_dir);
   const std::vector<Prompt> all_prompts = read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings);
+  // Every rank checks every prompt, so a bad one stops all ranks before any collective.
+  for (const Prompt& p : all_prompts)
+    if (int64_t(p.ids.size()) + base.max_new_tokens > cfg.max_position_embeddings)
+      MT_THROW(prompts_path, " line ", p.line, ": prompt of ", p.ids.size(), " tokens + --max-new-tokens ",
+               base.max_new_tokens, " exceeds the model's max_position_embeddings (", cfg.max_position_embeddings, ")");
   SessionOptions so;
   so.device = device;
   so.dist.mesh.dp_shard = dp_shard;
@@ -197,9 +202,6 @@ int generate_main(const std::vector<std::string>& args) {
     // Each prompt its own stream (the draw counters are only (sample, position)): the same --seed gives
     // the same samples whatever the number of ranks.
     r.sampling.seed = splitmix64(base.sampling.seed + uint64_t(prompt_index[i]));
-    if (int64_t(r.prompt.size()) + r.max_new_tokens > cfg.max_position_embeddings)
-      MT_THROW(prompts_path, " line ", p.line, ": prompt of ", r.prompt.size(), " tokens + --max-new-tokens ",
-               r.max_new_tokens, " exceeds the model's max_position_embeddings (", cfg.max_position_embeddings, ")");
     max_tokens += r.n * r.max_new_tokens;
     reqs.push_back(std::move(r));
   }
