@@ -1,0 +1,68 @@
+// Rewards for RL post-training (docs/rl.md "Rewards").
+//
+// Built-in checkers work on the response text:
+//   exact match: the response, trimmed of surrounding whitespace, equals the answer (trimmed);
+//   math: the response's final answer (the content of its last \boxed{...}, braces balanced, else the
+//     last number in the text) is equivalent to the answer: both numbers (integers, decimals, fractions
+//     a/b, thousands commas, a leading +, surrounding $) and equal within 1e-9 relative, else equal as
+//     strings with whitespace and $ removed.
+// An external reward program is started once and kept: JSON lines over its stdin/stdout, one request
+// line {"prompt": ..., "response": ..., "metadata": {...}} per sample, one reply line per request, either
+// a number or {"reward": number}. A batch has one deadline; a program that crashes, replies with a
+// malformed line or misses the deadline is reported with the sample, the sample gets reward 0 (or the
+// call throws, RewardProgramOptions::stop_on_error), a dead or late program is restarted for the next
+// batch, and nothing ever waits past the deadline.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mt::rl {
+
+double exact_match_reward(std::string_view response, std::string_view answer);
+
+std::optional<std::string> extract_final_answer(std::string_view response);
+bool answers_equivalent(std::string_view a, std::string_view b);
+double math_reward(std::string_view response, std::string_view answer);
+
+struct RewardRequest {
+  std::string prompt, response;
+  nlohmann::json metadata = nlohmann::json::object();
+};
+
+struct RewardProgramOptions {
+  std::string command;     // run with /bin/sh -c; its first word must name an executable
+  double timeout_s = 60;   // per batch
+  bool stop_on_error = false;
+};
+
+struct RewardBatch {
+  std::vector<double> rewards;      // one per request; 0 where the program failed
+  std::vector<std::string> errors;  // one per request; empty where the reward is the program's
+  int64_t failures = 0;
+};
+
+class RewardProgram {
+ public:
+  // Checks that the command's program exists and is executable (an error naming it otherwise), then
+  // starts it.
+  explicit RewardProgram(RewardProgramOptions opt);
+  ~RewardProgram();
+  RewardProgram(const RewardProgram&) = delete;
+  RewardProgram& operator=(const RewardProgram&) = delete;
+
+  RewardBatch score(const std::vector<RewardRequest>& batch);
+  int64_t restarts() const { return restarts_; }
+
+ private:
+  void start();
+  void stop();
+  RewardProgramOptions opt_;
+  int pid_ = -1, to_child_ = -1, from_child_ = -1;
+  std::string pending_;  // bytes read past the last complete line
+  int64_t restarts_ = 0;
+};
+
+}  // namespace mt::rl
