@@ -21,7 +21,7 @@ struct Seq {
   int64_t req = 0, sample = 0, prompt_len = 0, cached = 0;  // cached: tokens whose K/V are in the cache
   std::vector<int32_t> tokens;                              // prompt, then the new tokens
   std::vector<float> logprobs;
-  std::vector<std::vector<int32_t>> routing;  // per sparse layer: K ids per token read
+  RoutingRecord routing;  // the experts of every token read (EngineOptions::record_routing)
   bool done = false;
   std::string reason;
 };
@@ -214,13 +214,9 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     const Tensor tokens_h = drawn.to(Device::CPU), logprobs_h = drawn_lp.to(Device::CPU);  // the step's one sync
     std::vector<std::unique_ptr<Seq>> next_running;
     auto keep_routing = [&](Seq& s, int64_t first_row, int64_t rows) {
-      if (!record) return;
-      s.routing.resize(routing.size());
-      for (size_t l = 0; l < routing.size(); ++l) {
-        const int64_t K = routing[l].size(1);
-        const int32_t* p = routing[l].data<int32_t>() + first_row * K;
-        s.routing[l].insert(s.routing[l].end(), p, p + rows * K);
-      }
+      if (!record || routing.empty()) return;  // no sparse layer: nothing to record
+      if (s.routing.empty()) s.routing = RoutingRecord(int64_t(routing.size()), c.num_experts_per_tok, c.num_experts);
+      s.routing.append(routing, first_row, rows);
     };
     auto take = [&](std::unique_ptr<Seq> sp, int64_t logit_row) {
       Seq& s = *sp;
@@ -284,12 +280,7 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     g.tokens.assign(s.tokens.begin() + s.prompt_len, s.tokens.end());
     g.logprobs = s.logprobs;
     g.finish_reason = s.reason;
-    for (const auto& rows : s.routing) {
-      const int64_t K = c.num_experts_per_tok, n = int64_t(rows.size()) / K;
-      Tensor t = Tensor::empty({n, K}, DType::I32);
-      std::copy(rows.begin(), rows.end(), t.data<int32_t>());
-      g.routing.push_back(t);
-    }
+    g.routing = std::move(s.routing);
     out.push_back(std::move(g));
   }
   std::sort(out.begin(), out.end(), [](const GeneratedSample& a, const GeneratedSample& b) {

@@ -22,6 +22,7 @@
 #include "comm/communicator.h"
 #include "model/qwen3_moe.h"
 #include "rollout/kv_blocks.h"
+#include "rollout/routing_record.h"
 #include "ops/sampling.h"
 
 namespace mt {
@@ -40,8 +41,9 @@ struct GeneratedSample {
   std::vector<int32_t> tokens;  // the new tokens
   std::vector<float> logprobs;  // one per new token
   std::string finish_reason;    // "stop" (a stop token or EOS, included in tokens) or "length"
-  // Expert ids, i32 [prompt + new tokens - 1, K] per sparse layer (EngineOptions::record_routing).
-  std::vector<Tensor> routing;
+  // The experts of prompt + new tokens - 1 tokens in every sparse layer (EngineOptions::record_routing),
+  // compact; routing.tensors() is MicroBatch::routing's form.
+  RoutingRecord routing;
 };
 
 struct EngineProgress {

@@ -54,11 +54,12 @@ void check_against_forward(Qwen3MoeModel& m, const GenerateRequest& r, const Gen
     if (r.sampling.temperature == 0) EXPECT_EQ(s.tokens[size_t(g)], arg) << "greedy token " << g;
   }
   // The routing recorded while generating is that of the forward over every token the model read.
-  const std::vector<Tensor> want_routing = m.last_routing();
-  ASSERT_EQ(s.routing.size(), want_routing.size());
+  const std::vector<Tensor> want_routing = m.last_routing(), got = s.routing.tensors();
+  ASSERT_EQ(got.size(), want_routing.size());
+  EXPECT_EQ(s.routing.bytes_per_id(), 1) << "8 experts: one byte per id";
   for (size_t l = 0; l < want_routing.size(); ++l) {
-    ASSERT_EQ(s.routing[l].shape(), want_routing[l].shape()) << "layer " << l;
-    EXPECT_EQ(std::memcmp(s.routing[l].raw(), want_routing[l].raw(), want_routing[l].nbytes()), 0) << "layer " << l;
+    ASSERT_EQ(got[l].shape(), want_routing[l].shape()) << "layer " << l;
+    EXPECT_EQ(std::memcmp(got[l].raw(), want_routing[l].raw(), want_routing[l].nbytes()), 0) << "layer " << l;
   }
 }
 
