@@ -47,4 +47,24 @@ std::vector<Tensor> RoutingRecord::tensors(int64_t begin, int64_t count) const {
   return out;
 }
 
+double routing_mismatch(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+  if (a.size() != b.size()) MT_THROW("routing_mismatch: ", a.size(), " layers against ", b.size());
+  int64_t differ = 0, total = 0;
+  for (size_t l = 0; l < a.size(); ++l) {
+    if (a[l].shape() != b[l].shape() || a[l].dtype() != DType::I32 || b[l].dtype() != DType::I32)
+      MT_THROW("routing_mismatch: layer ", l, ": ", a[l].desc(), " against ", b[l].desc());
+    const int64_t T = a[l].size(0), K = a[l].size(1);
+    const int32_t* x = a[l].data<int32_t>();
+    const int32_t* y = b[l].data<int32_t>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < K; ++i) {
+        bool found = false;
+        for (int64_t j = 0; j < K && !found; ++j) found = x[t * K + i] == y[t * K + j];
+        differ += !found;
+        ++total;
+      }
+  }
+  return total ? double(differ) / double(total) : 0.0;
+}
+
 }  // namespace mt

@@ -31,4 +31,10 @@ class RoutingRecord {
   std::vector<std::vector<uint8_t>> per_layer_;  // per layer: tokens × K ids of width_ bytes (little-endian)
 };
 
+// The share of router decisions that differ between two routings of the same tokens (i32 [T, K] per
+// sparse layer each, as RoutingRecord::tensors and Qwen3MoeModel::last_routing give them): per token and
+// layer, the experts of `a` missing from `b`'s set of K, over all T × K × layers choices. The R3 paper's
+// metric of engine/trainer routing mismatch (about 10% without replay in its runs).
+double routing_mismatch(const std::vector<Tensor>& a, const std::vector<Tensor>& b);
+
 }  // namespace mt

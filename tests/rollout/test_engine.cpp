@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "model/qwen3_moe.h"
+#include "core/rng.h"
 #include "rollout/engine.h"
 
 using namespace mt;
@@ -195,4 +196,45 @@ TEST(RolloutEngine, BadRequestsAreErrorsNamingTheValue) {
   r.n = 200;
   r.max_new_tokens = 60;
   expect_error(r, "KV blocks; the cache holds");
+}
+
+// R3 routing replay on the engine's record: after generation the router weights change (as an update
+// would); a trainer forward without replay then routes some tokens elsewhere (mismatch > 0), and with
+// the record replayed (MicroBatch::routing) it uses exactly the recorded experts (mismatch 0).
+TEST(RolloutEngine, RecordedRoutingReplaysInTheTrainerAfterTheRouterMoves) {
+  const ModelConfig c = config(false);
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 9);
+  GenerateRequest r;
+  r.prompt = prompt(9, 4, c.vocab_size);
+  r.max_new_tokens = 12;
+  r.sampling.temperature = 0.7f;
+  EngineOptions eo;
+  eo.kv_cache_bytes = 16 << 20;
+  eo.record_routing = true;
+  RolloutEngine e(m, eo);
+  const GeneratedSample s = e.generate({r})[0];
+  const int64_t S = int64_t(r.prompt.size() + s.tokens.size()) - 1;
+  ASSERT_EQ(s.routing.tokens(), S);
+  Tensor ids = Tensor::empty({1, S}, DType::I64);
+  for (int64_t i = 0; i < S; ++i)
+    ids.data<int64_t>()[i] = i < int64_t(r.prompt.size()) ? r.prompt[size_t(i)] : s.tokens[size_t(i) - r.prompt.size()];
+  // Move every router (an update's effect).
+  Rng rng(3);
+  for (const ParamEntry& pe : m.table().entries())
+    if (pe.name.find("mlp.gate.weight") != std::string::npos) {
+      Tensor noise = Tensor::empty({pe.numel});
+      rng.fill_normal(noise, 0, 0.5f);
+      Tensor w = m.params().rows(pe.offset, pe.numel);
+      for (int64_t i = 0; i < pe.numel; ++i) w.data<float>()[i] += noise.data<float>()[i];
+    }
+  m.refresh_compute_weights();
+  m.forward(MicroBatch{ids, Tensor()}, nullptr);
+  const double free_mismatch = routing_mismatch(s.routing.tensors(), m.last_routing());
+  EXPECT_GT(free_mismatch, 0.05) << "the moved router should route some tokens elsewhere";
+  MicroBatch replay{ids, Tensor()};
+  replay.routing = s.routing.tensors();
+  m.forward(replay, nullptr);
+  EXPECT_EQ(routing_mismatch(s.routing.tensors(), m.last_routing()), 0.0);
+  std::printf("routing mismatch after the router moved: %.3f without replay, 0 with\n", free_mismatch);
 }
