@@ -8,11 +8,12 @@
 // partial last block). A finished sequence frees its blocks at once, so a waiting prompt starts in the
 // next step. Admission is the memory control: the engine never runs out of KV blocks mid-sequence.
 //
-// Sampling (ops/sampling.h) draws with counter-based randomness keyed by (request seed, sample
-// index within its prompt, position), so a request's tokens do not depend on what else is batched.
-// Each token comes with log softmax(logits / T)[token] before truncation. The routing record (the
-// experts each sparse layer chose for every token the model read: the prompt, then each generated
-// token but the last, which is never fed back) is kept when asked, in MicroBatch::routing's form.
+// Sampling (ops/sampling.h, on the model's device: the step's one synchronisation brings the tokens
+// back) draws with counter-based randomness keyed by (request seed, sample index within its prompt,
+// position, token), so a request's tokens do not depend on what else is batched. Each token comes with
+// log softmax(logits / T)[token] before truncation. The routing record (the experts each sparse layer
+// chose for every token the model read: the prompt, then each generated token but the last, which is
+// never fed back) is kept when asked, compactly (rollout/routing_record.h).
 #pragma once
 #include <cstdint>
 #include <functional>
