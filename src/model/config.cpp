@@ -426,6 +426,8 @@ ModelConfig preset_model_config(const std::string& name) {
     c.max_position_embeddings = 256;
     c.output_router_logits = true;
     c.router_aux_loss_coef = 0.01;
+    c.bos_token_id = 1;  // data/char_tokenizer.h's <bos> and <eos>: a checkpoint's generate stops at <eos>
+    c.eos_token_id = 2;
   } else if (name == "bench-4L" || name == "qwen3-30b-a3b") {
     c.vocab_size = 151936;
     c.hidden_size = 2048;
