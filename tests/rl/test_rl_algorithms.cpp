@@ -15,6 +15,7 @@
 #include "rl/advantages.h"
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
+#include "rl/shaping.h"
 #include "rollout/engine.h"
 
 using namespace mt;
@@ -302,4 +303,18 @@ TEST(RlRolloutBatch, PackedRolloutsGiveTheEnginesLogprobsInTheTrainer) {
   for (int64_t i = 0; i < g.numel(); ++i) norm += double(g.data<float>()[i]) * g.data<float>()[i];
   EXPECT_TRUE(std::isfinite(norm));
   EXPECT_GT(norm, 0.0);
+}
+
+TEST(RlShaping, OverlongPenaltyDynamicSamplingAndKlInRewardByHand) {
+  // max 100, buffer 20: 0 up to 80 tokens, then linear to -1 at 100; -1 beyond.
+  EXPECT_EQ(soft_overlong_penalty(80, 100, 20, 1.0), 0.0);
+  EXPECT_DOUBLE_EQ(soft_overlong_penalty(90, 100, 20, 1.0), -0.5);
+  EXPECT_DOUBLE_EQ(soft_overlong_penalty(100, 100, 20, 1.0), -1.0);
+  EXPECT_DOUBLE_EQ(soft_overlong_penalty(101, 100, 20, 0.5), -0.5);
+  expect_error([] { soft_overlong_penalty(10, 100, 0, 1.0); }, "buffer 0");
+  // Groups of 3: all ones, mixed, all zeros, mixed.
+  EXPECT_EQ(informative_groups(std::vector<double>{1, 1, 1, 0, 1, 0, 0, 0, 0, 2, 2, 3}, 3), (std::vector<int64_t>{1, 3}));
+  // r_t = -0.1 (logp - ref), the outcome 1 on the last token.
+  expect_vec(token_rewards_with_kl(1.0, std::vector<double>{-1, -2, -0.5}, std::vector<double>{-1.5, -2, -0.25}, 0.1),
+             {-0.05, 0.0, 1.025}, 1e-12, "kl in reward");
 }
