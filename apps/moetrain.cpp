@@ -8,6 +8,7 @@
 #include "selftest/dist_selftest.h"
 #include "launch/launch.h"
 #include "core/error.h"
+#include "rl/grpo_cli.h"
 #include "rollout/generate.h"
 #include "train/grads.h"
 #include "train/train_config.h"
@@ -22,6 +23,8 @@ static const char* kUsage =
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N] [--temperature T] [--n N] ...\n"
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
+    "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
+    "          GRPO on the built-in addition task from the demo checkpoint (one process; see grpo --help)\n"
     "  launch  --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- <command> [args]\n"
     "          start the ranks of a command on this node and supervise them (like torchrun; see launch --help)\n"
     "  help    this text; `moetrain train --help` lists every training option\n";
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "grads") return mt::grads_main(rest);
     if (cmd == "generate") return mt::generate_main(rest);
+    if (cmd == "grpo") return mt::grpo_main(rest);
     if (cmd == "launch") return mt::comm::launch_main(rest);
     if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
       return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});
