@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/cli_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/synthetic.h"
@@ -30,13 +31,6 @@ const char* kUsage =
     "usage: moetrain grpo [--model DIR] [--steps N] [--prompts-per-step P] [--n G] [--max-digits D] [--lr LR]\n"
     "       [--eval-problems N] [--device cpu|cuda|auto] [--out-dir DIR] [--seed S]";
 
-template <class T>
-T number(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  T x{};
-  if (!(is >> x) || !is.eof()) MT_THROW(flag, " '", v, "' is not a number");
-  return x;
-}
 
 std::vector<int32_t> ids32(const std::vector<int64_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); }
 
@@ -76,15 +70,15 @@ int grpo_main(const std::vector<std::string>& args) {
       std::printf("%s\n", kUsage);
       return 0;
     } else if (a == "--model") model_dir = value();
-    else if (a == "--steps") steps = number<int64_t>(a, value());
-    else if (a == "--prompts-per-step") per_step = number<int64_t>(a, value());
-    else if (a == "--n") o.n = number<int64_t>(a, value());
-    else if (a == "--max-digits") max_digits = number<int>(a, value());
-    else if (a == "--lr") o.lr = number<double>(a, value());
-    else if (a == "--eval-problems") eval_n = number<int64_t>(a, value());
+    else if (a == "--steps") steps = parse_flag_number<int64_t>(a, value());
+    else if (a == "--prompts-per-step") per_step = parse_flag_number<int64_t>(a, value());
+    else if (a == "--n") o.n = parse_flag_number<int64_t>(a, value());
+    else if (a == "--max-digits") max_digits = parse_flag_number<int>(a, value());
+    else if (a == "--lr") o.lr = parse_flag_number<double>(a, value());
+    else if (a == "--eval-problems") eval_n = parse_flag_number<int64_t>(a, value());
     else if (a == "--device") device_name = value();
     else if (a == "--out-dir") out_dir = value();
-    else if (a == "--seed") seed = number<int64_t>(a, value());
+    else if (a == "--seed") seed = parse_flag_number<int64_t>(a, value());
     else MT_THROW("grpo: unknown argument '", a, "'; ", kUsage);
   }
   if (o.n < 2) MT_THROW("grpo: --n ", o.n, " samples per prompt; group advantages need at least 2");

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/cli_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/hf_checkpoint.h"
@@ -54,13 +55,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-template <class T>
-T parse_number(const std::string& flag, const std::string& v) {
-  std::istringstream is(v);
-  T x{};
-  if (!(is >> x) || !is.eof()) MT_THROW(flag, " '", v, "' is not a number");
-  return x;
-}
 
 // Every rank's samples on rank 0 (others get none), ordered by (prompt, sample): each rank's packed as
 // i32 words (prompt, sample, finish, n, tokens, logprob bits), lengths all-gathered, then the words
@@ -134,25 +128,25 @@ int generate_main(const std::vector<std::string>& args) {
     } else if (a == "--model") model_dir = value();
     else if (a == "--prompts") prompts_path = value();
     else if (a == "--out") out_path = value();
-    else if (a == "--max-new-tokens") base.max_new_tokens = parse_number<int64_t>(a, value());
-    else if (a == "--temperature") base.sampling.temperature = parse_number<float>(a, value());
-    else if (a == "--top-p") base.sampling.top_p = parse_number<float>(a, value());
-    else if (a == "--top-k") base.sampling.top_k = parse_number<int32_t>(a, value());
-    else if (a == "--min-p") base.sampling.min_p = parse_number<float>(a, value());
-    else if (a == "--n") base.n = parse_number<int64_t>(a, value());
-    else if (a == "--seed") base.sampling.seed = parse_number<uint64_t>(a, value());
+    else if (a == "--max-new-tokens") base.max_new_tokens = parse_flag_number<int64_t>(a, value());
+    else if (a == "--temperature") base.sampling.temperature = parse_flag_number<float>(a, value());
+    else if (a == "--top-p") base.sampling.top_p = parse_flag_number<float>(a, value());
+    else if (a == "--top-k") base.sampling.top_k = parse_flag_number<int32_t>(a, value());
+    else if (a == "--min-p") base.sampling.min_p = parse_flag_number<float>(a, value());
+    else if (a == "--n") base.n = parse_flag_number<int64_t>(a, value());
+    else if (a == "--seed") base.sampling.seed = parse_flag_number<uint64_t>(a, value());
     else if (a == "--ignore-eos") base.ignore_eos = true;
     else if (a == "--device") device_name = value();
-    else if (a == "--kv-cache-fraction") kv_fraction = parse_number<double>(a, value());
-    else if (a == "--block-size") eo.block_size = parse_number<int32_t>(a, value());
-    else if (a == "--max-running") eo.max_running = parse_number<int64_t>(a, value());
-    else if (a == "--threads") threads = parse_number<int64_t>(a, value());
-    else if (a == "--dp-shard") dp_shard = parse_number<int>(a, value());
-    else if (a == "--ep") ep = parse_number<int>(a, value());
+    else if (a == "--kv-cache-fraction") kv_fraction = parse_flag_number<double>(a, value());
+    else if (a == "--block-size") eo.block_size = parse_flag_number<int32_t>(a, value());
+    else if (a == "--max-running") eo.max_running = parse_flag_number<int64_t>(a, value());
+    else if (a == "--threads") threads = parse_flag_number<int64_t>(a, value());
+    else if (a == "--dp-shard") dp_shard = parse_flag_number<int>(a, value());
+    else if (a == "--ep") ep = parse_flag_number<int>(a, value());
     else if (a == "--stop-token-ids") {
       std::stringstream ss(value());
       std::string item;
-      while (std::getline(ss, item, ',')) base.stop_token_ids.push_back(parse_number<int32_t>(a, item));
+      while (std::getline(ss, item, ',')) base.stop_token_ids.push_back(parse_flag_number<int32_t>(a, item));
     } else
       MT_THROW("generate: unknown argument '", a, "'; ", kUsage);
   }
