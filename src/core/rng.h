@@ -7,6 +7,15 @@
 
 namespace mt {
 
+// splitmix64's output function of x + golden ratio: a bijective hash of 64 bits, for deriving
+// independent seeds and deterministic choices from counters.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 class Rng {
  public:
   explicit Rng(uint64_t seed = 0);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/char_tokenizer.h"
 
 namespace mt {
@@ -16,13 +17,6 @@ namespace {
 constexpr uint64_t kTrainSalt = 0x7472616e5f616464ull;
 constexpr uint64_t kEvalSalt = 0x6576616c5f616464ull;
 constexpr uint64_t kSplitSalt = 0x73706c69745f6576ull;
-
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 int64_t pow10(int k) {
   int64_t p = 1;
@@ -52,7 +46,7 @@ namespace {
 // The last digit of b that is held out for the pair's other digits (a, b / 10): a hash, so every
 // combination of units digits (and of any other digit position) occurs in training for most a.
 int64_t held_out_last_digit(int64_t a, int64_t b_high) {
-  return int64_t(mix(mix(uint64_t(a) ^ kSplitSalt) + uint64_t(b_high)) % 10);
+  return int64_t(mix64(mix64(uint64_t(a) ^ kSplitSalt) + uint64_t(b_high)) % 10);
 }
 }  // namespace
 
@@ -103,7 +97,7 @@ std::vector<Problem> make_eval_problems(int64_t n, uint64_t seed, int max_digits
   if (n < 0 || n > available)
     MT_THROW("synthetic addition: eval_problems = ", n, " is not allowed for max_digits = ", max_digits, "; use 0..",
              available, " (the number of distinct evaluation pairs)");
-  Rng rng(mix(seed ^ kEvalSalt));
+  Rng rng(mix64(seed ^ kEvalSalt));
   std::set<std::pair<int64_t, int64_t>> seen;
   std::vector<Problem> out;
   out.reserve(size_t(n));
@@ -151,7 +145,7 @@ std::string SyntheticBatcher::describe() const {
 
 Batch SyntheticBatcher::batch(int64_t index) const {
   MT_CHECK(index >= 0, "batch index must be >= 0, got ", index);
-  Rng rng(mix(mix(seed_ ^ kTrainSalt) + uint64_t(index)));
+  Rng rng(mix64(mix64(seed_ ^ kTrainSalt) + uint64_t(index)));
   Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64)};
   int64_t* ids = out.input_ids.data<int64_t>();
   int64_t* labels = out.labels.data<int64_t>();

@@ -27,13 +27,6 @@ namespace {
 constexpr uint32_t kDtypeU16 = 1, kDtypeU32 = 2;
 constexpr uint64_t kShuffleSalt = 0x73687566666c6521ull;
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 std::string bytes_str(const unsigned char* p, size_t n) {
   static const char* hex = "0123456789abcdef";
   std::string out;
@@ -235,7 +228,7 @@ const std::vector<int64_t>& TokenShardDataset::permutation(int64_t epoch) const 
   if (perm_epoch_ != epoch) {
     perm_.resize(size_t(windows_total_));
     for (int64_t i = 0; i < windows_total_; ++i) perm_[size_t(i)] = i;
-    Rng rng(mix(mix(seed_ ^ kShuffleSalt) + uint64_t(epoch)));
+    Rng rng(mix64(mix64(seed_ ^ kShuffleSalt) + uint64_t(epoch)));
     for (int64_t i = windows_total_ - 1; i > 0; --i) std::swap(perm_[size_t(i)], perm_[size_t(rng.randint(0, i + 1))]);
     perm_epoch_ = epoch;
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "rl/rollout_batch.h"
 
 namespace mt::rl {
@@ -13,12 +14,6 @@ namespace mt::rl {
 namespace {
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 }  // namespace
 
@@ -40,7 +35,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::v
     r.n = o.n;
     r.max_new_tokens = o.max_new_tokens;
     r.sampling = o.sampling;
-    r.sampling.seed = mix(o.seed ^ mix(uint64_t(step) * 1000003 + i));
+    r.sampling.seed = mix64(o.seed ^ mix64(uint64_t(step) * 1000003 + i));
     r.stop_token_ids = o.stop_token_ids;
     reqs.push_back(std::move(r));
   }

@@ -17,6 +17,7 @@
 
 #include "core/cli_args.h"
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/log.h"
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_moe.h"
@@ -46,13 +47,6 @@ int64_t host_available_bytes() {
   while (f >> key >> kb >> unit)
     if (key == "MemAvailable:") return kb * 1024;
   return int64_t(4) << 30;
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 
@@ -195,7 +189,7 @@ int generate_main(const std::vector<std::string>& args) {
     r.prompt = p.ids;
     // Each prompt its own stream (the draw counters are only (sample, position)): the same --seed gives
     // the same samples whatever the number of ranks.
-    r.sampling.seed = splitmix64(base.sampling.seed + uint64_t(prompt_index[i]));
+    r.sampling.seed = mix64(base.sampling.seed + uint64_t(prompt_index[i]));
     max_tokens += r.n * r.max_new_tokens;
     reqs.push_back(std::move(r));
   }
