@@ -8,7 +8,10 @@
 //
 // usage: generate [--model bench-4L] [--prompts 256] [--prompt-len 128] [--new-tokens 512] [--n 1]
 //                 [--temperature 1] [--kv-cache-fraction 0.9] [--block-size 16] [--max-step-tokens 8192]
-//                 [--max-running 256] [--device cuda|cpu] [--layers N]
+//                 [--max-running 256] [--device cuda|cpu] [--layers N] [--profile]
+// --profile: a second generate call of the same requests with per-op timing (every op waits for the
+// device before and after it), printed as a second JSON line: milliseconds per engine step by op, and
+// what the ops do not cover (the host's batch building, copies, sampling's wait).
 // --n N: N samples per prompt (the prompt prefilled once, its blocks shared): --prompts counts prompts.
 #include <algorithm>
 #include <cmath>
@@ -20,6 +23,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
+#include "ops/profile.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 #include "train/trainer.h"
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
   int64_t prompts = 256, prompt_len = 128, new_tokens = 512, n = 1, layers = 0;
   float temperature = 1.0f;
   double kv_fraction = 0.9;
+  bool profile = false;
   EngineOptions eo;
   eo.max_step_tokens = 8192;
   for (int i = 1; i < argc; ++i) {
@@ -77,6 +82,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-running") eo.max_running = std::stoll(next());
     else if (a == "--device") device = next();
     else if (a == "--layers") layers = std::stoll(next());
+    else if (a == "--profile") profile = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -152,6 +158,30 @@ int main(int argc, char** argv) {
                      {"kv_blocks", st.num_blocks},
                      {"block_size", eo.block_size}};
     std::printf("%s\n", j.dump().c_str());
+    if (profile) {
+      const EngineStats b2 = engine.stats();
+      ops::reset_op_seconds();
+      ops::set_op_profiling(true);
+      auto t2 = Clock::now();
+      engine.generate(reqs);
+      device_mem::synchronize(dev);
+      const double s2 = secs(t2);
+      ops::set_op_profiling(false);
+      const double steps2 = double(engine.stats().steps - b2.steps);
+      nlohmann::json per_op;
+      double covered = 0;
+      for (const auto& [op, sec] : ops::op_seconds()) {
+        per_op[op] = 1e3 * sec / steps2;
+        covered += sec;
+      }
+      nlohmann::json p{{"bench", "generate_profile"},
+                       {"steps", steps2},
+                       {"step_ms", 1e3 * s2 / steps2},
+                       {"ops_ms", 1e3 * covered / steps2},
+                       {"outside_ops_ms", 1e3 * (s2 - covered) / steps2},
+                       {"per_op_ms", per_op}};
+      std::printf("%s\n", p.dump().c_str());
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate bench: %s\n", e.what());

@@ -1,14 +1,29 @@
-// CUDA paged KV cache: the first, simple version (correct before fast; bench/NOTES keeps its numbers).
-// kv_cache_write: one thread per element. paged_attention_fwd: one warp per (token, query head); the
-// warp walks the token's positions 0..pos, each lane holding Hd / 32 elements of q and of the output
-// accumulator; the score is a warp reduction, the softmax online (running max and sum) in f32.
+// CUDA paged KV cache. kv_cache_write: one thread per element.
+// paged_attention_fwd, two kernels (bench/NOTES.md "P9 v1" has their numbers):
+//  - split-K (head_dim a multiple of 8, at most 256): a block of 128 threads per (token, group of HPC
+//    query heads sharing one KV head, split of the token's positions). The block walks its split in
+//    chunks of 128 positions: each thread scores one position for the HPC heads (its key row read once
+//    for all of them, q from shared memory), the chunk's maximum per head updates a running maximum
+//    (the online softmax), and then each thread accumulates 8 output dims of a subset of the chunk's
+//    positions from the value rows (16-byte loads; the rows of one position are contiguous over the
+//    threads). The position subsets are summed once at the end. With one split the block writes the
+//    output; with several it writes (max, sum, unnormalised output) and a second kernel merges the
+//    splits. The split count is fixed by the launch (from the block table's width, not the positions,
+//    which stay on the device): about 8 blocks per multiprocessor; a split beyond a token's position writes
+//    an empty partial.
+//  - serial (any other head_dim <= 256, and the reference in bench/): one warp per (token, query head)
+//    walking the positions with an online softmax (the first version).
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <initializer_list>
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
 
 namespace mt::cuda {
 
@@ -69,6 +84,171 @@ __global__ void paged_attention_kernel(const bf16* __restrict__ q, const bf16* _
     if (lane + 32 * i < Hd) out[(n * H + h) * Hd + lane + 32 * i] = __float2bfloat16_rn(acc[i] / sum);
 }
 
+
+constexpr int kThreads = 128;  // split-K block
+constexpr int kChunk = 128;    // positions per chunk: one per thread when scoring
+
+// One bf16x8 (16 bytes) to floats.
+__device__ __forceinline__ void load8(const bf16* p, float* f) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+// grid (x: token × head group, y: split). Partials (splits > 1): acc [N, H, S, HD] f32, ml [N, H, S, 2].
+template <int HPC, int HD>
+__global__ void __launch_bounds__(kThreads)
+    paged_attention_split_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc, const bf16* __restrict__ vc,
+                                 const int32_t* __restrict__ table, int64_t M, int64_t block_size,
+                                 const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int64_t H,
+                                 int64_t G, float scale, int64_t span, bf16* __restrict__ out,
+                                 float* __restrict__ part_acc, float* __restrict__ part_ml) {
+  constexpr int kCols = HD / 8, kPlanes = kThreads / kCols;  // value layout: plane × 8-dim column
+  static_assert(HD % 8 == 0 && kThreads % kCols == 0, "head_dim must be a multiple of 8 dividing 1024");
+  __shared__ __align__(16) float q_s[HPC][HD];
+  __shared__ float e_s[HPC][kChunk];
+  __shared__ float wmax_s[kThreads / 32][HPC];
+  __shared__ __align__(16) float red_s[kPlanes][HPC][HD];
+  __shared__ float l_s[kPlanes][HPC];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t groups = H / HPC, n = blockIdx.x / groups, h0 = (blockIdx.x % groups) * HPC;
+  const int64_t g = h0 / (H / G), split = blockIdx.y, S = gridDim.y;
+  const int64_t last = pos[n], begin = split * span, end = min(begin + span, last + 1);
+  const int32_t* row = table + int64_t(seq[n]) * M;
+
+  for (int i = tid; i < HPC * HD; i += kThreads)
+    q_s[i / HD][i % HD] = __bfloat162float(q[(n * H + h0 + i / HD) * HD + i % HD]);
+  const int plane = tid / kCols, col = tid % kCols;
+  float m_run[HPC], l[HPC], acc[HPC][8];
+#pragma unroll
+  for (int h = 0; h < HPC; ++h) {
+    m_run[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+  __syncthreads();
+
+  for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
+    // Scores: thread tid takes position c0 + tid.
+    const int64_t p = c0 + tid;
+    float sc[HPC];
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) sc[h] = 0.0f;
+    if (p < end) {
+      const int64_t slot = int64_t(row[p / block_size]) * block_size + p % block_size;
+      const bf16* kp = kc + (slot * G + g) * HD;
+#pragma unroll 4
+      for (int j = 0; j < kCols; ++j) {
+        float kf[8];
+        load8(kp + 8 * j, kf);
+#pragma unroll
+        for (int h = 0; h < HPC; ++h) {
+          const float4 a = *reinterpret_cast<const float4*>(&q_s[h][8 * j]);
+          const float4 b = *reinterpret_cast<const float4*>(&q_s[h][8 * j + 4]);
+          sc[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
+                   b.w * kf[7];
+        }
+      }
+    }
+    // The chunk's maximum per head (a block reduction), the running maximum, the weights e = exp(s - m).
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+      sc[h] = p < end ? sc[h] * scale : -INFINITY;
+      float x = sc[h];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+      if (lane == 0) wmax_s[warp][h] = x;
+    }
+    __syncthreads();
+    float corr[HPC];
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+      float cm = wmax_s[0][h];
+#pragma unroll
+      for (int w = 1; w < kThreads / 32; ++w) cm = fmaxf(cm, wmax_s[w][h]);
+      const float mn = fmaxf(m_run[h], cm);  // finite: position c0 is in the split
+      corr[h] = __expf(m_run[h] - mn);
+      m_run[h] = mn;
+      e_s[h][tid] = p < end ? __expf(sc[h] - mn) : 0.0f;
+    }
+    __syncthreads();
+    // Values: plane `plane` takes positions c0 + plane, c0 + plane + kPlanes, ...; column `col` 8 dims.
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+      l[h] *= corr[h];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= corr[h];
+    }
+    const int64_t cend = min(end - c0, int64_t(kChunk));
+    for (int64_t j = plane; j < cend; j += kPlanes) {
+      const int64_t pp = c0 + j;
+      const int64_t slot = int64_t(row[pp / block_size]) * block_size + pp % block_size;
+      float vf[8];
+      load8(vc + (slot * G + g) * HD + 8 * col, vf);
+#pragma unroll
+      for (int h = 0; h < HPC; ++h) {
+        const float w = e_s[h][j];
+        l[h] += w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] += w * vf[i];
+      }
+    }
+    __syncthreads();  // e_s and wmax_s are rewritten by the next chunk
+  }
+
+  // Sum the planes.
+#pragma unroll
+  for (int h = 0; h < HPC; ++h) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) red_s[plane][h][8 * col + i] = acc[h][i];
+    if (col == 0) l_s[plane][h] = l[h];
+  }
+  __syncthreads();
+  for (int i = tid; i < HPC * HD; i += kThreads) {
+    const int h = i / HD, d = i % HD;
+    float a = 0.0f, ls = 0.0f;
+#pragma unroll 4
+    for (int pl = 0; pl < kPlanes; ++pl) {
+      a += red_s[pl][h][d];
+      ls += l_s[pl][h];
+    }
+    const int64_t nh = n * H + h0 + h;
+    if (S == 1) {
+      out[nh * HD + d] = __float2bfloat16_rn(a / ls);
+    } else {
+      part_acc[(nh * S + split) * HD + d] = a;  // an empty split (begin > last) writes 0, m -inf, l 0
+      if (d == 0) {
+        part_ml[(nh * S + split) * 2] = m_run[h];
+        part_ml[(nh * S + split) * 2 + 1] = ls;
+      }
+    }
+  }
+}
+
+// grid N × H, block HD threads (<= 256): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+__global__ void paged_attention_merge_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
+                                             int64_t S, int64_t HD, bf16* __restrict__ out) {
+  const int64_t nh = blockIdx.x;
+  const float* ml = part_ml + nh * S * 2;
+  float M = -INFINITY;
+  for (int64_t s = 0; s < S; ++s) M = fmaxf(M, ml[2 * s]);
+  float a = 0.0f, L = 0.0f;
+  for (int64_t s = 0; s < S; ++s) {
+    if (ml[2 * s] == -INFINITY) continue;  // empty split
+    const float w = __expf(ml[2 * s] - M);
+    L += w * ml[2 * s + 1];
+    a += w * part_acc[(nh * S + s) * HD + threadIdx.x];
+  }
+  out[nh * HD + threadIdx.x] = __float2bfloat16_rn(a / L);
+}
+
 }  // namespace
 
 void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,
@@ -85,6 +265,49 @@ void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot
   MT_CUDA_LAUNCH_CHECK(op);
 }
 
+namespace {
+
+enum class PagedKernel { automatic, serial, split };
+
+// MOETRAIN_PAGED_ATTENTION (auto | serial | split), read at every call so a test or a benchmark can
+// switch kernels.
+PagedKernel paged_kernel_from_env() {
+  const char* e = std::getenv("MOETRAIN_PAGED_ATTENTION");
+  const std::string m = e ? e : "";
+  if (m.empty() || m == "auto") return PagedKernel::automatic;
+  if (m == "serial") return PagedKernel::serial;
+  if (m == "split") return PagedKernel::split;
+  MT_THROW("MOETRAIN_PAGED_ATTENTION (", m, ") must be one of auto, serial, split");
+}
+
+bool split_supported(int64_t Hd) { return Hd == 16 || Hd == 32 || Hd == 64 || Hd == 128 || Hd == 256; }
+
+// Query heads per block: the largest of 8, 4, 2, 1 dividing the group size H / G.
+int heads_per_block(int64_t H, int64_t G) {
+  const int64_t gq = H / G;
+  for (int h : {8, 4, 2}) if (gq % h == 0) return h;
+  return 1;
+}
+
+template <int HPC>
+void launch_split(dim3 grid, const bf16* q, const bf16* kc, const bf16* vc, const int32_t* table, int64_t M,
+                  int64_t bs, const int32_t* seq, const int32_t* pos, int64_t H, int64_t G, int64_t Hd, float scale,
+                  int64_t span, bf16* out, float* acc, float* ml) {
+#define MT_SPLIT(HD)                                                                                              \
+  paged_attention_split_kernel<HPC, HD><<<grid, kThreads, 0, stream()>>>(q, kc, vc, table, M, bs, seq, pos, H, G, \
+                                                                         scale, span, out, acc, ml)
+  switch (Hd) {
+    case 16: MT_SPLIT(16); break;
+    case 32: MT_SPLIT(32); break;
+    case 64: MT_SPLIT(64); break;
+    case 128: MT_SPLIT(128); break;
+    default: MT_SPLIT(256); break;
+  }
+#undef MT_SPLIT
+}
+
+}  // namespace
+
 void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const Tensor& v_cache_SGD,
                          const Tensor& block_table_BM, int64_t block_size, const Tensor& seq_N, const Tensor& pos_N,
                          Tensor& out_NHD) {
@@ -94,14 +317,55 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
   const int64_t N = q_NHD.size(0), H = q_NHD.size(1), Hd = q_NHD.size(2), G = k_cache_SGD.size(1);
   if (Hd < 1 || Hd > 32 * kMaxPerLane)
     MT_THROW(op, ": head_dim ", Hd, " is not supported by the CUDA kernel (1 to ", 32 * kMaxPerLane, ")");
+  const PagedKernel which = paged_kernel_from_env();
+  if (which == PagedKernel::split && !split_supported(Hd))
+    MT_THROW(op, ": MOETRAIN_PAGED_ATTENTION=split but head_dim ", Hd, " is not one of 16, 32, 64, 128, 256");
   if (N == 0) return;
   const float scale = float(1.0 / std::sqrt(double(Hd)));
-  const unsigned grid = unsigned((N * H + kWarps - 1) / kWarps);
   const auto* q = static_cast<const bf16*>(q_NHD.raw());
   const auto* kc = static_cast<const bf16*>(k_cache_SGD.raw());
   const auto* vc = static_cast<const bf16*>(v_cache_SGD.raw());
   auto* out = static_cast<bf16*>(out_NHD.raw());
   const int64_t M = block_table_BM.size(1);
+  if (which != PagedKernel::serial && split_supported(Hd)) {
+    // Splits: at least 8 blocks per multiprocessor in all (about five fit at once: 44 KB of shared
+    // memory each), a split at least one chunk; the block table's width bounds the positions.
+    const int hpc = heads_per_block(H, G);
+    const int64_t blocks = N * (H / hpc), chunks = std::max<int64_t>(1, (M * block_size + kChunk - 1) / kChunk);
+    static const int sms = [op] {
+      int dev = 0, count = 0;
+      MT_CUDA_CHECK(op, cudaGetDevice(&dev));
+      MT_CUDA_CHECK(op, cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+      return count;
+    }();
+    const int64_t target = int64_t(sms) * 8;
+    int64_t S = blocks >= target ? 1 : std::min<int64_t>({chunks, (target + blocks - 1) / blocks, 64});
+    const int64_t span = (chunks + S - 1) / S * kChunk;
+    S = (chunks * kChunk + span - 1) / span;
+    MT_CHECK(blocks <= INT_MAX, op, ": ", N, " tokens x ", H / hpc, " head groups exceed the grid");
+    float *acc = nullptr, *ml = nullptr;
+    if (S > 1) {
+      static DeviceScratch acc_buf, ml_buf;
+      acc = acc_buf.as<float>(N * H * S * Hd, op);
+      ml = ml_buf.as<float>(N * H * S * 2, op);
+    }
+    const dim3 grid{unsigned(blocks), unsigned(S)};
+    const int32_t *table = block_table_BM.data<int32_t>(), *seq = seq_N.data<int32_t>(), *pos = pos_N.data<int32_t>();
+    switch (hpc) {
+      case 8: launch_split<8>(grid, q, kc, vc, table, M, block_size, seq, pos, H, G, Hd, scale, span, out, acc, ml); break;
+      case 4: launch_split<4>(grid, q, kc, vc, table, M, block_size, seq, pos, H, G, Hd, scale, span, out, acc, ml); break;
+      case 2: launch_split<2>(grid, q, kc, vc, table, M, block_size, seq, pos, H, G, Hd, scale, span, out, acc, ml); break;
+      default: launch_split<1>(grid, q, kc, vc, table, M, block_size, seq, pos, H, G, Hd, scale, span, out, acc, ml); break;
+    }
+    MT_CUDA_LAUNCH_CHECK(op);
+    if (S > 1) {
+      MT_CHECK(N * H <= INT_MAX, op, ": ", N * H, " (token, head) pairs exceed the grid");
+      paged_attention_merge_kernel<<<unsigned(N * H), unsigned(Hd), 0, stream()>>>(acc, ml, S, Hd, out);
+      MT_CUDA_LAUNCH_CHECK(op);
+    }
+    return;
+  }
+  const unsigned grid = unsigned((N * H + kWarps - 1) / kWarps);
 #define MT_PAGED(PL)                                                                                               \
   paged_attention_kernel<PL><<<grid, 32 * kWarps, 0, stream()>>>(q, kc, vc, block_table_BM.data<int32_t>(), M,     \
                                                                  block_size, seq_N.data<int32_t>(),                \
