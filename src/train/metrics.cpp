@@ -4,19 +4,43 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "io/tensorboard.h"
 
 namespace mt {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool lead) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool lead, bool tensorboard) : path_(path) {
   if (!lead) return;
   namespace fs = std::filesystem;
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
   f_.open(path, std::ios::trunc);
   if (!f_) MT_THROW("cannot open metrics file ", path);
+  if (tensorboard) tb_ = std::make_unique<TensorBoardWriter>(fs::path(path).parent_path().string());
+}
+
+MetricsWriter::~MetricsWriter() = default;
+
+std::string MetricsWriter::tensorboard_path() const {
+  return tb_ ? tb_->path() : std::string();
 }
 
 void MetricsWriter::write(const nlohmann::json& j) {
-  if (f_.is_open()) f_ << j.dump() << "\n" << std::flush;
+  if (!f_.is_open()) return;
+  f_ << j.dump() << "\n" << std::flush;
+  if (!tb_) return;
+  if (j.contains("step") && j["step"].is_number_integer()) last_step_ = j["step"].get<int64_t>();
+  std::string prefix;
+  nlohmann::json rest = j;
+  if (rest.is_object()) {
+    rest.erase("step");
+    if (rest.contains("event") && rest["event"].is_string()) prefix = rest["event"].get<std::string>();
+  }
+  try {
+    tb_->add_scalars(last_step_, json_scalars(rest, prefix));
+  } catch (const Error& e) {
+    log_info("warning: ", e.what(), "; TensorBoard logging stops here (", path_, " goes on)");
+    tb_.reset();
+  }
 }
 
 nlohmann::json step_json(const StepResult& r, const DistContext& dist) {

@@ -3,8 +3,15 @@
 // it finished. step_json gives the fields every training loop shares (loss parts, gradient norm,
 // optimizer decision, time split, expert load, memory, communication); a loop adds its own
 // (learning rate, data time, RL statistics, ...).
+//
+// Beside the JSONL file the writer keeps a TensorBoard event file (io/tensorboard.h) in the same
+// directory, unless switched off: every number of every line becomes a scalar (nested keys joined
+// with '/', "time_s/forward"), at the line's "step" (the last step seen when a line has none); a line
+// with "event": "<name>" (an evaluation, say) gets its tags prefixed "<name>/". A TensorBoard write
+// that fails is logged once and stops the TensorBoard file; the JSONL file goes on.
 #pragma once
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,16 +19,24 @@
 
 namespace mt {
 
+class TensorBoardWriter;
+
 class MetricsWriter {
  public:
-  // lead: this rank writes. Creates the file's directory and truncates the file.
-  MetricsWriter(const std::string& path, bool lead);
+  // lead: this rank writes. Creates the file's directory and truncates the file; tensorboard: also
+  // starts a new event file in that directory.
+  MetricsWriter(const std::string& path, bool lead, bool tensorboard = true);
+  ~MetricsWriter();
   void write(const nlohmann::json& j);
   const std::string& path() const { return path_; }
+  // The event file's path; "" when there is none (not the lead rank, switched off, or failed).
+  std::string tensorboard_path() const;
 
  private:
   std::string path_;
   std::ofstream f_;
+  std::unique_ptr<TensorBoardWriter> tb_;
+  int64_t last_step_ = 0;
 };
 
 // The shared fields of one step: "loss", "ce", "aux", "z_loss", "grad_norm", "clip_scale", "skipped",

@@ -124,6 +124,9 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return zero_or_one(c.score_before_experts); }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},
+      {"tensorboard", &TrainConfig::tensorboard,
+       "1: also write a TensorBoard event file (events.out.tfevents.*) beside the metrics file; 0 = off",
+       [](const TrainConfig& c) { return zero_or_one(c.tensorboard); }},
       {"router_z_loss_coef", &TrainConfig::router_z_loss_coef,
        "router z-loss (ST-MoE) coefficient: adds coef * mean over router rows of logsumexp(logits)^2; 0 = off",
        [](const TrainConfig& c) {

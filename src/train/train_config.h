@@ -43,6 +43,7 @@ struct TrainConfig {
   std::string recompute = "none";           // activation recompute per block: none | full
   int64_t score_before_experts = 0;        // 1: routing weights multiply the experts' input, not their output
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
+  int64_t tensorboard = 1;                  // 1: also a TensorBoard event file beside the metrics file
   // MoE load balancing beside the config.json aux loss (docs/model.md). 0 = off for both.
   double router_z_loss_coef = 0;       // ST-MoE router z-loss: coef * mean over router rows of lse(logits)^2
   double router_bias_update_rate = 0;  // DeepSeek-V3 aux-loss-free bias: b += rate * sign(mean - count) per step

@@ -181,7 +181,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     std::ofstream f(cfg.out_dir + "/train_config.json");
     f << to_json(cfg) << "\n";
   }
-  MetricsWriter metrics(metrics_path(cfg), lead);
+  MetricsWriter metrics(metrics_path(cfg), lead, cfg.tensorboard != 0);
   const std::string& mpath = metrics.path();
   auto log0 = [&](const auto&... a) {
     if (lead) log_info(a...);
@@ -192,7 +192,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
            mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
   log0("data: ", data->describe());
   log0("training ", cfg.steps, " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
-           cfg.seq_len, " tokens; metrics -> ", mpath);
+           cfg.seq_len, " tokens; metrics -> ", mpath,
+           metrics.tensorboard_path().empty() ? "" : ", TensorBoard -> " + metrics.tensorboard_path());
 
   TrainSummary sum;
   auto run_start = Clock::now();
