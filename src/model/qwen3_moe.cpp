@@ -569,6 +569,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     MT_THROW("PassOptions: logits_out materialises the logits; it does not combine with a per-token objective or "
              "token_logprobs (chunked head)");
   if (opt.token_entropy && !opt.token_logprobs) MT_THROW("PassOptions: token_entropy needs token_logprobs");
+  if (!(opt.temperature > 0) || !std::isfinite(opt.temperature))
+    MT_THROW("PassOptions: temperature ", opt.temperature, "; the head divides the logits by it: need a finite value > 0");
   if (opt.objective && !backward) MT_THROW("a per-token objective applies to forward_backward; forward takes token_logprobs");
   const double aux_scale = backward ? opt.aux_scale : 0.0;
   if (aux_scale != 0 && !aux_enabled())
@@ -672,6 +674,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
       for (int u : block_units(l)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
   ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
+  const bool tempered = opt.temperature != 1.0;  // logits / T = (hn / T) W (PassOptions::temperature)
+  if (tempered) ops::scale_(hn, float(1.0 / opt.temperature));
 
   LossParts out;
   for (int64_t t = 0; t < T; ++t) out.n_valid += lab_host.data<int64_t>()[t] != -100 ? 1 : 0;
@@ -743,6 +747,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     ops::cross_entropy_bwd(logits, labels_T, lse, float(ce_scale), dlogits);
     ops::linear_bwd(dlogits, hn, w_.lm_head, &dhn, false, g_.lm_head, acc);
   }
+  if (tempered) ops::scale_(dhn, float(1.0 / opt.temperature));  // d(hn / T) / d hn
   Tensor dA = keep_.alloc({T, D}, DType::F32), dB = keep_.alloc({T, D}, DType::F32);
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm, acc);
   release(head);

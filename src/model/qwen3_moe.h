@@ -151,6 +151,11 @@ struct PassOptions {
   Tensor* logits_out = nullptr;
   bool token_logprobs = false;  // LossParts::logp (and entropy with token_entropy), chunked head
   bool token_entropy = false;
+  // Every head (log-probs, entropy, objective, cross-entropy, logits_out) sees logits / temperature: the
+  // sampler's distribution softmax(logits / T), so an RL update's ratios compare like with like. The
+  // logits are linear in the final normed hidden state, so the head reads hn / T (one scale of [T, D],
+  // and of its gradient in the backward); 1 leaves the pass unchanged. Must be > 0 and finite.
+  double temperature = 1.0;
 };
 
 class Qwen3MoeModel {

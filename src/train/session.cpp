@@ -108,6 +108,7 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   if (fs) fs->zero_grads();  // the local shards: the reduced unit gradients are added into them
   PassOptions po;
   po.objective = so.objective;
+  po.temperature = so.temperature;
   if (!so.objective) po.ce_scale = 1.0 / double(r.targets);
   po.aux_scale = model.aux_enabled() ? so.aux_loss_coef / double(n) : 0.0;
   // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
