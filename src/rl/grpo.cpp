@@ -6,115 +6,307 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 #include "rl/rollout_batch.h"
+#include "rl/shaping.h"
 
 namespace mt::rl {
 
 namespace {
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+// One kept sample and what the update needs of it.
+struct Kept {
+  RolloutSample s;
+  double advantage = 0;
+  bool filtered = false;  // overlong filtering: token weight 0
+};
+
+// A micro-batch of the update: its samples packed, their per-token values set.
+struct UpdateMicroBatch {
+  PackedRollouts p;
+  std::vector<size_t> samples;  // indices into the kept samples
+};
+
 }  // namespace
 
-GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                      const RewardFn& reward, const GrpoOptions& o, int64_t step) {
+void validate(const GrpoOptions& o) {
   if (o.n < 2) MT_THROW("grpo: n = ", o.n, " samples per prompt; group advantages need n >= 2");
-  if (o.sampling.temperature != 1.0f)
-    MT_THROW("grpo: temperature ", o.sampling.temperature, "; only 1 for now (the trainer's log-probs are at T = 1)");
-  if (session.dist().world_size() > 1) MT_THROW("grpo_step runs on one process for now");
+  if (o.max_new_tokens < 1) MT_THROW("grpo: max_new_tokens = ", o.max_new_tokens, "; need >= 1");
+  if (!(o.sampling.temperature > 0) || !std::isfinite(o.sampling.temperature))
+    MT_THROW("grpo: temperature ", o.sampling.temperature,
+             "; need a finite value > 0 (sampled log-probs; 0 is greedy decoding, which has none)");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
+  if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
+  if (o.overlong_penalty < 0) MT_THROW("grpo: overlong_penalty ", o.overlong_penalty, "; need >= 0 (0 = off)");
+  if (o.overlong_penalty > 0 && (o.overlong_buffer < 1 || o.overlong_buffer > o.max_new_tokens))
+    MT_THROW("grpo: overlong_buffer ", o.overlong_buffer, " with max_new_tokens ", o.max_new_tokens,
+             "; the soft overlong penalty needs 1 <= buffer <= max_new_tokens");
+  if (o.epochs < 1) MT_THROW("grpo: epochs = ", o.epochs, "; need >= 1");
+  if (o.mini_batches < 1) MT_THROW("grpo: mini_batches = ", o.mini_batches, "; need >= 1");
+  if (o.micro_batch_samples < 0)
+    MT_THROW("grpo: micro_batch_samples = ", o.micro_batch_samples, "; need >= 0 (0: one)");
+  validate(o.loss);
+}
+
+GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference) {
   if (prompts.empty()) MT_THROW("grpo: no prompts");
+  const PromptFn same = [&](int64_t count) {
+    if (count != int64_t(prompts.size()))
+      MT_THROW("grpo: ", count, " prompts asked of a fixed set of ", prompts.size());
+    return prompts;
+  };
+  return grpo_step(session, engine, same, int64_t(prompts.size()), reward, o, step, reference);
+}
+
+GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompt_fn, int64_t groups,
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference) {
+  validate(o);
+  if (groups < 1) MT_THROW("grpo: groups = ", groups, " prompts per step; need >= 1");
+  if (o.mini_batches > groups)
+    MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups a step; a mini-batch needs a group");
+  if (o.loss.kl_coef > 0 && !reference)
+    MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
+  if (session.dist().world_size() > 1) MT_THROW("grpo_step runs on one process for now");
   Qwen3MoeModel& model = session.model();
+  const int64_t K = model.config().num_experts_per_tok;
+  const int64_t n = o.n;
   GrpoMetrics m;
-  // 1. Generate (the engine holds the inference layout for the call: its time is the weight sync).
-  auto t = std::chrono::steady_clock::now();
-  std::vector<GenerateRequest> reqs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateRequest r;
-    r.prompt = prompts[i];
-    r.n = o.n;
-    r.max_new_tokens = o.max_new_tokens;
-    r.sampling = o.sampling;
-    r.sampling.seed = mix64(o.seed ^ mix64(uint64_t(step) * 1000003 + i));
-    r.stop_token_ids = o.stop_token_ids;
-    reqs.push_back(std::move(r));
+
+  // 1. Generate, reward, keep: rounds of `groups` prompts until `groups` groups are kept.
+  std::vector<Kept> kept;
+  std::vector<double> kept_rewards;  // shaped, per kept sample
+  double r_sum = 0, r_sq = 0, len_sum = 0;
+  int64_t samples_seen = 0, drawn = 0, gen_tokens = 0;
+  const int64_t max_rounds = o.dynamic_sampling ? o.max_generate_rounds : 1;
+  while (m.groups_kept < groups && m.generate_rounds < max_rounds) {
+    auto t = Clock::now();
+    const std::vector<std::vector<int32_t>> prompts = prompt_fn(groups);
+    if (int64_t(prompts.size()) != groups)
+      MT_THROW("grpo: the prompt source gave ", prompts.size(), " prompts for ", groups, " asked");
+    std::vector<GenerateRequest> reqs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (prompts[i].empty()) MT_THROW("grpo: prompt ", drawn + int64_t(i), " of step ", step, " is empty");
+      GenerateRequest r;
+      r.prompt = prompts[i];
+      r.n = n;
+      r.max_new_tokens = o.max_new_tokens;
+      r.sampling = o.sampling;
+      r.sampling.seed = mix64(o.seed ^ mix64(uint64_t(step) * 1000003 + uint64_t(drawn) + i));
+      r.stop_token_ids = o.stop_token_ids;
+      reqs.push_back(std::move(r));
+    }
+    drawn += groups;
+    const double sync_before = engine.stats().weight_sync_seconds;
+    const std::vector<GeneratedSample> gen = engine.generate(reqs);
+    m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
+    m.generate_s += since(t);
+    ++m.generate_rounds;
+    if (int64_t(gen.size()) != groups * n)
+      MT_THROW("grpo: the engine returned ", gen.size(), " samples for ", groups, " prompts x ", n);
+    t = Clock::now();
+    std::vector<double> rewards = reward(reqs, gen);
+    m.reward_s += since(t);
+    if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
+    // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.
+    for (size_t i = 0; i < gen.size(); ++i) {
+      const double r = rewards[i];
+      if (!std::isfinite(r)) MT_THROW("grpo: reward ", r, " for sample ", i % size_t(n), " of prompt ", i / size_t(n));
+      r_sum += r;
+      r_sq += r * r;
+      m.reward_max = samples_seen + int64_t(i) == 0 ? r : std::max(m.reward_max, r);
+      const double len = double(gen[i].tokens.size());
+      len_sum += len;
+      gen_tokens += int64_t(len);
+      m.response_len_max = std::max(m.response_len_max, len);
+      m.overlong_fraction += gen[i].finish_reason == "length";
+    }
+    samples_seen += int64_t(gen.size());
+    for (int64_t g = 0; g < groups; ++g) {
+      bool any = false;
+      for (int64_t j = 0; j < n; ++j) any = any || rewards[size_t(g * n + j)] > 0;
+      m.groups_with_reward += any;
+    }
+    // Shaping, then which groups carry a gradient.
+    if (o.overlong_penalty > 0)
+      for (size_t i = 0; i < gen.size(); ++i)
+        rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
+                                            o.overlong_penalty);
+    const std::vector<bool> constant = constant_groups(rewards, n);
+    for (int64_t g = 0; g < groups; ++g) {
+      m.groups_zero_variance += constant[size_t(g)];
+      if ((o.dynamic_sampling && constant[size_t(g)]) || m.groups_kept >= groups) continue;
+      ++m.groups_kept;
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t i = size_t(g * n + j);
+        const GeneratedSample& x = gen[i];
+        if (x.prompt_index != g || x.sample_index != j)
+          MT_THROW("grpo: the engine's sample ", i, " is prompt ", x.prompt_index, " sample ", x.sample_index,
+                   "; expected prompt ", g, " sample ", j);
+        Kept k;
+        k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
+        k.filtered = o.overlong_filter && x.finish_reason == "length";
+        kept.push_back(std::move(k));
+        kept_rewards.push_back(rewards[i]);
+      }
+    }
   }
-  const double sync_before = engine.stats().weight_sync_seconds;
-  const std::vector<GeneratedSample> gen = engine.generate(reqs);
-  m.weight_sync_s = engine.stats().weight_sync_seconds - sync_before;
-  m.generate_s = since(t);
-  // 2. Rewards and advantages.
-  const std::vector<double> rewards = reward(reqs, gen);
-  if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
-  const std::vector<double> adv = grpo_advantages(rewards, o.n, o.normalize_std);
-  const std::vector<bool> constant = constant_groups(rewards, o.n);
-  double sum = 0, sq = 0;
-  for (double r : rewards) {
-    sum += r;
-    sq += r * r;
-    m.reward_max = std::max(m.reward_max, r);
+  m.groups_generated = m.generate_rounds * groups;
+  m.reward_mean = r_sum / double(samples_seen);
+  m.reward_std = std::sqrt(std::max(0.0, r_sq / double(samples_seen) - m.reward_mean * m.reward_mean));
+  m.response_len_mean = len_sum / double(samples_seen);
+  m.overlong_fraction /= double(samples_seen);
+  m.groups_with_reward /= double(m.groups_generated);
+  m.groups_zero_variance /= double(m.groups_generated);
+  m.rollout_tokens_per_s = m.generate_s > 0 ? double(gen_tokens) / m.generate_s : 0;
+  if (kept.empty()) {
+    log_info("grpo: step ", step, ": no group with differing rewards in ", m.generate_rounds,
+             " generate rounds; update skipped");
+    return m;
   }
-  m.reward_mean = sum / double(rewards.size());
-  m.reward_std = std::sqrt(std::max(0.0, sq / double(rewards.size()) - m.reward_mean * m.reward_mean));
-  for (size_t g = 0; g < constant.size(); ++g) {
-    bool any = false;
-    for (int64_t j = 0; j < o.n; ++j) any = any || rewards[g * size_t(o.n) + size_t(j)] > 0;
-    m.groups_with_reward += any;
-    m.groups_zero_variance += constant[g];
-  }
-  m.groups_with_reward /= double(constant.size());
-  m.groups_zero_variance /= double(constant.size());
-  // 3. The batch, and the trainer's log-probs before the update (the PPO "old" policy).
-  t = std::chrono::steady_clock::now();
-  std::vector<RolloutSample> samples;
-  int64_t tokens = 0;
-  for (const GeneratedSample& g : gen) {
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs,
-                       o.replay_routing ? g.routing : RoutingRecord()});
-    tokens += int64_t(g.tokens.size());
-    m.response_len_max = std::max(m.response_len_max, double(g.tokens.size()));
-  }
-  m.response_len_mean = double(tokens) / double(gen.size());
-  PackedRollouts p = pack_rollouts(samples, model.config().num_experts_per_tok);
+
+  // 2. Advantages, per kept group.
+  const std::vector<double> adv = grpo_advantages(kept_rewards, n, o.normalize_std);
+  for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
+
+  // 3. Mini-batches of whole groups, micro-batches of samples; each packed once, and the old (and
+  //    reference) log-probs computed before the first epoch.
+  const int64_t kept_groups = m.groups_kept;
+  const int64_t mini = std::min(o.mini_batches, kept_groups);
+  std::vector<std::vector<UpdateMicroBatch>> minis;
+  minis.resize(static_cast<size_t>(mini));
   PassOptions po;
   po.token_logprobs = true;
-  const LossParts lp = model.forward(p.mb, po);
-  const std::vector<std::vector<float>> old = response_values(p, lp.logp);
-  m.logprob_s = since(t);
-  double dsum = 0, wsum = 0;
-  std::vector<std::vector<float>> adv_t, w_t;
-  for (size_t i = 0; i < samples.size(); ++i) {
-    const int64_t len = int64_t(samples[i].response.size());
-    for (int64_t j = 0; j < len; ++j) {
-      const double d = double(old[i][size_t(j)]) - double(samples[i].logprobs[size_t(j)]);
-      dsum += std::abs(d);
-      wsum += std::exp(d);
-      m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
+  po.token_entropy = true;
+  po.temperature = o.sampling.temperature;
+  PassOptions ref_po = po;
+  ref_po.token_entropy = false;
+  double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0;
+  int64_t tokens_all = 0;
+  for (int64_t b = 0; b < mini; ++b) {
+    const size_t g0 = size_t(b * kept_groups / mini), g1 = size_t((b + 1) * kept_groups / mini);
+    const size_t s0 = g0 * size_t(n), s1 = g1 * size_t(n);
+    // The mini-batch's normalisers (the aggregation over its trained tokens and samples).
+    int64_t mb_tokens = 0, mb_samples = 0;
+    for (size_t i = s0; i < s1; ++i)
+      if (!kept[i].filtered) {
+        mb_tokens += int64_t(kept[i].s.response.size());
+        ++mb_samples;
+      }
+    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : s1 - s0;
+    for (size_t c0 = s0; c0 < s1; c0 += per) {
+      UpdateMicroBatch u;
+      std::vector<RolloutSample> ss;
+      for (size_t i = c0; i < std::min(s1, c0 + per); ++i) {
+        u.samples.push_back(i);
+        ss.push_back(kept[i].s);
+      }
+      u.p = pack_rollouts(ss, K);
+      auto t = Clock::now();
+      const LossParts lp = model.forward(u.p.mb, po);
+      const std::vector<std::vector<float>> old = response_values(u.p, lp.logp);
+      const std::vector<std::vector<float>> ent = response_values(u.p, lp.entropy);
+      m.logprob_s += since(t);
+      std::vector<std::vector<float>> ref;
+      if (reference) {
+        t = Clock::now();
+        ref = response_values(u.p, reference->model().forward(u.p.mb, ref_po).logp);
+        m.ref_logprob_s += since(t);
+      }
+      std::vector<std::vector<float>> adv_t, w_t;
+      for (size_t k = 0; k < u.samples.size(); ++k) {
+        const Kept& x = kept[u.samples[k]];
+        const int64_t len = int64_t(x.s.response.size());
+        for (int64_t j = 0; j < len; ++j) {
+          const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+          dsum += std::abs(d);
+          wsum += std::exp(d);
+          m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
+          ent_sum += ent[k][size_t(j)];
+          if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
+          adv_sum += x.advantage;
+          adv_sq += x.advantage * x.advantage;
+        }
+        tokens_all += len;
+        adv_t.emplace_back(size_t(len), float(x.advantage));
+        const double w = x.filtered ? 0.0
+                                    : aggregation_norm(o.aggregation, len, std::max<int64_t>(mb_tokens, 1),
+                                                       std::max<int64_t>(mb_samples, 1), double(o.max_new_tokens));
+        w_t.emplace_back(size_t(len), float(w));
+      }
+      set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
+      set_token_values(u.p, PolicyObjective::kOldLogp, old);
+      set_token_values(u.p, PolicyObjective::kWeight, w_t);
+      if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
+      minis[size_t(b)].push_back(std::move(u));
     }
-    adv_t.emplace_back(size_t(len), float(adv[i]));
-    w_t.emplace_back(size_t(len), float(aggregation_norm(o.aggregation, len, tokens, int64_t(samples.size()),
-                                                         double(o.max_new_tokens))));
   }
-  m.logprob_diff_mean = dsum / double(tokens);
-  m.importance_weight_mean = wsum / double(tokens);
-  set_token_values(p, PolicyObjective::kAdvantage, adv_t);
-  set_token_values(p, PolicyObjective::kOldLogp, old);
-  set_token_values(p, PolicyObjective::kWeight, w_t);
-  // 4. The update.
-  t = std::chrono::steady_clock::now();
-  PolicyObjective obj(o.loss);
-  StepOptions so;
-  so.lr = o.lr;
-  so.objective = &obj;
-  const StepResult r = session.train_step({p.mb}, so);
+  m.logprob_diff_mean = dsum / double(tokens_all);
+  m.importance_weight_mean = wsum / double(tokens_all);
+  m.entropy = ent_sum / double(tokens_all);
+  m.ref_kl = reference ? ref_kl_sum / double(tokens_all) : 0;
+  m.advantage_mean = adv_sum / double(tokens_all);
+  m.advantage_std = std::sqrt(std::max(0.0, adv_sq / double(tokens_all) - m.advantage_mean * m.advantage_mean));
+
+  // 4. The update: epochs x mini-batches optimizer steps, each over its micro-batches.
+  auto t = Clock::now();
+  int64_t total_mbs = 0, done_mbs = 0, train_tokens = 0, clip_low = 0, clip_high = 0, trained = 0;
+  double approx_kl = 0;
+  for (const auto& mb : minis) total_mbs += int64_t(mb.size());
+  total_mbs *= o.epochs;
+  auto last_line = Clock::now();
+  for (int64_t e = 0; e < o.epochs; ++e)
+    for (const std::vector<UpdateMicroBatch>& mb : minis) {
+      std::vector<MicroBatch> batches;
+      for (const UpdateMicroBatch& u : mb) {
+        batches.push_back(u.p.mb);
+        train_tokens += u.p.mb.input_ids.numel();
+      }
+      PolicyObjective obj(o.loss);
+      StepOptions so;
+      so.lr = o.lr;
+      so.objective = &obj;
+      so.temperature = o.sampling.temperature;
+      so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
+        ++done_mbs;
+        if (o.progress_every_s > 0 && since(last_line) >= o.progress_every_s && done_mbs < total_mbs) {
+          const double el = since(t);
+          log_info("grpo: step ", step, " update: micro-batch ", done_mbs, "/", total_mbs, " (epoch ", e + 1, "/",
+                   o.epochs, "), ", el, " s, ETA ", std::round(el / double(done_mbs) * double(total_mbs - done_mbs)),
+                   " s");
+          last_line = Clock::now();
+        }
+      };
+      const StepResult r = session.train_step(batches, so);
+      ++m.updates;
+      m.micro_batches += int64_t(batches.size());
+      m.loss += r.loss;
+      m.grad_norm += r.opt.grad_norm;
+      m.grad_norm_max = std::max(m.grad_norm_max, r.opt.grad_norm);
+      const PolicyMetrics& pm = obj.metrics();
+      m.policy_loss += pm.pg_loss;
+      m.kl_loss += pm.kl_loss;
+      clip_low += pm.clipped_low;
+      clip_high += pm.clipped_high;
+      approx_kl += pm.approx_kl;
+      trained += pm.tokens;
+    }
   m.update_s = since(t);
-  m.loss = r.loss;
-  m.grad_norm = r.opt.grad_norm;
-  const PolicyMetrics& pm = obj.metrics();
-  if (pm.tokens > 0) {
-    m.clip_low = double(pm.clipped_low) / double(pm.tokens);
-    m.clip_high = double(pm.clipped_high) / double(pm.tokens);
-    m.approx_kl = pm.approx_kl / double(pm.tokens);
+  m.train_tokens_per_s = m.update_s > 0 ? double(train_tokens) / m.update_s : 0;
+  m.loss /= double(m.updates);
+  m.grad_norm /= double(m.updates);
+  m.policy_loss /= double(m.updates);
+  m.kl_loss /= double(m.updates);
+  if (trained > 0) {
+    m.clip_low = double(clip_low) / double(trained);
+    m.clip_high = double(clip_high) / double(trained);
+    m.approx_kl = approx_kl / double(trained);
   }
   return m;
 }

@@ -1,9 +1,13 @@
-// One GRPO step on one process (P10's loop, first part): the session's model generates through the
-// engine (its weights, no copy), the caller's reward function scores the samples, group-relative
-// advantages, the trainer's old log-probs with the recorded routing replayed, and one update through
-// TrainSession::train_step with PolicyObjective. docs/rl.md "One step".
-// Not yet: several ranks (each would generate its own prompts), mini-batches and epochs, the
-// reference model, the critic.
+// One GRPO step on one process (P10's loop): prompts -> n samples each through the engine (the
+// session's weights, no copy) -> the caller's rewards (+ DAPO's soft overlong penalty) -> dynamic
+// sampling (groups whose rewards are all equal dropped and more prompts drawn, up to a cap on generate
+// rounds) -> group-relative advantages -> the trainer's old log-probs (and the frozen reference's) with
+// the recorded routing replayed, once, before the first epoch -> `epochs` passes over `mini_batches`
+// mini-batches, each one optimizer step through TrainSession::train_step over its micro-batches
+// (gradient accumulation) with PolicyObjective -> the engine reads the new weights at its next call.
+// Sampling at temperature T: the trainer's head divides the logits by the same T
+// (PassOptions::temperature), so the ratios compare the same distributions. docs/rl.md "One step".
+// Not yet: several ranks (each would generate its own prompts), the critic.
 #pragma once
 #include <functional>
 #include <vector>
@@ -18,34 +22,68 @@ namespace mt::rl {
 struct GrpoOptions {
   int64_t n = 4;  // samples per prompt (>= 2)
   int64_t max_new_tokens = 16;
-  SamplingParams sampling;  // temperature must be 1 until the trainer's log-probs take a temperature
+  SamplingParams sampling;  // temperature > 0 (the trainer's log-probs use the same T); seed set per prompt
   std::vector<int32_t> stop_token_ids;
   bool normalize_std = true;  // false: Dr. GRPO
-  PolicyLossConfig loss;
+  PolicyLossConfig loss;      // kl_coef > 0 needs the reference session
   LossAggregation aggregation = LossAggregation::TokenMean;
   double lr = 1e-3;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose
   uint64_t seed = 0;
+  // Dynamic sampling (DAPO): keep only groups whose rewards are not all equal and draw `groups` more
+  // prompts per round until the step has `groups` of them, at most max_generate_rounds rounds (then the
+  // step trains on what it has; with none, the update is skipped).
+  bool dynamic_sampling = false;
+  int64_t max_generate_rounds = 4;
+  // Overlong filtering: samples cut at max_new_tokens (finish "length") get token weight 0.
+  bool overlong_filter = false;
+  // DAPO's soft overlong penalty added to the reward (shaping.h): 0 = off; needs 1 <= buffer <= max_new_tokens.
+  double overlong_penalty = 0;
+  int64_t overlong_buffer = 0;
+  // The update: `epochs` passes over the step's samples, split into `mini_batches` mini-batches of whole
+  // groups (one optimizer step each), each in micro-batches of micro_batch_samples samples (0: one).
+  int64_t epochs = 1, mini_batches = 1, micro_batch_samples = 0;
+  // During the update, a progress line (micro-batch k/K, ETA) at most this often (seconds; 0: never).
+  double progress_every_s = 0;
 };
+void validate(const GrpoOptions& o);  // errors name the field, its value and what is allowed
 
 struct GrpoMetrics {
+  // Over every sample generated this step (all rounds), before filtering.
   double reward_mean = 0, reward_std = 0, reward_max = 0;
-  double groups_with_reward = 0, groups_zero_variance = 0;  // fractions of the step's groups
+  double groups_with_reward = 0, groups_zero_variance = 0;  // fractions: a sample with reward > 0; all equal
   double response_len_mean = 0, response_len_max = 0;
-  double loss = 0, grad_norm = 0;
-  double clip_low = 0, clip_high = 0, approx_kl = 0;  // fractions / mean over response tokens
+  double overlong_fraction = 0;  // samples cut at max_new_tokens
+  int64_t generate_rounds = 0, groups_generated = 0, groups_kept = 0;
+  // The update, over the kept samples (averaged over the optimizer steps where it says so).
+  int64_t updates = 0, micro_batches = 0;
+  double loss = 0, policy_loss = 0, kl_loss = 0;      // mean over the optimizer steps
+  double grad_norm = 0, grad_norm_max = 0;            // mean and max over the optimizer steps
+  double clip_low = 0, clip_high = 0, approx_kl = 0;  // fractions / mean over the trained tokens, every epoch
+  double ref_kl = 0;   // mean over response tokens of k(old, ref) before the update (0 without a reference)
+  double entropy = 0;  // mean over response tokens of the tempered distribution's entropy, before the update
+  double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
   // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update).
   double logprob_diff_mean = 0, logprob_diff_max = 0, importance_weight_mean = 0;
-  double generate_s = 0, logprob_s = 0, update_s = 0, weight_sync_s = 0;
+  double rollout_tokens_per_s = 0;  // generated tokens / generate_s
+  double train_tokens_per_s = 0;    // tokens (prompt + response) through train_step / update_s
+  double generate_s = 0, reward_s = 0, logprob_s = 0, ref_logprob_s = 0, update_s = 0, weight_sync_s = 0;
 };
 
-// The rewards of every sample, in the engine's order (prompt, then sample).
-using RewardFn = std::function<std::vector<double>(const std::vector<GenerateRequest>&,
-                                                   const std::vector<GeneratedSample>&)>;
+// The rewards of every sample of one generate round, in the engine's order (prompt, then sample).
+using RewardFn =
+    std::function<std::vector<double>(const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>&)>;
+// `count` new prompts (a round of generation).
+using PromptFn = std::function<std::vector<std::vector<int32_t>>(int64_t count)>;
 
-// `step` seeds the draws (each prompt's seed mixes it with the prompt's index). The session needs an
-// optimizer; the engine must record routing when replay_routing.
+// `step` seeds the draws (each prompt's seed mixes it with the prompt's index in the step). `groups`
+// prompts per round and wanted in the update. The session needs an optimizer; the engine must record
+// routing when replay_routing. `reference`: a frozen session (SessionOptions::weights = Frozen) with the
+// initial weights, needed when loss.kl_coef > 0, else optional (then ref_kl is reported).
+GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompts, int64_t groups,
+                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr);
+// The same prompts every round (tests, fixed prompt sets).
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                      const RewardFn& reward, const GrpoOptions& opt, int64_t step);
+                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr);
 
 }  // namespace mt::rl

@@ -1,6 +1,6 @@
 // `moetrain grpo` end to end on a small model (the real binary, CPU): it evaluates, runs its steps with
-// one metrics line each, saves a checkpoint and ends with the summary line; bad options are errors
-// before any work.
+// one metrics line each (every metric the issue lists), saves a checkpoint and ends with the summary
+// line; bad options are errors before any work (none of these runs loads or trains a model).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,15 +12,51 @@ using namespace mt::test;
 
 TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
   const std::string out = tmp_path("grpocli", "run");
-  ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
-                  "/tiny --steps 3 --prompts-per-step 2 --n 2 --max-digits 2 --eval-problems 8 --out-dir " + out);
+  ShellRun r =
+      sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+         "/tiny --steps 3 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 8 --epochs 2 "
+         "--mini-batches 2 --temperature 0.8 --kl-coef 0.01 --dynamic-sampling off --out-dir " +
+         out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("grpo: exact-match "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("% on 8 held-out problems"), std::string::npos) << r.out;
   std::ifstream f(out + "/metrics.jsonl");
   std::string line;
   int lines = 0;
-  while (std::getline(f, line)) lines += line.find("\"reward_mean\"") != std::string::npos;
+  // Every metric the issue lists, on every step's line.
+  const char* keys[] = {"\"reward_mean\"",
+                        "\"reward_std\"",
+                        "\"reward_max\"",
+                        "\"groups_with_reward\"",
+                        "\"groups_zero_variance\"",
+                        "\"response_len_mean\"",
+                        "\"response_len_max\"",
+                        "\"clip_low\"",
+                        "\"clip_high\"",
+                        "\"ref_kl\"",
+                        "\"entropy\"",
+                        "\"policy_loss\"",
+                        "\"kl_loss\"",
+                        "\"grad_norm\"",
+                        "\"advantage_mean\"",
+                        "\"advantage_std\"",
+                        "\"rollout_tokens_per_s\"",
+                        "\"train_tokens_per_s\"",
+                        "\"generate\"",
+                        "\"reward\"",
+                        "\"logprob\"",
+                        "\"update\"",
+                        "\"weight_sync\"",
+                        "\"logprob_diff_mean\"",
+                        "\"logprob_diff_max\"",
+                        "\"importance_weight_mean\"",
+                        "\"generate_rounds\""};
+  while (std::getline(f, line)) {
+    if (line.find("\"reward_mean\"") == std::string::npos) continue;
+    ++lines;
+    for (const char* k : keys) EXPECT_NE(line.find(k), std::string::npos) << k << " in " << line;
+    EXPECT_NE(line.find("\"updates\":4"), std::string::npos) << "2 epochs x 2 mini-batches: " << line;
+  }
   EXPECT_EQ(lines, 3);
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-3/config.json"));
 }
@@ -29,9 +65,39 @@ TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {
   ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens + "/tiny --n 1");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--n 1 samples per prompt; group advantages need at least 2"), std::string::npos) << r.out;
-  r = sh(kMoetrainBin + " grpo --algorithm sac");
+  r = sh(kMoetrainBin + " grpo --algo grpo");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("unknown argument '--algorithm'"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("unknown argument '--algo'"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --algorithm ppo-critic");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--algorithm 'ppo-critic' is unknown; use grpo or dr-grpo"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --temperature 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("temperature 0; need a finite value > 0"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --kl-estimator k9");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("k9"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --epochs 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("epochs = 0; need >= 1"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --mini-batches 20 --prompts-per-step 16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--mini-batches 20 > --prompts-per-step 16"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --min-digits 5 --max-digits 4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--min-digits 5 and --max-digits 4"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --kl-coef 0.1 --reference off");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("needs the reference model"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --dynamic-sampling yes");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--dynamic-sampling 'yes'; use on or off"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --overlong-penalty 1 --overlong-buffer 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("overlong_buffer 0"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --baseline sft");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--baseline sft needs --sft-seconds"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grpo --model /nonexistent/dir");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/nonexistent/dir has no config.json"), std::string::npos) << r.out;

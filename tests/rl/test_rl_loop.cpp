@@ -1,0 +1,414 @@
+// The GRPO loop's parts (rl/grpo.h), on the tiny model, fp32 CPU:
+//   the sampling temperature in the trainer's head: log-probs of sampled tokens equal the engine's
+//     log_softmax(logits / T), and the gradient at T matches finite differences;
+//   dynamic sampling refills the step with informative groups (and the cap on generate rounds holds);
+//     overlong filtering gives truncated samples no gradient;
+//   mini-batches and epochs: 1 x 1 equals the single-update path written out by hand, micro-batches
+//     (gradient accumulation) equal one micro-batch, a second epoch sees ratios != 1 and clips;
+//   the reference model: the KL to it starts at 0, grows, and a KL loss term holds it down.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/model_test_util.h"
+#include "model/objective.h"
+#include "model/qwen3_moe.h"
+#include "rl/grpo.h"
+#include "rl/policy_loss.h"
+#include "rl/rollout_batch.h"
+#include "rollout/engine.h"
+#include "train/session.h"
+
+using namespace mt;
+using namespace mt::rl;
+
+namespace {
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+ModelConfig tiny() {
+  ModelConfig c = preset_model_config("tiny");
+  c.eos_token_id = -1;
+  return c;
+}
+
+// Samples of 3 prompts x 2 at temperature T, with the routing recorded.
+std::vector<RolloutSample> sample_at(Qwen3MoeModel& m, float T) {
+  const ModelConfig& c = m.config();
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 3; ++i) {
+    GenerateRequest r;
+    for (int t = 0; t < 4 + 3 * i; ++t) r.prompt.push_back(int32_t((i * 37 + t * 11 + 5) % c.vocab_size));
+    r.max_new_tokens = 5 + 2 * i;
+    r.n = 2;
+    r.sampling.temperature = T;
+    r.sampling.seed = uint64_t(i);
+    reqs.push_back(r);
+  }
+  EngineOptions eo;
+  eo.kv_cache_bytes = 16 << 20;
+  eo.block_size = 4;
+  eo.record_routing = true;
+  RolloutEngine engine(m, eo);
+  std::vector<RolloutSample> samples;
+  for (const GeneratedSample& g : engine.generate(reqs))
+    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+  return samples;
+}
+
+double worst_logprob_gap(Qwen3MoeModel& m, const std::vector<RolloutSample>& samples, double T) {
+  const PackedRollouts p = pack_rollouts(samples, m.config().num_experts_per_tok);
+  PassOptions po;
+  po.token_logprobs = true;
+  po.temperature = T;
+  const std::vector<std::vector<float>> trainer = response_values(p, m.forward(p.mb, po).logp);
+  double worst = 0;
+  for (size_t i = 0; i < samples.size(); ++i)
+    for (size_t j = 0; j < samples[i].logprobs.size(); ++j)
+      worst = std::max(worst, std::abs(double(trainer[i][j]) - double(samples[i].logprobs[j])));
+  return worst;
+}
+
+// -sum of log p_T(target) over the targets, from a forward (finite differences).
+double tempered_nll(Qwen3MoeModel& m, const MicroBatch& mb, double T) {
+  PassOptions po;
+  po.token_logprobs = true;
+  po.temperature = T;
+  return -host_sum(m.forward(mb, po).logp);
+}
+
+struct Rig {
+  std::unique_ptr<TrainSession> s;
+  std::unique_ptr<RolloutEngine> engine;
+};
+Rig make_rig(uint64_t init_seed, bool frozen = false) {
+  Rig r;
+  SessionOptions so;
+  if (frozen) so.weights = Weights::Frozen;
+  r.s = std::make_unique<TrainSession>(tiny(), so);
+  r.s->init_weights(init_seed);
+  if (frozen) return r;
+  AdamWConfig ac;
+  ac.weight_decay = 0;
+  r.s->make_optimizer(ac, false);
+  EngineOptions eo;
+  eo.kv_cache_bytes = 32 << 20;
+  eo.block_size = 8;
+  eo.record_routing = true;
+  r.engine = std::make_unique<RolloutEngine>(r.s->model(), eo);
+  return r;
+}
+
+// The fraction of a sample's tokens in the low eighth of the vocabulary: a reward that varies inside a group.
+std::vector<double> low_token_reward(const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+  std::vector<double> r;
+  for (const GeneratedSample& x : g) {
+    double low = 0;
+    for (int32_t t : x.tokens) low += t < 64 ? 1 : 0;
+    r.push_back(low / double(x.tokens.size()));
+  }
+  return r;
+}
+
+std::vector<std::vector<int32_t>> fixed_prompts(int count) {
+  std::vector<std::vector<int32_t>> p;
+  for (int i = 0; i < count; ++i) p.push_back({int32_t(100 + 7 * i), int32_t(200 + i), int32_t(300 + 3 * i)});
+  return p;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::abs(double(a.data<float>()[i]) - b.data<float>()[i]));
+  return d;
+}
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = double(a.data<float>()[i]) - b.data<float>()[i];
+    num += d * d;
+    den += double(b.data<float>()[i]) * b.data<float>()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+}  // namespace
+
+// The engine samples at T = 0.7 and reports log_softmax(logits / 0.7); the trainer's head at the same T
+// (PassOptions::temperature) gives the same numbers with the routing replayed; at T = 1 it does not.
+TEST(RlTemperature, TrainerLogprobsEqualTheEnginesAtTheSamplingTemperature) {
+  const ModelConfig c = tiny();
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 21);
+  const std::vector<RolloutSample> samples = sample_at(m, 0.7f);
+  EXPECT_LT(worst_logprob_gap(m, samples, 0.7), 1e-5) << "engine vs trainer at T = 0.7";
+  EXPECT_GT(worst_logprob_gap(m, samples, 1.0), 1e-3) << "at T = 1 the trainer's log-probs are another distribution";
+  expect_error([&] { worst_logprob_gap(m, samples, 0.0); }, "temperature 0");
+}
+
+// The gradient of -sum log p_T(target) at T = 0.7 through the objective path and the fused
+// cross-entropy path agree, and match finite differences of the tempered forward (parameters after the
+// last router, so that a perturbation cannot flip a routing decision; model.norm.weight and the
+// experts see the head's 1/T on the way back).
+TEST(RlTemperature, TemperedHeadGradientMatchesFiniteDifferences) {
+  ModelConfig c = preset_model_config("tiny");
+  c.mlp_only_layers = {0};
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 7);
+  const MicroBatch mb = test::random_batch(c, 2, 12, 8);
+  const double T = 0.7;
+  const CrossEntropyObjective obj(1.0);
+  PassOptions po;
+  po.objective = &obj;
+  po.overwrite_grads = true;
+  po.temperature = T;
+  const LossParts lp = m.forward_backward(mb, po);
+  EXPECT_NEAR(lp.objective, tempered_nll(m, mb, T), 1e-4 * std::abs(lp.objective));
+  const Tensor analytic = m.grads().clone();
+  PassOptions fused;
+  fused.ce_scale = 1.0;
+  fused.overwrite_grads = true;
+  fused.temperature = T;
+  m.forward_backward(mb, fused);
+  EXPECT_LT(max_abs_diff(m.grads(), analytic), 1e-5) << "the fused head at T";
+  PassOptions plain = fused;
+  plain.temperature = 1.0;
+  m.forward_backward(mb, plain);
+  EXPECT_GT(max_abs_diff(m.grads(), analytic), 1e-3) << "T = 1 gives other gradients";
+  double num2 = 0, den2 = 0;
+  for (const char* name : {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
+                           "model.layers.1.mlp.experts.down_proj"}) {
+    const ParamEntry* e = m.table().find(name);
+    ASSERT_NE(e, nullptr) << name;
+    for (int64_t k = 0; k < 6; ++k) {
+      const int64_t i = e->offset + (k * 7919) % e->numel;
+      float& p = m.params().data<float>()[i];
+      const float orig = p;
+      const float h = 1e-2f * std::max(1.0f, std::abs(orig));
+      p = orig + h;
+      const double up = tempered_nll(m, mb, T);
+      p = orig - h;
+      const double down = tempered_nll(m, mb, T);
+      p = orig;
+      const double fd = (up - down) / (2.0 * double(h)), an = analytic.data<float>()[i];
+      num2 += (fd - an) * (fd - an);
+      den2 += an * an;
+    }
+  }
+  EXPECT_GT(den2, 0.0);
+  EXPECT_LT(std::sqrt(num2 / den2), 2e-2) << "relative L2 of analytic vs finite differences";
+}
+
+// A grpo_step at T = 0.7: the rollout/trainer mismatch stays at rounding (the head uses the same T).
+TEST(RlTemperature, GrpoStepAtTemperatureHasNoMismatch) {
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.lr = 1e-2;
+  o.sampling.temperature = 0.7f;
+  for (int64_t step = 0; step < 3; ++step) {
+    const GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, step);
+    EXPECT_LT(m.logprob_diff_max, 1e-4) << "step " << step;
+    EXPECT_NEAR(m.importance_weight_mean, 1.0, 1e-4);
+  }
+  o.sampling.temperature = 0;
+  expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 9); }, "temperature 0");
+}
+
+// Half the prompts (even first token) get the same reward for every sample: zero-variance groups.
+// Dynamic sampling drops them and draws again until the step has its 4 groups; with one round allowed
+// it trains on the 2 it has; without it, all 4 groups of the one round are kept.
+TEST(RlDynamicSampling, RefillsWithInformativeGroupsUpToTheRoundCap) {
+  Rig r = make_rig(3);
+  int64_t next = 0;
+  const PromptFn draw = [&](int64_t count) {
+    std::vector<std::vector<int32_t>> p;
+    for (int64_t i = 0; i < count; ++i, ++next) p.push_back({int32_t(100 + next), int32_t(200 + next % 7), 300});
+    return p;
+  };
+  const RewardFn reward = [](const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& g) {
+    std::vector<double> r = low_token_reward(reqs, g);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (reqs[size_t(g[i].prompt_index)].prompt[0] % 2 == 0) r[i] = 1.0;
+    return r;
+  };
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 1e-3;
+  o.dynamic_sampling = true;
+  o.max_generate_rounds = 4;
+  GrpoMetrics m = grpo_step(*r.s, *r.engine, draw, 4, reward, o, 0);
+  EXPECT_EQ(m.generate_rounds, 2);
+  EXPECT_EQ(m.groups_generated, 8);
+  EXPECT_EQ(m.groups_kept, 4);
+  EXPECT_NEAR(m.groups_zero_variance, 0.5, 1e-12);
+  EXPECT_NEAR(m.advantage_mean, 0.0, 1e-6);
+  EXPECT_GT(m.advantage_std, 0.5) << "informative groups only: normalised advantages";
+  EXPECT_EQ(m.updates, 1);
+  o.max_generate_rounds = 1;
+  m = grpo_step(*r.s, *r.engine, draw, 4, reward, o, 1);
+  EXPECT_EQ(m.generate_rounds, 1);
+  EXPECT_EQ(m.groups_kept, 2);
+  o.dynamic_sampling = false;
+  m = grpo_step(*r.s, *r.engine, draw, 4, reward, o, 2);
+  EXPECT_EQ(m.groups_kept, 4);
+  EXPECT_NEAR(m.groups_zero_variance, 0.5, 1e-12);
+  // Every group constant: nothing to learn, the update is skipped.
+  o.dynamic_sampling = true;
+  o.max_generate_rounds = 2;
+  const RewardFn ones = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+    return std::vector<double>(g.size(), 1.0);
+  };
+  m = grpo_step(*r.s, *r.engine, draw, 4, ones, o, 3);
+  EXPECT_EQ(m.generate_rounds, 2);
+  EXPECT_EQ(m.groups_kept, 0);
+  EXPECT_EQ(m.updates, 0);
+}
+
+// No EOS and 4 new tokens: every sample is cut at the limit. Filtered, they carry no gradient.
+TEST(RlDynamicSampling, OverlongFilteringGivesTruncatedSamplesNoGradient) {
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 4;
+  o.lr = 1e-2;
+  GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0);
+  EXPECT_EQ(m.overlong_fraction, 1.0);
+  EXPECT_GT(m.grad_norm, 0.0);
+  o.overlong_filter = true;
+  m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 1);
+  EXPECT_EQ(m.grad_norm, 0.0);
+  // The soft penalty needs a buffer within the limit.
+  o.overlong_penalty = 1.0;
+  o.overlong_buffer = 5;
+  expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 2); }, "overlong_buffer 5");
+}
+
+// One mini-batch, one epoch: the same weights as the single update written out by hand (generate,
+// rewards, GRPO advantages, old log-probs, token-mean weights, one train_step on one micro-batch).
+// Micro-batches of 3 samples (gradient accumulation) give the same weights as one micro-batch.
+TEST(RlUpdate, OneMiniBatchOneEpochEqualsTheSingleUpdateAndMicroBatchesAccumulate) {
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 1e-2;
+  o.seed = 5;
+  const std::vector<std::vector<int32_t>> prompts = fixed_prompts(3);
+  Rig a = make_rig(11), b = make_rig(11), c = make_rig(11);
+  grpo_step(*a.s, *a.engine, prompts, low_token_reward, o, 0);
+  // By hand, on b.
+  std::vector<GenerateRequest> reqs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateRequest q;
+    q.prompt = prompts[i];
+    q.n = o.n;
+    q.max_new_tokens = o.max_new_tokens;
+    q.sampling.seed = mix64(o.seed ^ mix64(uint64_t(0) * 1000003 + i));
+    reqs.push_back(q);
+  }
+  const std::vector<GeneratedSample> gen = b.engine->generate(reqs);
+  const std::vector<double> rewards = low_token_reward(reqs, gen);
+  const std::vector<double> adv = grpo_advantages(rewards, o.n, true);
+  std::vector<RolloutSample> samples;
+  int64_t tokens = 0;
+  for (const GeneratedSample& g : gen) {
+    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    tokens += int64_t(g.tokens.size());
+  }
+  PackedRollouts p = pack_rollouts(samples, b.s->model().config().num_experts_per_tok);
+  PassOptions po;
+  po.token_logprobs = true;
+  const std::vector<std::vector<float>> old = response_values(p, b.s->model().forward(p.mb, po).logp);
+  std::vector<std::vector<float>> adv_t, w_t;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    adv_t.emplace_back(samples[i].response.size(), float(adv[i]));
+    w_t.emplace_back(samples[i].response.size(), float(1.0 / double(tokens)));
+  }
+  set_token_values(p, PolicyObjective::kAdvantage, adv_t);
+  set_token_values(p, PolicyObjective::kOldLogp, old);
+  set_token_values(p, PolicyObjective::kWeight, w_t);
+  PolicyObjective obj(o.loss);
+  StepOptions so;
+  so.lr = o.lr;
+  so.objective = &obj;
+  b.s->train_step({p.mb}, so);
+  EXPECT_LT(max_abs_diff(a.s->master(), b.s->master()), 1e-6) << "grpo_step vs the update by hand";
+  EXPECT_GT(max_abs_diff(a.s->master(), make_rig(11).s->master()), 1e-4) << "the update moved the weights";
+  // Gradient accumulation over micro-batches of 3 samples.
+  GrpoOptions oc = o;
+  oc.micro_batch_samples = 3;
+  const GrpoMetrics mc = grpo_step(*c.s, *c.engine, prompts, low_token_reward, oc, 0);
+  EXPECT_EQ(mc.micro_batches, 4);
+  EXPECT_EQ(mc.updates, 1);
+  // The gradients (Adam's first step, lr sign(g), would magnify rounding where g is near 0).
+  EXPECT_LT(rel_l2(c.s->grads(), a.s->grads()), 1e-5) << "micro-batches vs one micro-batch";
+}
+
+// Two epochs over two mini-batches: four optimizer steps; after the first, the old log-probs (fixed
+// before the first epoch) no longer equal the current ones, so ratios move off 1 and the clip engages.
+// One epoch on one mini-batch is on-policy: ratios are 1, nothing clips.
+TEST(RlUpdate, SecondEpochSeesRatiosOffOneAndClips) {
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.lr = 5e-2;
+  o.loss.clip_low = o.loss.clip_high = 0.05;
+  GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0);
+  EXPECT_EQ(m.updates, 1);
+  EXPECT_EQ(m.clip_low + m.clip_high, 0.0);
+  EXPECT_LT(std::abs(m.approx_kl), 1e-6);
+  o.epochs = 2;
+  o.mini_batches = 2;
+  m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 1);
+  EXPECT_EQ(m.updates, 4);
+  EXPECT_EQ(m.micro_batches, 4);
+  EXPECT_GT(m.clip_low + m.clip_high, 0.0) << "later updates see ratios beyond 1 +- 0.05";
+  EXPECT_GT(std::abs(m.approx_kl), 1e-5);
+  o.mini_batches = 5;
+  expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 2); }, "mini_batches = 5");
+  o.mini_batches = 1;
+  o.epochs = 0;
+  expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 2); }, "epochs = 0");
+}
+
+// The reference: a frozen copy of the initial weights. Before any update the KL to it is 0; updates
+// move the policy away; a KL loss term (k3, coefficient 1) keeps it closer than no KL term does over
+// the same steps. kl_coef without a reference is an error.
+TEST(RlReference, KlToTheFrozenCopyStartsAtZeroGrowsAndTheKlTermHoldsItDown) {
+  auto run = [&](double kl_coef) {
+    Rig r = make_rig(3), ref = make_rig(3, true);
+    GrpoOptions o;
+    o.n = 4;
+    o.max_new_tokens = 8;
+    o.lr = 2e-2;
+    o.loss.kl_coef = kl_coef;
+    o.loss.kl = KlEstimator::K3;
+    std::vector<double> kl;
+    for (int64_t step = 0; step < 8; ++step)
+      kl.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, step, ref.s.get()).ref_kl);
+    return kl;
+  };
+  const std::vector<double> free = run(0), held = run(1.0);
+  EXPECT_LT(std::abs(free[0]), 1e-6) << "the policy is the reference before the first update";
+  EXPECT_GT(free.back(), 1e-3) << "the policy moved";
+  EXPECT_LT(held.back(), 0.7 * free.back()) << "the KL term holds the policy near the reference";
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.loss.kl_coef = 0.1;
+  expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0); },
+               "needs a reference model");
+}
