@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Installs what building and testing moetrain needs on Debian 12 (or Ubuntu): compilers, CMake,
-# GoogleTest, OpenBLAS, nlohmann-json, Gloo, libnuma from apt; and, when the CUDA toolkit is present, the
+# GoogleTest, OpenBLAS, nlohmann-json, Gloo, libnuma, PCRE2 from apt; and, when the CUDA toolkit is present, the
 # header-only CUDA libraries Debian lacks (cudnn-frontend, CUTLASS) from PyPI into .deps/pip.
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-pip libgloo-dev libnuma-dev)
+pkgs=(build-essential cmake libgtest-dev libopenblas-dev nlohmann-json3-dev python3 python3-pip libgloo-dev libnuma-dev libpcre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
