@@ -13,7 +13,7 @@ case "${1:-}" in
     echo "device_snapshot: $(grep -c '^diff --git' .devsnap.patch || true) modified files, $(wc -l < .devsnap.untracked) untracked to drop"
     ;;
   restore)
-    [ -s .devsnap.patch ] && patch -R -p1 -s < .devsnap.patch
+    if [ -s .devsnap.patch ]; then patch -R -p1 -s < .devsnap.patch || git apply -R .devsnap.patch; fi
     while IFS= read -r f; do rm -f -- "$f"; done < .devsnap.untracked
     rm -f .devsnap.patch .devsnap.untracked
     echo "device_snapshot: restored HEAD's tree"
