@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# For the device tool, which copies the working tree (committed, modified and untracked files alike):
-# `scripts/device_snapshot.sh save` (here) records every uncommitted change as a patch and a list of
-# untracked files; `scripts/device_snapshot.sh restore` (there) reverts them, leaving the tree of HEAD
-# (plus the carried ignored paths), so a run measures exactly the committed code while other work in
-# the tree is half done.
+# For the device tool, which copies the working tree (committed, modified and untracked files alike)
+# while others may be mid-edit: `scripts/device_snapshot.sh save` (here, just before the run) packs
+# HEAD's files (tests/assets aside: large, and only added to) and their list; `... restore` (there)
+# deletes every file under the source folders that HEAD lacks and unpacks HEAD's over the rest, so a
+# run builds and measures exactly the committed code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+dirs=(apps bench docs scripts src tests tools)
 case "${1:-}" in
   save)
-    git diff HEAD --binary > .devsnap.patch
-    git ls-files --others --exclude-standard > .devsnap.untracked
-    echo "device_snapshot: $(grep -c '^diff --git' .devsnap.patch || true) modified files, $(wc -l < .devsnap.untracked) untracked to drop"
+    git archive HEAD -o .devsnap.tar.gz -- . ':!tests/assets'
+    git ls-files > .devsnap.files
+    echo "device_snapshot: HEAD $(git rev-parse --short HEAD), $(wc -l < .devsnap.files) files"
     ;;
   restore)
-    if [ -s .devsnap.patch ]; then patch -R -p1 -s < .devsnap.patch || git apply -R .devsnap.patch; fi
-    while IFS= read -r f; do rm -f -- "$f"; done < .devsnap.untracked
-    rm -f .devsnap.patch .devsnap.untracked
+    find "${dirs[@]}" -type f | grep -v '^tests/assets/' | sort > /tmp/devsnap.present
+    sort .devsnap.files | comm -23 /tmp/devsnap.present - | while IFS= read -r f; do rm -f -- "$f"; done
+    tar -xzf .devsnap.tar.gz
+    rm -f .devsnap.tar.gz .devsnap.files
     echo "device_snapshot: restored HEAD's tree"
     ;;
   *) echo "usage: scripts/device_snapshot.sh save|restore" >&2; exit 2 ;;
