@@ -8,6 +8,7 @@
 #include "selftest/dist_selftest.h"
 #include "launch/launch.h"
 #include "core/error.h"
+#include "data/tokenize_cli.h"
 #include "rl/grpo_cli.h"
 #include "rollout/generate.h"
 #include "train/grads.h"
@@ -25,6 +26,8 @@ static const char* kUsage =
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
     "          GRPO on the built-in addition task from the demo checkpoint (one process; see grpo --help)\n"
+    "  tokenize --tokenizer tokenizer.json [--jsonl] [--decode] [--chat] [--bench]\n"
+    "          encode stdin lines to ids, decode ids, render Qwen3 chat messages, or time the tokenizer\n"
     "  launch  --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- <command> [args]\n"
     "          start the ranks of a command on this node and supervise them (like torchrun; see launch --help)\n"
     "  help    this text; `moetrain train --help` lists every training option\n";
@@ -46,6 +49,7 @@ int main(int argc, char** argv) {
     if (cmd == "grads") return mt::grads_main(rest);
     if (cmd == "generate") return mt::generate_main(rest);
     if (cmd == "grpo") return mt::grpo_main(rest);
+    if (cmd == "tokenize") return mt::tokenize_main(rest);
     if (cmd == "launch") return mt::comm::launch_main(rest);
     if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
       return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});

@@ -48,6 +48,145 @@ QWEN_ADDED = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", Tr
               ("<think>", False), ("</think>", False)]
 
 
+# Qwen3's chat template, as in the tokenizer_config.json of the Qwen3 models (e.g. Qwen/Qwen3-30B-A3B).
+QWEN3_CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}"""
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, °C",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                               "required": ["city"]}}}
+CHAT_CASES = [
+    {"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hi!"}],
+     "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "What is 2+2?"}], "add_generation_prompt": True, "enable_thinking": False},
+    {"messages": [{"role": "user", "content": "What is 2+2?"}], "add_generation_prompt": True, "enable_thinking": True},
+    {"messages": [{"role": "user", "content": "1+1?"},
+                  {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n2"},
+                  {"role": "user", "content": "and 2+2?"},
+                  {"role": "assistant", "content": "<think>\n\nagain\n\n</think>\n\n4"}]},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "\nwhy\n"},
+                  {"role": "user", "content": "q2"}], "add_generation_prompt": True},
+    {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": "",
+                   "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                                  {"function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+                  {"role": "tool", "content": "{\"temp\": 21}"}, {"role": "tool", "content": "{\"temp\": 19}"},
+                  {"role": "assistant", "content": "Paris 21 °C, Lyon 19 °C."}],
+     "tools": [WEATHER_TOOL], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": "Let me check.", "tool_calls": [{"name": "get_weather", "arguments": {"city": "東京", "days": 3, "metric": True, "x": None}}]},
+                  {"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}],
+     "tools": [WEATHER_TOOL], "add_generation_prompt": True},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "late system"},
+                  {"role": "assistant", "content": "b"}, {"role": "user", "content": "多语言 😀\ttab"}],
+     "add_generation_prompt": True, "enable_thinking": False},
+    {"messages": [{"role": "system", "content": "s\n\n"}, {"role": "user", "content": "x"},
+                  {"role": "assistant", "content": "no think here"}]},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "partial</think>answer"},
+                  {"role": "assistant", "content": "<think>r</think>tail"}]},
+    {"messages": [{"role": "user", "content": ["not", "a string"]}, {"role": "assistant", "content": None}],
+     "add_generation_prompt": True},
+]
+
+
+def chat_goldens():
+    from transformers import PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=QWEN3_CHAT_TEMPLATE)
+    out = []
+    for c in CHAT_CASES:
+        kw = {k: c[k] for k in ("add_generation_prompt", "enable_thinking") if k in c}
+        text = tok.apply_chat_template(c["messages"], tools=c.get("tools"), tokenize=False, **kw)
+        out.append(dict(c, text=text))
+    return out
+
+
 def bytes_to_unicode():
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     cs = bs[:]
@@ -288,7 +427,8 @@ def main():
 
     trained = train_tokenizer(random.Random(1))
     trained_specials = [c for c, *_ in TRAINED_EXTRA] + TRAINED_IN_TEXT
-    strings = test_strings(random.Random(2), trained_specials)
+    chats = chat_goldens()
+    strings = test_strings(random.Random(2), trained_specials) + [c["text"] for c in chats]
     bad_bytes = invalid_byte_cases(random.Random(3))
     path = os.path.join(args.out, "trained", "tokenizer.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -334,6 +474,10 @@ def main():
     print("qwen: full vocab %d, merges %d; subset vocab %d, merges %d; %d cases" %
           (full_tok.get_vocab_size(), len(merges), len(sub_vocab), len(keep), len(g["cases"])))
     dump(nfc_cases(random.Random(6)), os.path.join(args.out, "nfc.json"))
+    for c in chats:
+        c["ids"] = full_tok.encode(c["text"]).ids
+    dump({"template": "Qwen3 tokenizer_config.json chat_template, rendered by transformers apply_chat_template",
+          "cases": chats}, os.path.join(args.out, "chat.json"))
 
 
 if __name__ == "__main__":
