@@ -12,6 +12,7 @@
 #include "rl/grpo_cli.h"
 #include "rollout/generate.h"
 #include "train/grads.h"
+#include "train/plot.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -26,6 +27,7 @@ static const char* kUsage =
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
     "          GRPO on the built-in addition task from the demo checkpoint (one process; see grpo --help)\n"
+    "  plot    RUN_DIR [--out FILE.svg]   draw a run's metrics.jsonl (loss, reward, throughput, ...) as an SVG\n"
     "  tokenize --tokenizer tokenizer.json [--jsonl] [--decode] [--chat] [--bench]\n"
     "          encode stdin lines to ids, decode ids, render Qwen3 chat messages, or time the tokenizer\n"
     "  launch  --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] -- <command> [args]\n"
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
     if (cmd == "generate") return mt::generate_main(rest);
     if (cmd == "grpo") return mt::grpo_main(rest);
     if (cmd == "tokenize") return mt::tokenize_main(rest);
+    if (cmd == "plot") return mt::plot_main(rest);
     if (cmd == "launch") return mt::comm::launch_main(rest);
     if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
       return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});
