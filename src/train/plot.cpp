@@ -397,30 +397,30 @@ int plot_main(const std::vector<std::string>& args) {
       std::printf("%s\n", kUsage);
       return 0;
     } else if (a == "--out") {
-      if (i + 1 >= args.size()) MT_THROW("plot: --out needs a value; ", kUsage);
+      if (i + 1 >= args.size()) MT_THROW("--out needs a value; ", kUsage);
       out = args[++i];
     } else if (a.rfind("--out=", 0) == 0)
       out = a.substr(6);
     else if (a.rfind("-", 0) == 0 || !in.empty())
-      MT_THROW("plot: unknown argument '", a, "'; ", kUsage);
+      MT_THROW("unknown argument '", a, "'; ", kUsage);
     else
       in = a;
   }
-  if (in.empty()) MT_THROW("plot: which run? ", kUsage);
+  if (in.empty()) MT_THROW("give a run directory (or its metrics.jsonl); ", kUsage);
   const bool is_file = fs::is_regular_file(in);
-  if (!is_file && !fs::is_directory(in)) MT_THROW("plot: ", in, " is neither a run directory nor a metrics file");
+  if (!is_file && !fs::is_directory(in)) MT_THROW("", in, " is neither a run directory nor a metrics file");
   const std::string metrics = is_file ? in : (fs::path(in) / "metrics.jsonl").string();
   if (out.empty()) out = (fs::path(metrics).parent_path() / "metrics.svg").string();
   const std::string ext = fs::path(out).extension().string();
   if (ext != ".svg")
-    MT_THROW("plot: --out ", out,
+    MT_THROW("--out ", out,
              ": only SVG is written (name it .svg; for a PNG convert the SVG, e.g. rsvg-convert -o "
              "run.png run.svg)");
   const MetricsFile mf = read_metrics_jsonl(metrics);
   if (!mf.warning.empty()) log_info("plot: warning: ", mf.warning);
   const std::vector<PlotPanel> panels = metrics_panels(mf.rows);
   if (panels.empty())
-    MT_THROW("plot: ", metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
+    MT_THROW("", metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
              " but none of the fields plotted (loss, ce, reward_mean, exact_match, tokens_per_s, grad_norm, lr, ...)");
   std::string title = fs::path(metrics).parent_path().filename().string();
   if (title.empty()) title = fs::path(metrics).filename().string();
@@ -430,7 +430,7 @@ int plot_main(const std::vector<std::string>& args) {
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << svg;
-    if (!f.flush()) MT_THROW("plot: cannot write ", tmp);
+    if (!f.flush()) MT_THROW("cannot write ", tmp);
   }
   fs::rename(tmp, out);
   std::string names;
