@@ -8,7 +8,8 @@
 //
 // usage: generate [--model bench-4L] [--prompts 256] [--prompt-len 128] [--new-tokens 512] [--n 1]
 //                 [--temperature 1] [--kv-cache-fraction 0.9] [--block-size 16] [--max-step-tokens 8192]
-//                 [--max-running 256] [--device cuda|cpu] [--layers N] [--profile]
+//                 [--max-running 256] [--device cuda|cpu] [--layers N] [--record-routing] [--profile]
+// --record-routing: the engine keeps every token's experts (as RL does, for routing replay).
 // --profile: a second generate call of the same requests with per-op timing (every op waits for the
 // device before and after it), printed as a second JSON line: milliseconds per engine step by op, and
 // what the ops do not cover (the host's batch building, copies, sampling's wait).
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
     else if (a == "--device") device = next();
     else if (a == "--layers") layers = std::stoll(next());
     else if (a == "--profile") profile = true;
+    else if (a == "--record-routing") eo.record_routing = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -144,6 +146,7 @@ int main(int argc, char** argv) {
                      {"n", n},
                      {"new_tokens", new_tokens},
                      {"temperature", temperature},
+                     {"record_routing", eo.record_routing},
                      {"generated_tokens", generated},
                      {"seconds", s},
                      {"tokens_per_s", tps},

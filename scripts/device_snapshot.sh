@@ -16,7 +16,12 @@ case "${1:-}" in
   restore)
     find "${dirs[@]}" -type f | grep -v '^tests/assets/' | sort > /tmp/devsnap.present
     sort .devsnap.files | comm -23 /tmp/devsnap.present - | while IFS= read -r f; do rm -f -- "$f"; done
-    tar -xzf .devsnap.tar.gz
+    # Unpack beside the tree and copy only the files that differ: they get a new time, so a build
+    # directory kept on a warm machine rebuilds exactly what changed.
+    rm -rf /tmp/devsnap && mkdir -p /tmp/devsnap && tar -xzf .devsnap.tar.gz -C /tmp/devsnap
+    (cd /tmp/devsnap && find . -type f) | while IFS= read -r f; do
+      cmp -s "/tmp/devsnap/$f" "$f" || { mkdir -p "$(dirname "$f")" && cp "/tmp/devsnap/$f" "$f"; }
+    done
     rm -f .devsnap.tar.gz .devsnap.files
     echo "device_snapshot: restored HEAD's tree"
     ;;

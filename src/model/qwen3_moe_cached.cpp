@@ -111,7 +111,7 @@ Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::
       Tensor bias_E;
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, probs, idx, wts, bias_E.defined() ? &bias_E : nullptr);
-      if (routing_out) routing_out->push_back(idx.to(Device::CPU).clone());
+      if (routing_out) routing_out->push_back(idx.clone());  // the arena is reused by the next layer
       if (par_.dispatcher) {  // expert parallelism: the tokens travel to their experts' ranks and back
         const moe::DispatchPlan pl = par_.dispatcher->prepare(idx, wts);
         const Tensor xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xn2, wts)

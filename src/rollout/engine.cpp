@@ -212,6 +212,8 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
            drawn_lp = Tensor::empty({R}, DType::F32, dev);
     ops::sample_tokens(logits, dev == Device::CPU ? sample_rows : sample_rows.to(dev), drawn, drawn_lp);
     const Tensor tokens_h = drawn.to(Device::CPU), logprobs_h = drawn_lp.to(Device::CPU);  // the step's one sync
+    for (Tensor& t : routing)
+      if (t.device() != Device::CPU) t = t.to(Device::CPU);  // after the sync: no layer waited for these
     std::vector<std::unique_ptr<Seq>> next_running;
     auto keep_routing = [&](Seq& s, int64_t first_row, int64_t rows) {
       if (!record || routing.empty()) return;  // no sparse layer: nothing to record

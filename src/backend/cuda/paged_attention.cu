@@ -3,13 +3,14 @@
 //  - split-K (head_dim a multiple of 8, at most 256): a block of 128 threads per (token, group of HPC
 //    query heads sharing one KV head, split of the token's positions). The block walks its split in
 //    chunks of 128 positions: each thread scores one position for the HPC heads (its key row read once
-//    for all of them, q from shared memory), the chunk's maximum per head updates a running maximum
-//    (the online softmax), and then each thread accumulates 8 output dims of a subset of the chunk's
-//    positions from the value rows (16-byte loads; the rows of one position are contiguous over the
-//    threads). The position subsets are summed once at the end. With one split the block writes the
+//    for all of them, its 16-byte loads issued together, q from shared memory), the chunk's maximum
+//    per head updates a running maximum (the online softmax), and then each thread accumulates 8
+//    output dims of a subset of the chunk's positions from the value rows (16-byte loads, four rows in
+//    flight; the rows of one position are contiguous over the threads). The position subsets are
+//    summed once at the end (shuffles, then shared memory). With one split the block writes the
 //    output; with several it writes (max, sum, unnormalised output) and a second kernel merges the
 //    splits. The split count is fixed by the launch (from the block table's width, not the positions,
-//    which stay on the device): about 8 blocks per multiprocessor; a split beyond a token's position writes
+//    which stay on the device): about 4 blocks per multiprocessor; a split beyond a token's position writes
 //    an empty partial.
 //  - serial (any other head_dim <= 256, and the reference in bench/): one warp per (token, query head)
 //    walking the positions with an online softmax (the first version).
@@ -88,18 +89,6 @@ __global__ void paged_attention_kernel(const bf16* __restrict__ q, const bf16* _
 constexpr int kThreads = 128;  // split-K block
 constexpr int kChunk = 128;    // positions per chunk: one per thread when scoring
 
-// One bf16x8 (16 bytes) to floats.
-__device__ __forceinline__ void load8(const bf16* p, float* f) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
-  }
-}
-
 // grid (x: token × head group, y: split). Partials (splits > 1): acc [N, H, S, HD] f32, ml [N, H, S, 2].
 template <int HPC, int HD>
 __global__ void __launch_bounds__(kThreads)
@@ -109,12 +98,17 @@ __global__ void __launch_bounds__(kThreads)
                                  int64_t G, float scale, int64_t span, bf16* __restrict__ out,
                                  float* __restrict__ part_acc, float* __restrict__ part_ml) {
   constexpr int kCols = HD / 8, kPlanes = kThreads / kCols;  // value layout: plane × 8-dim column
-  static_assert(HD % 8 == 0 && kThreads % kCols == 0, "head_dim must be a multiple of 8 dividing 1024");
-  __shared__ __align__(16) float q_s[HPC][HD];
-  __shared__ float e_s[HPC][kChunk];
-  __shared__ float wmax_s[kThreads / 32][HPC];
-  __shared__ __align__(16) float red_s[kPlanes][HPC][HD];
-  __shared__ float l_s[kPlanes][HPC];
+  constexpr int kWarpsPerBlock = kThreads / 32;
+  static_assert(HD % 8 == 0 && kThreads % kCols == 0 && kCols <= 32, "head_dim: a multiple of 8 dividing 1024, <= 256");
+  // The loop's q and weights, then (aliased) the per-warp sums of the value accumulators.
+  constexpr int kLoopFloats = HPC * HD + HPC * kChunk, kRedFloats = kWarpsPerBlock * HPC * HD;
+  __shared__ __align__(16) float smem[kLoopFloats > kRedFloats ? kLoopFloats : kRedFloats];
+  __shared__ int64_t slot_s[kChunk];
+  __shared__ float wmax_s[kWarpsPerBlock][HPC];
+  __shared__ float l_s[kWarpsPerBlock][HPC];
+  auto q_s = reinterpret_cast<float (*)[HD]>(smem);
+  auto e_s = reinterpret_cast<float (*)[kChunk]>(smem + HPC * HD);
+  auto red_s = reinterpret_cast<float (*)[HPC][HD]>(smem);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t groups = H / HPC, n = blockIdx.x / groups, h0 = (blockIdx.x % groups) * HPC;
@@ -136,24 +130,38 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   for (int64_t c0 = begin; c0 < end; c0 += kChunk) {
-    // Scores: thread tid takes position c0 + tid.
+    // Scores: thread tid takes position c0 + tid; its key row's loads are issued together.
     const int64_t p = c0 + tid;
     float sc[HPC];
 #pragma unroll
     for (int h = 0; h < HPC; ++h) sc[h] = 0.0f;
     if (p < end) {
       const int64_t slot = int64_t(row[p / block_size]) * block_size + p % block_size;
-      const bf16* kp = kc + (slot * G + g) * HD;
-#pragma unroll 4
-      for (int j = 0; j < kCols; ++j) {
-        float kf[8];
-        load8(kp + 8 * j, kf);
+      slot_s[tid] = slot;
+      const uint4* kp = reinterpret_cast<const uint4*>(kc + (slot * G + g) * HD);
+      constexpr int kBatch = kCols < 16 ? kCols : 16;
 #pragma unroll
-        for (int h = 0; h < HPC; ++h) {
-          const float4 a = *reinterpret_cast<const float4*>(&q_s[h][8 * j]);
-          const float4 b = *reinterpret_cast<const float4*>(&q_s[h][8 * j + 4]);
-          sc[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] + b.z * kf[6] +
-                   b.w * kf[7];
+      for (int jb = 0; jb < kCols; jb += kBatch) {
+        uint4 kv[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) kv[j] = kp[jb + j];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv[j]);
+          float kf[8];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float2 x = __bfloat1622float2(k2[i]);
+            kf[2 * i] = x.x;
+            kf[2 * i + 1] = x.y;
+          }
+#pragma unroll
+          for (int h = 0; h < HPC; ++h) {
+            const float4 a = *reinterpret_cast<const float4*>(&q_s[h][8 * (jb + j)]);
+            const float4 b = *reinterpret_cast<const float4*>(&q_s[h][8 * (jb + j) + 4]);
+            sc[h] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] + b.y * kf[5] +
+                     b.z * kf[6] + b.w * kf[7];
+          }
         }
       }
     }
@@ -172,52 +180,82 @@ __global__ void __launch_bounds__(kThreads)
     for (int h = 0; h < HPC; ++h) {
       float cm = wmax_s[0][h];
 #pragma unroll
-      for (int w = 1; w < kThreads / 32; ++w) cm = fmaxf(cm, wmax_s[w][h]);
+      for (int w = 1; w < kWarpsPerBlock; ++w) cm = fmaxf(cm, wmax_s[w][h]);
       const float mn = fmaxf(m_run[h], cm);  // finite: position c0 is in the split
       corr[h] = __expf(m_run[h] - mn);
       m_run[h] = mn;
       e_s[h][tid] = p < end ? __expf(sc[h] - mn) : 0.0f;
     }
     __syncthreads();
-    // Values: plane `plane` takes positions c0 + plane, c0 + plane + kPlanes, ...; column `col` 8 dims.
+    // Values: plane `plane` takes positions c0 + plane, c0 + plane + kPlanes, ..., four rows' loads
+    // in flight at a time; column `col` 8 dims.
 #pragma unroll
     for (int h = 0; h < HPC; ++h) {
       l[h] *= corr[h];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[h][i] *= corr[h];
     }
-    const int64_t cend = min(end - c0, int64_t(kChunk));
-    for (int64_t j = plane; j < cend; j += kPlanes) {
-      const int64_t pp = c0 + j;
-      const int64_t slot = int64_t(row[pp / block_size]) * block_size + pp % block_size;
-      float vf[8];
-      load8(vc + (slot * G + g) * HD + 8 * col, vf);
+    const int cend = int(min(end - c0, int64_t(kChunk)));
+    constexpr int kUnroll = 4;
+    for (int j0 = plane; j0 < cend; j0 += kUnroll * kPlanes) {
+      uint4 vv[kUnroll];
 #pragma unroll
-      for (int h = 0; h < HPC; ++h) {
-        const float w = e_s[h][j];
-        l[h] += w;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * kPlanes;
+        if (j < cend) vv[u] = *reinterpret_cast<const uint4*>(vc + (slot_s[j] * G + g) * HD + 8 * col);
+      }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[h][i] += w * vf[i];
+      for (int u = 0; u < kUnroll; ++u) {
+        const int j = j0 + u * kPlanes;
+        if (j >= cend) break;
+        const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&vv[u]);
+        float vf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 x = __bfloat1622float2(v2[i]);
+          vf[2 * i] = x.x;
+          vf[2 * i + 1] = x.y;
+        }
+#pragma unroll
+        for (int h = 0; h < HPC; ++h) {
+          const float w = e_s[h][j];
+          l[h] += w;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[h][i] += w * vf[i];
+        }
       }
     }
-    __syncthreads();  // e_s and wmax_s are rewritten by the next chunk
+    __syncthreads();  // e_s, slot_s and wmax_s are rewritten by the next chunk
   }
 
-  // Sum the planes.
+  // Sum the planes: within a warp by shuffles (the lanes of one column), then the warps in shared
+  // memory (which the loop no longer uses).
 #pragma unroll
   for (int h = 0; h < HPC; ++h) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) red_s[plane][h][8 * col + i] = acc[h][i];
-    if (col == 0) l_s[plane][h] = l[h];
+    for (int o = kCols; o < 32; o <<= 1) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] += __shfl_xor_sync(0xffffffffu, acc[h][i], o);
+    }
+  }
+  __syncthreads();
+  if (lane < kCols) {
+#pragma unroll
+    for (int h = 0; h < HPC; ++h) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) red_s[warp][h][8 * col + i] = acc[h][i];
+      if (col == 0) l_s[warp][h] = l[h];
+    }
   }
   __syncthreads();
   for (int i = tid; i < HPC * HD; i += kThreads) {
     const int h = i / HD, d = i % HD;
     float a = 0.0f, ls = 0.0f;
-#pragma unroll 4
-    for (int pl = 0; pl < kPlanes; ++pl) {
-      a += red_s[pl][h][d];
-      ls += l_s[pl][h];
+#pragma unroll
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      a += red_s[w][h][d];
+      ls += l_s[w][h];
     }
     const int64_t nh = n * H + h0 + h;
     if (S == 1) {
@@ -328,8 +366,9 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
   auto* out = static_cast<bf16*>(out_NHD.raw());
   const int64_t M = block_table_BM.size(1);
   if (which != PagedKernel::serial && split_supported(Hd)) {
-    // Splits: at least 8 blocks per multiprocessor in all (about five fit at once: 44 KB of shared
-    // memory each), a split at least one chunk; the block table's width bounds the positions.
+    // Splits: at least 4 blocks per multiprocessor in all (up to 16 KB of shared memory and 128
+    // threads each, several fit at once), a split at least one chunk; the block table's width bounds
+    // the positions.
     const int hpc = heads_per_block(H, G);
     const int64_t blocks = N * (H / hpc), chunks = std::max<int64_t>(1, (M * block_size + kChunk - 1) / kChunk);
     static const int sms = [op] {
@@ -338,7 +377,7 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
       MT_CUDA_CHECK(op, cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
       return count;
     }();
-    const int64_t target = int64_t(sms) * 8;
+    const int64_t target = int64_t(sms) * 4;
     int64_t S = blocks >= target ? 1 : std::min<int64_t>({chunks, (target + blocks - 1) / blocks, 64});
     const int64_t span = (chunks + S - 1) / S * kChunk;
     S = (chunks * kChunk + span - 1) / span;
