@@ -1,9 +1,15 @@
 // moetrain plot (plot.h): metrics.jsonl -> panels -> SVG text.
 #include "train/plot.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -15,11 +21,13 @@ namespace mt {
 
 namespace {
 
+namespace fs = std::filesystem;
+
 const char* kUsage =
-    "usage: moetrain plot RUN_DIR|METRICS.jsonl [--out FILE.svg]\n"
+    "usage: moetrain plot RUN_DIR|METRICS.jsonl [--out FILE.svg|FILE.png]\n"
     "  draws RUN_DIR/metrics.jsonl (moetrain train or grpo) as an SVG: loss, reward, held-out exact match,\n"
     "  throughput, step time, gradient norm, learning rate, expert load, ... (panels without data are left out);\n"
-    "  default --out: RUN_DIR/metrics.svg";
+    "  default --out: RUN_DIR/metrics.svg; a .png is converted from the SVG (written beside it) by rsvg-convert";
 
 struct SeriesSpec {
   const char* label;
@@ -107,6 +115,32 @@ bool field_value(const nlohmann::json& row, const std::string& path, double& out
   if (!j->is_number()) return false;
   out = j->get<double>();
   return std::isfinite(out);
+}
+
+bool on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  std::string d;
+  while (std::getline(dirs, d, ':'))
+    if (!d.empty() && ::access((fs::path(d) / name).c_str(), X_OK) == 0) return true;
+  return false;
+}
+
+// Runs a program found on PATH (no shell, so paths need no quoting); its exit code, or 128 + signal.
+int run_program(const std::vector<std::string>& argv) {
+  std::vector<char*> a;
+  for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) MT_THROW("cannot start ", argv[0], ": ", std::strerror(errno));
+  if (pid == 0) {
+    execvp(a[0], a.data());
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 std::string xml_escape(const std::string& s) {
@@ -270,7 +304,6 @@ void render_panel(std::ostringstream& s, const PlotPanel& p, double px, double p
 }  // namespace
 
 MetricsFile read_metrics_jsonl(const std::string& path) {
-  namespace fs = std::filesystem;
   if (!fs::exists(path))
     MT_THROW(path, " does not exist (moetrain train and moetrain grpo write metrics.jsonl in their output directory)");
   std::ifstream f(path, std::ios::binary);
@@ -285,21 +318,20 @@ MetricsFile read_metrics_jsonl(const std::string& path) {
     const std::string line = text.substr(b, e - b);
     b = e + 1;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
+    nlohmann::json j;
+    std::string detail;
+    try {
+      j = nlohmann::json::parse(line);
+      if (!j.is_object()) detail = str("a JSON ", j.type_name(), ", not an object");
+    } catch (const nlohmann::json::parse_error& ex) {
+      detail = ex.what();
+    }
+    if (!detail.empty()) {
       if (!complete) {
         out.warning =
             str(path, ":", line_no, ": the last line is incomplete (no newline; a run stopped mid-write?): skipped");
         break;
       }
-      std::string detail;
-      if (j.is_discarded()) try {
-          (void)nlohmann::json::parse(line);
-        } catch (const std::exception& ex) {
-          detail = ex.what();
-        }
-      else
-        detail = str("a JSON ", j.type_name(), ", not an object");
       MT_THROW(path, ":", line_no, ": not a JSON object (", detail,
                "): ", line.size() > 80 ? line.substr(0, 80) + "..." : line);
     }
@@ -389,7 +421,6 @@ std::string render_svg(const std::vector<PlotPanel>& panels, const std::string& 
 }
 
 int plot_main(const std::vector<std::string>& args) {
-  namespace fs = std::filesystem;
   std::string in, out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -408,35 +439,43 @@ int plot_main(const std::vector<std::string>& args) {
   }
   if (in.empty()) MT_THROW("give a run directory (or its metrics.jsonl); ", kUsage);
   const bool is_file = fs::is_regular_file(in);
-  if (!is_file && !fs::is_directory(in)) MT_THROW("", in, " is neither a run directory nor a metrics file");
+  if (!is_file && !fs::is_directory(in)) MT_THROW(in, " is neither a run directory nor a metrics file");
   const std::string metrics = is_file ? in : (fs::path(in) / "metrics.jsonl").string();
   if (out.empty()) out = (fs::path(metrics).parent_path() / "metrics.svg").string();
   const std::string ext = fs::path(out).extension().string();
-  if (ext != ".svg")
+  if (ext != ".svg" && ext != ".png") MT_THROW("--out ", out, ": the file must end in .svg or .png");
+  const bool png = ext == ".png";
+  if (png && !on_path("rsvg-convert"))
     MT_THROW("--out ", out,
-             ": only SVG is written (name it .svg; for a PNG convert the SVG, e.g. rsvg-convert -o "
-             "run.png run.svg)");
+             ": a PNG is converted from the SVG by rsvg-convert, which is not on PATH (Debian: apt-get "
+             "install librsvg2-bin); or name the file .svg");
   const MetricsFile mf = read_metrics_jsonl(metrics);
   if (!mf.warning.empty()) log_info("plot: warning: ", mf.warning);
   const std::vector<PlotPanel> panels = metrics_panels(mf.rows);
   if (panels.empty())
-    MT_THROW("", metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
+    MT_THROW(metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
              " but none of the fields plotted (loss, ce, reward_mean, exact_match, tokens_per_s, grad_norm, lr, ...)");
   std::string title = fs::path(metrics).parent_path().filename().string();
   if (title.empty()) title = fs::path(metrics).filename().string();
   const std::string svg = render_svg(panels, title + " — " + fs::path(metrics).filename().string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
-  const std::string tmp = out + ".tmp";
+  const std::string svg_path = png ? fs::path(out).replace_extension(".svg").string() : out;
+  const std::string tmp = svg_path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << svg;
     if (!f.flush()) MT_THROW("cannot write ", tmp);
   }
-  fs::rename(tmp, out);
+  fs::rename(tmp, svg_path);
+  if (png) {
+    const int code = run_program({"rsvg-convert", "-b", "white", "-o", out + ".tmp", svg_path});
+    if (code != 0) MT_THROW("rsvg-convert -o ", out, ".tmp ", svg_path, " failed (exit code ", code, ")");
+    fs::rename(out + ".tmp", out);
+  }
   std::string names;
   for (const PlotPanel& p : panels) names += (names.empty() ? "" : ", ") + p.title;
-  std::printf("plot: %zu panels (%s) from %zu lines of %s -> %s\n", panels.size(), names.c_str(), mf.rows.size(),
-              metrics.c_str(), out.c_str());
+  std::printf("plot: %zu panels (%s) from %zu lines of %s -> %s%s\n", panels.size(), names.c_str(), mf.rows.size(),
+              metrics.c_str(), out.c_str(), png ? (" (from " + svg_path + ")").c_str() : "");
   return 0;
 }
 

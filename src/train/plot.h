@@ -1,5 +1,5 @@
-// `moetrain plot RUN_DIR [--out FILE.svg]`: a run's metrics.jsonl (moetrain train or grpo) drawn as
-// an SVG file written by hand — one panel per group of series (loss, reward, held-out exact match,
+// `moetrain plot RUN_DIR [--out FILE.svg|FILE.png]`: a run's metrics.jsonl (moetrain train or grpo)
+// drawn as an SVG file written by hand (a PNG is converted from it by rsvg-convert when that is on PATH) — one panel per group of series (loss, reward, held-out exact match,
 // throughput, step time, gradient norm, learning rate, expert load, ...), each with axes, ticks at
 // nice numbers, labels and a legend. Panels whose fields the file lacks are left out. The loss panel
 // uses a log scale when its values are positive and span more than 30x.

@@ -335,9 +335,22 @@ TEST(Plot, CommandWritesTheSvg) {
   r = test::sh(test::kMoetrainBin + " plot " + dir + "/metrics.jsonl --out " + dir + "/sub/curves.svg");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(dir + "/sub/curves.svg"));
+  // PNG through rsvg-convert when it is installed, else an error that says what to install.
   r = test::sh(test::kMoetrainBin + " plot " + dir + " --out " + dir + "/curves.png");
+  if (test::sh("command -v rsvg-convert").code == 0) {
+    ASSERT_EQ(r.code, 0) << r.out;
+    std::ifstream png(dir + "/curves.png", std::ios::binary);
+    char sig[8] = {};
+    png.read(sig, 8);
+    EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+    EXPECT_TRUE(fs::exists(dir + "/curves.svg"));
+  } else {
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("rsvg-convert, which is not on PATH"), std::string::npos) << r.out;
+  }
+  r = test::sh(test::kMoetrainBin + " plot " + dir + " --out " + dir + "/curves.pdf");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("only SVG is written"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("curves.pdf: the file must end in .svg or .png"), std::string::npos) << r.out;
   r = test::sh(test::kMoetrainBin + " plot /no/such/run");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("/no/such/run is neither a run directory nor a metrics file"), std::string::npos) << r.out;
