@@ -150,7 +150,7 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
       s->req = waiting.front();
       s->prompt_len = L;
       s->tokens = r.prompt;
-      blocks_.allocate(s->id, L, r.max_new_tokens);
+      blocks_.allocate(s->id, L, r.max_new_tokens, r.n);  // the forks' blocks reserved too
       const int64_t row = int64_t(tables.size());
       fed.push_back({s.get(), int64_t(tok.size()), L, true, int64_t(logit_rows.size())});
       for (int64_t p = 0; p < L; ++p) add_token(r.prompt[size_t(p)], p, row, blocks_.slot(s->id, p));

@@ -56,35 +56,42 @@ bool KvBlockManager::can_admit(int64_t prompt_len, int64_t reserve_new_tokens, i
   return blocks_needed(prompt_len, reserve_new_tokens, num_samples) <= int64_t(free_list_.size()) - reserved_;
 }
 
-void KvBlockManager::allocate(SeqId seq, int64_t prompt_len, int64_t reserve_new_tokens) {
+void KvBlockManager::allocate(SeqId seq, int64_t prompt_len, int64_t reserve_new_tokens, int64_t num_samples) {
   if (seqs_.count(seq)) MT_THROW("KV blocks: allocate: sequence ", seq, " already exists");
-  const int64_t need = blocks_needed(prompt_len, reserve_new_tokens);
+  const int64_t need = blocks_needed(prompt_len, reserve_new_tokens, num_samples);
   const int64_t available = int64_t(free_list_.size()) - reserved_;
   if (need > available)
     MT_THROW("out of KV blocks: sequence ", seq, " needs ", need, " blocks (", prompt_len, " prompt + ",
-             reserve_new_tokens, " new tokens at ", block_size_, " tokens per block) but ", available, " of ",
-             num_blocks(), " are free and unreserved; admit sequences with can_admit first");
+             reserve_new_tokens, " new tokens at ", block_size_, " tokens per block, ", num_samples,
+             " samples) but ", available, " of ", num_blocks(),
+             " are free and unreserved; admit sequences with can_admit first");
   Seq s;
   s.tokens = prompt_len;
   s.capacity = prompt_len + reserve_new_tokens;
   s.table.reserve(size_t(blocks_for_tokens(s.capacity)));
   for (int64_t i = 0; i < blocks_for_tokens(prompt_len); ++i) s.table.push_back(pop_free());
-  reserved_ += future_blocks(s);
+  s.fork_reserve = need - int64_t(s.table.size()) - future_blocks(s);
+  reserved_ += future_blocks(s) + s.fork_reserve;
   seqs_.emplace(seq, std::move(s));
 }
 
 void KvBlockManager::fork(SeqId parent, SeqId child) {
-  const Seq& p = get(parent, "fork");
+  Seq& p = get(parent, "fork");
   if (seqs_.count(child)) MT_THROW("KV blocks: fork: child sequence ", child, " already exists");
   const int64_t need = future_blocks(p) + (last_block_partial(p) ? 1 : 0);
-  const int64_t available = int64_t(free_list_.size()) - reserved_;
+  // What allocate set aside for this fork is the parent's to hand over first.
+  const int64_t pre = std::min(need, p.fork_reserve);
+  const int64_t available = int64_t(free_list_.size()) - reserved_ + pre;
   if (need > available)
     MT_THROW("out of KV blocks: fork of sequence ", parent, " into ", child, " needs ", need, " blocks (", p.tokens,
              " tokens held, capacity ", p.capacity, ", at ", block_size_, " tokens per block) but ", available, " of ",
              num_blocks(),
              " are free and unreserved; admit the samples of a prompt together with "
-             "can_admit(prompt_len, reserve_new_tokens, num_samples)");
+             "can_admit(prompt_len, reserve_new_tokens, num_samples) and allocate(..., num_samples)");
+  p.fork_reserve -= pre;
+  reserved_ -= pre;
   Seq c = p;
+  c.fork_reserve = 0;
   for (BlockId b : c.table) ++ref_count_[size_t(b)];
   reserved_ += need;
   seqs_.emplace(child, std::move(c));
@@ -119,7 +126,7 @@ void KvBlockManager::free(SeqId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) MT_THROW("KV blocks: free: unknown sequence ", seq);
   const Seq& s = it->second;
-  reserved_ -= future_blocks(s);
+  reserved_ -= future_blocks(s) + s.fork_reserve;
   if (last_block_partial(s) && ref_count_[size_t(s.table.back())] > 1) --reserved_;  // one copy fewer
   // Released last block first, so that the next take reuses the blocks in table order.
   for (auto b = s.table.rbegin(); b != s.table.rend(); ++b) {
@@ -184,7 +191,7 @@ void KvBlockManager::check_invariants() const {
         MT_THROW("KV invariant: holders of block ", b, " disagree on its fill (", fill[size_t(b)], " and ", f, ")");
       fill[size_t(b)] = f;
     }
-    reserved += future_blocks(s);
+    reserved += future_blocks(s) + s.fork_reserve;
   }
   // One copy per holder of a shared partial last block beyond the first.
   std::vector<int32_t> partial_holders(size_t(nb), 0);

@@ -17,6 +17,8 @@
 // and fork reserve every block it may still take: its future blocks, and for a shared partial last block
 // one copy per extra sharer. can_admit counts only blocks that are free and not reserved. So once a
 // sequence is in, append_slot never runs out of blocks, whatever the order of appends across sequences;
+// allocate with num_samples > 1 also reserves what the num_samples - 1 forks of the prompt will need,
+// so prompts admitted one after another before their forks cannot take each other's blocks;
 // running out happens only through misuse (allocate or fork when can_admit says no), which is an error
 // that says so. The price is that a sequence that stops early keeps its reservation until it is freed
 // (vLLM instead allocates on demand and preempts a running request when the pool is empty).
@@ -75,8 +77,10 @@ class KvBlockManager {
   bool can_admit(int64_t prompt_len, int64_t reserve_new_tokens, int64_t num_samples = 1) const;
 
   // A new sequence holding prompt_len tokens (blocks for all of them, to be written by the prefill
-  // through slot()), with room reserved for reserve_new_tokens more.
-  void allocate(SeqId seq, int64_t prompt_len, int64_t reserve_new_tokens);
+  // through slot()), with room reserved for reserve_new_tokens more, and for num_samples - 1 forks of it
+  // (blocks_needed(prompt_len, reserve_new_tokens, num_samples) in all; what a fork does not use goes
+  // back when the sequence is freed).
+  void allocate(SeqId seq, int64_t prompt_len, int64_t reserve_new_tokens, int64_t num_samples = 1);
   // A new sequence `child` sharing every block of `parent`, with the parent's token count and capacity.
   void fork(SeqId parent, SeqId child);
   // Room for the next token of `seq`; see AppendResult. Refuses to go past the sequence's capacity.
@@ -101,6 +105,7 @@ class KvBlockManager {
     std::vector<BlockId> table;
     int64_t tokens = 0;
     int64_t capacity = 0;
+    int64_t fork_reserve = 0;  // blocks reserved at allocate for forks not yet made
   };
   Seq& get(SeqId seq, const char* op);
   const Seq& get(SeqId seq, const char* op) const;
@@ -113,7 +118,8 @@ class KvBlockManager {
   std::vector<int32_t> ref_count_;  // per block
   std::vector<BlockId> free_list_;  // a stack: back() is handed out next
   std::unordered_map<SeqId, Seq> seqs_;
-  // Sum over sequences of future_blocks, plus over shared partial last blocks of (ref_count - 1).
+  // Sum over sequences of future_blocks and fork_reserve, plus over shared partial last blocks of
+  // (ref_count - 1).
   int64_t reserved_ = 0;
 };
 

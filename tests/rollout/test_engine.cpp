@@ -157,6 +157,31 @@ TEST(RolloutEngine, StopTokensAndEos) {
   EXPECT_EQ(stopped[0].finish_reason, "stop");
 }
 
+TEST(RolloutEngine, ManySampledPromptsInACacheForOneAtATime) {
+  // A KV budget that holds the n samples of about one prompt: the engine admits the prompts one after
+  // another (every prompt's forks reserved at admission) and never runs out of blocks mid-step.
+  ModelConfig c = config(false);
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 7);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    GenerateRequest r;
+    r.prompt = prompt(11, 20 + i, c.vocab_size);
+    r.n = 8;
+    r.max_new_tokens = 6;
+    r.ignore_eos = true;
+    r.sampling.seed = uint64_t(i);
+    reqs.push_back(r);
+  }
+  EngineOptions eo;
+  eo.block_size = 16;
+  eo.kv_cache_bytes = RolloutEngine::kv_bytes_needed(m, {reqs[0]}, eo.block_size) * 5 / 4;
+  RolloutEngine e(m, eo);
+  const auto out = e.generate(reqs);
+  ASSERT_EQ(out.size(), 48u);
+  for (const auto& g : out) EXPECT_EQ(g.tokens.size(), 6u);
+}
+
 TEST(RolloutEngine, BadRequestsAreErrorsNamingTheValue) {
   ModelConfig c = config(false);
   c.max_position_embeddings = 64;

@@ -184,8 +184,8 @@ TEST(KvBlocks, AdmissionRefusesWhenBlocksRunOutAndAcceptsAfterAFree) {
   EXPECT_EQ(st.available_blocks, 5);
   EXPECT_FALSE(m.can_admit(17, 4));  // 6 blocks
   EXPECT_EQ(error_of([&] { m.allocate(2, 17, 4); }),
-            "out of KV blocks: sequence 2 needs 6 blocks (17 prompt + 4 new tokens at 4 tokens per block) but 5 of "
-            "10 are free and unreserved; admit sequences with can_admit first");
+            "out of KV blocks: sequence 2 needs 6 blocks (17 prompt + 4 new tokens at 4 tokens per block, 1 "
+            "samples) but 5 of 10 are free and unreserved; admit sequences with can_admit first");
   EXPECT_TRUE(m.can_admit(16, 4));
   m.allocate(2, 16, 4);
   EXPECT_EQ(m.stats().available_blocks, 0);
@@ -212,7 +212,7 @@ TEST(KvBlocks, AdmissionRefusesWhenBlocksRunOutAndAcceptsAfterAFree) {
   EXPECT_EQ(error_of([&] { h.fork(1, 3); }),
             "out of KV blocks: fork of sequence 1 into 3 needs 1 blocks (5 tokens held, capacity 8, at 4 tokens per "
             "block) but 0 of 3 are free and unreserved; admit the samples of a prompt together with "
-            "can_admit(prompt_len, reserve_new_tokens, num_samples)");
+            "can_admit(prompt_len, reserve_new_tokens, num_samples) and allocate(..., num_samples)");
   // Once admitted, every sample reaches its capacity whatever the order of appends.
   for (int i = 0; i < 3; ++i)
     for (SeqId s : {3, 1, 2}) g.append_slot(s);
@@ -348,4 +348,34 @@ TEST(KvBlocks, PoolSizeFromTheBudget) {
               kv_bytes_per_block(KvCacheGeometry{48, 0, 128, 16, 2});
             }),
             "KV cache geometry: kv_heads (0) must be >= 1");
+}
+
+TEST(KvBlocks, AllocateReservesThePromptsForks) {
+  // 8 samples of an 11-token prompt, 6 new tokens each, 16-token blocks: the prompt's block, its
+  // second block, and 7 forks x (a copy of the partial block + a second block) = 16 blocks.
+  KvBlockManager m(20, 16);
+  ASSERT_EQ(m.blocks_needed(11, 6, 8), 16);
+  ASSERT_TRUE(m.can_admit(11, 6, 8));
+  m.allocate(1, 11, 6, 8);
+  m.check_invariants();
+  // A second prompt must wait: the first one's forks hold their blocks already. (Before, only the
+  // first sequence's own blocks were reserved, the second prompt got in and the forks ran out.)
+  EXPECT_EQ(m.stats().available_blocks, 4);
+  EXPECT_FALSE(m.can_admit(11, 6, 8));
+  for (SeqId c = 2; c <= 8; ++c) m.fork(1, c);
+  m.check_invariants();
+  EXPECT_EQ(m.stats().available_blocks, 4);
+  for (int t = 0; t < 6; ++t)
+    for (SeqId s = 1; s <= 8; ++s) m.append_slot(s);
+  m.check_invariants();
+  for (SeqId s = 1; s <= 8; ++s) m.free(s);
+  m.check_invariants();
+  EXPECT_EQ(m.stats().available_blocks, 20);
+  // Forks never made: the rest of the reserve comes back with the parent.
+  m.allocate(1, 11, 6, 8);
+  m.fork(1, 2);
+  m.free(2);
+  m.free(1);
+  m.check_invariants();
+  EXPECT_EQ(m.stats().available_blocks, 20);
 }
