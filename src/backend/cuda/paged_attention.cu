@@ -320,10 +320,16 @@ PagedKernel paged_kernel_from_env() {
 
 bool split_supported(int64_t Hd) { return Hd == 16 || Hd == 32 || Hd == 64 || Hd == 128 || Hd == 256; }
 
-// Query heads per block: the largest of 8, 4, 2, 1 dividing the group size H / G.
+// Query heads per block: the largest of 8, 4, 2, 1 dividing the group size H / G, at most
+// MOETRAIN_PAGED_HEADS_PER_BLOCK when set (1, 2, 4 or 8: fewer heads, fewer registers, more blocks).
 int heads_per_block(int64_t H, int64_t G) {
+  const char* e = std::getenv("MOETRAIN_PAGED_HEADS_PER_BLOCK");
+  const int cap = e ? std::atoi(e) : 8;
+  if (cap != 1 && cap != 2 && cap != 4 && cap != 8)
+    MT_THROW("MOETRAIN_PAGED_HEADS_PER_BLOCK (", e, ") must be 1, 2, 4 or 8");
   const int64_t gq = H / G;
-  for (int h : {8, 4, 2}) if (gq % h == 0) return h;
+  for (int h : {8, 4, 2})
+    if (h <= cap && gq % h == 0) return h;
   return 1;
 }
 
