@@ -146,7 +146,7 @@ std::string SyntheticBatcher::describe() const {
 Batch SyntheticBatcher::batch(int64_t index) const {
   MT_CHECK(index >= 0, "batch index must be >= 0, got ", index);
   Rng rng(mix64(mix64(seed_ ^ kTrainSalt) + uint64_t(index)));
-  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64)};
+  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64), Tensor()};
   int64_t* ids = out.input_ids.data<int64_t>();
   int64_t* labels = out.labels.data<int64_t>();
   Problem p = sample_train_problem(rng, max_digits_);

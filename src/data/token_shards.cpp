@@ -248,7 +248,7 @@ std::pair<int64_t, int64_t> TokenShardDataset::window_at(int64_t position) const
 
 Batch TokenShardDataset::batch(int64_t index) const {
   MT_CHECK(index >= 0, "batch index must be >= 0, got ", index);
-  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64)};
+  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64), Tensor()};
   int64_t* ids = out.input_ids.data<int64_t>();
   for (int64_t r = 0; r < B_; ++r) {
     auto [f, off] = window_at(index * B_ + r);

@@ -40,15 +40,15 @@ struct Qwen3MoeModel::LayerActs {
 
 template <class F>
 void Qwen3MoeModel::for_valid_rows(F&& f) const {
-  if (valid_ == S_) {
+  if (all_valid_) {
     f(int64_t(0), Tl_);  // every local row (under tp this rank's T_ / tp rows)
     return;
   }
-  // Valid rows of sequence b are [b S_, b S_ + valid_) of the T_ rows; this rank holds rows
+  // Valid rows of sequence b are [b S_, b S_ + row_valid_[b]) of the T_ rows; this rank holds rows
   // [lo, lo + Tl_) of them (all of them without tp), and f gets the overlap in local row numbers.
   const int64_t lo = par_.tp ? int64_t(par_.tp->rank()) * Tl_ : 0;
-  for (int64_t b = 0; b < B_ && valid_ > 0; ++b) {
-    const int64_t r0 = std::max(b * S_, lo), r1 = std::min(b * S_ + valid_, lo + Tl_);
+  for (int64_t b = 0; b < B_; ++b) {
+    const int64_t r0 = std::max(b * S_, lo), r1 = std::min(b * S_ + row_valid_[size_t(b)], lo + Tl_);
     if (r1 > r0) f(r0 - lo, r1 - r0);
   }
 }
@@ -293,14 +293,14 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.att = Att.alloc({T, H, Hd}, act_);
       a.attf = Att.alloc({Tf, Hl, Hd}, act_);
       a.lse = Att.alloc({Tf, Hl});
-      ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse);
+      ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse, doc_start_ptr());
       par_.ulysses->to_tokens(a.attf, B_, a.att);
     }
   } else if (!attention_known) {
     Arena& Att = keep_attention ? keep_ : work_;
     a.att = Att.alloc({T, H, Hd}, act_);
     a.lse = Att.alloc({T, H});
-    ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse);
+    ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse, doc_start_ptr());
   }
   a.h1 = A.alloc({Tl, D}, DType::F32);
   if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
@@ -516,10 +516,11 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dattf = W.alloc({Tf, Hl, Hd}, act_), dqf = W.alloc({Tf, Hl, Hd}, act_), dkf = W.alloc({Tf, Gl, Hd}, act_),
            dvf = W.alloc({Tf, Gl, Hd}, act_);
     par_.ulysses->to_heads_q(datt.view({T, H, Hd}), B_, dattf);
-    ops::attention_bwd(dattf, a.qf, a.kf, a.vf, a.attf, a.lse, B_, S_full_, dqf, dkf, dvf);
+    ops::attention_bwd(dattf, a.qf, a.kf, a.vf, a.attf, a.lse, B_, S_full_, dqf, dkf, dvf, doc_start_ptr());
     par_.ulysses->grads_to_tokens(dqf, dkf, dvf, B_, dqr, dkr, dv);
   } else {
-    ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv);
+    ops::attention_bwd(datt.view({T, H, Hd}), a.qr, a.kr, a.v.view({T, G, Hd}), a.att, a.lse, B_, S_, dqr, dkr, dv,
+                       doc_start_ptr());
   }
   ops::rope_bwd(dqr, pos_T_, theta);
   ops::rope_bwd(dkr, pos_T_, theta);
@@ -602,7 +603,13 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   const bool cpu = device_ == Device::CPU;
   sp_ = plan.sp > 1;
   S_full_ = plan.padded_len;
-  valid_ = plan.valid;
+  // Real tokens per local row (packed rows may end in padding of their own) and, for packed rows,
+  // where each token's document starts (whole rows: attention runs on them, also under sp).
+  row_valid_ = plan.row_valid;
+  if (row_valid_.empty()) row_valid_.assign(size_t(B_), plan.valid);  // a plan made before packing existed
+  MT_CHECK(int64_t(row_valid_.size()) == B_, "plan row_valid has ", row_valid_.size(), " rows for ", B_);
+  all_valid_ = std::all_of(row_valid_.begin(), row_valid_.end(), [&](int64_t v) { return v == S_; });
+  doc_start_ = plan.doc_start.defined() ? (cpu ? plan.doc_start : plan.doc_start.to(device_)) : Tensor();
   // All T_ rows' positions (under tp RoPE runs on the gathered rows); this rank's rows of the rest.
   pos_T_ = cpu ? plan.positions : plan.positions.to(device_);
   Tensor lab_host = Tensor::empty({T}, DType::I64);
@@ -615,8 +622,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
   // The aux loss's N: router rows of the whole real sequences of this data-parallel rank (under sequence
   // and tensor parallelism the sp and tp ranks' real tokens together; reduce_aux_stats multiplies by
-  // the data-parallel ranks only).
-  aux_rows_ = B_ * plan.seq_len * n_sparse;
+  // the data-parallel ranks only). Packed rows: their real tokens, padding excluded.
+  aux_rows_ = (plan.row_valid.empty() ? B_ * plan.seq_len : plan.real_tokens) * n_sparse;
   if (n_sparse > 0) {
     counts_E_ = keep_.zeros({E}, DType::I64);
     sums_E_ = keep_.zeros({E});

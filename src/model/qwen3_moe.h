@@ -289,10 +289,16 @@ class Qwen3MoeModel {
   int64_t B_ = 0, S_ = 0, T_ = 0;
   int64_t Tl_ = 0;               // this rank's rows: T_ / tp (T_ without tensor parallelism)
   Tensor pos_T_;                 // i32 positions of the T_ rows (the plan's)
-  // The plan's padded whole-sequence length S' (= S_ with sp 1) and the real tokens at the start of
-  // each local sequence chunk (with sp 1: the unpadded S, = S_ unless the
-  // tp remainder was padded).
-  int64_t S_full_ = 0, valid_ = 0;
+  // The plan's padded whole-sequence length S' (= S_ with sp 1), the real tokens at the start of each
+  // local row (with sp 1 and no packing: the unpadded S, = S_ unless the tp remainder was padded), and
+  // whether every local row is real.
+  int64_t S_full_ = 0;
+  std::vector<int64_t> row_valid_;
+  bool all_valid_ = true;
+  // Packed rows: each token's document start over the whole rows (BatchPlan::doc_start) on the model's
+  // device; undefined otherwise (plain causal attention, the unpacked path unchanged).
+  Tensor doc_start_;
+  const Tensor* doc_start_ptr() const { return doc_start_.defined() ? &doc_start_ : nullptr; }
   bool sp_ = false;  // this micro-batch is a sequence chunk (attention through ulysses)
   // Calls f(first_row, rows) for each run of real (not padding) local token rows.
   template <class F>

@@ -76,22 +76,24 @@ void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta) {
 }
 
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                   Tensor& out_THHd, Tensor& lse_TH) {
-  const bool cuda = on_cuda("attention_fwd", {&q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH});
+                   Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T) {
+  const bool cuda = on_cuda("attention_fwd", {&q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH, doc_start_T});
   OpScope scope("attention_fwd", cuda);
-  if (cuda) return cuda::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH);
-  return cpu::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH);
+  if (cuda) return cuda::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, doc_start_T);
+  return cpu::attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, doc_start_T);
 }
 
 void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd, Tensor& dk_TGHd,
-                   Tensor& dv_TGHd) {
-  const bool cuda = on_cuda("attention_bwd",
-                            {&dout_THHd, &q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH, &dq_THHd, &dk_TGHd, &dv_TGHd});
+                   Tensor& dv_TGHd, const Tensor* doc_start_T) {
+  const bool cuda = on_cuda("attention_bwd", {&dout_THHd, &q_THHd, &k_TGHd, &v_TGHd, &out_THHd, &lse_TH, &dq_THHd,
+                                              &dk_TGHd, &dv_TGHd, doc_start_T});
   OpScope scope("attention_bwd", cuda);
   if (cuda)
-    return cuda::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd);
-  return cpu::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd);
+    return cuda::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd,
+                               doc_start_T);
+  return cpu::attention_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd,
+                            doc_start_T);
 }
 
 void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,

@@ -65,12 +65,16 @@ void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta);  // applies th
 // q_THHd [T, H, Hd], k_TGHd/v_TGHd [T, G, Hd], H % G == 0, query head h uses kv head h / (H/G).
 // scale = 1/sqrt(Hd). out_THHd [T, H, Hd]; lse_TH [T, H] (f32) = log-sum-exp of the scaled scores
 // (saved; its values are backend-specific: the CUDA backend may keep its own statistics layout).
+// Packed rows (model/micro_batch.h): with doc_start_T (i32 [T], on the tensors' device), the query at
+// row position s sees only the keys doc_start_T[b S + s] .. s (its own document); each token's start
+// must lie in [0, s] of its row and be the same for every token of a document (the plan makes them so;
+// the CPU checks). Null: plain causal attention. CUDA: packed calls run the reference kernels.
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                   Tensor& out_THHd, Tensor& lse_TH);
+                   Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T = nullptr);
 // dq =, dk =, dv =
 void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd,
-                   Tensor& dk_TGHd, Tensor& dv_TGHd);
+                   Tensor& dk_TGHd, Tensor& dv_TGHd, const Tensor* doc_start_T = nullptr);
 
 // ---- paged KV cache (the rollout engine's decode) ----
 // A cache holds the keys and values of many sequences in slots [S, G, Hd] (slot = block × block_size +

@@ -85,13 +85,20 @@ void ParallelModel::attach(Qwen3MoeModel& model, DistContext& dist) const {
     // Under tp every rank routes rows of its own: the statistics are summed over the world. Under sp the
     // counts and sums come from every rank with other samples or other tokens (dp × sp, and × tp with
     // tp). The model's row count covers the real tokens of its whole sequences (all sp and tp ranks of
-    // its data-parallel rank together, padding excluded), so only the data-parallel ranks multiply it.
+    // its data-parallel rank together, padding excluded): the same on the group's size / dp ranks that
+    // share a data-parallel rank, so the group's sum divided by that is the sum over data-parallel
+    // ranks (packed rows give each data-parallel rank its own count).
     const int n = dist.dp_size();
     comm::Communicator* dp = tp ? dist.world() : dist.dp_sp();
     w.reduce_aux_stats = [dp, n](Tensor& counts, Tensor& sums, int64_t& rows) {
       dp->all_reduce(counts)->wait();
       dp->all_reduce(sums)->wait();
-      rows *= n;
+      Tensor r = Tensor::empty({1}, DType::I64);
+      r.data<int64_t>()[0] = rows;
+      Tensor rd = r.to(counts.device());
+      dp->all_reduce(rd)->wait();
+      device_mem::synchronize(counts.device());
+      rows = rd.to(Device::CPU).data<int64_t>()[0] / (dp->size() / n);
     };
   }
   model.attach(std::move(w));

@@ -95,8 +95,9 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   // The loss is normalised by the target tokens of the whole step, counted before any forward.
   std::vector<MicroBatch> local;
   for (const MicroBatch& mb : global) {
-    r.targets += count_target_tokens(mb.labels);
+    r.targets += count_target_tokens(mb.labels, mb.segments);
     r.tokens += mb.input_ids.numel();
+    r.real_tokens += count_real_tokens(mb.input_ids, mb.segments);
     local.push_back(local_micro_batch(mb));  // this rank's rows (and sp chunk)
   }
   if (r.targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
@@ -112,7 +113,7 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   if (!so.objective) po.ce_scale = 1.0 / double(r.targets);
   po.aux_scale = model.aux_enabled() ? so.aux_loss_coef / double(n) : 0.0;
   // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
-  po.z_loss_scale = n_sparse_ > 0 ? so.router_z_loss_coef / double(r.tokens * n_sparse_) : 0.0;
+  po.z_loss_scale = n_sparse_ > 0 ? so.router_z_loss_coef / double(r.real_tokens * n_sparse_) : 0.0;
   po.recompute = recompute_;
   model.reset_expert_load();
   double ce_sum = 0, obj_sum = 0, aux_sum = 0, z_sum = 0;
@@ -187,7 +188,7 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   r.z_sum = z_sum;
   r.aux = aux_sum / double(n);
   r.ce = ce_sum / double(r.targets);
-  r.z = n_sparse_ > 0 ? z_sum / double(r.tokens * n_sparse_) : 0.0;
+  r.z = n_sparse_ > 0 ? z_sum / double(r.real_tokens * n_sparse_) : 0.0;
   r.loss = (so.objective ? obj_sum : r.ce) + (model.aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
            so.router_z_loss_coef * r.z;
   return r;

@@ -63,6 +63,7 @@ struct StepOptions {
 // One step's results, the sums reduced over every rank (every rank gets the same values).
 struct StepResult {
   int64_t tokens = 0, targets = 0;  // of the global micro-batches
+  int64_t real_tokens = 0;          // tokens less the padding of packed rows (the z-loss's router rows)
   double ce_sum = 0;                // summed token cross-entropies (-logp on the objective path)
   double objective_sum = 0;         // the per-token objective's value (0 without one)
   double aux = 0;                   // the load-balancing loss, averaged over the micro-batches

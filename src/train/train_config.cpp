@@ -95,13 +95,23 @@ const std::vector<Field>& fields() {
        }},
       {"seed", &TrainConfig::seed, "seed of initialisation and data order",
        [](const TrainConfig& c) { return c.seed < 0 ? std::string("must be >= 0") : ""; }},
-      {"data", &TrainConfig::data, "synthetic:addition, or a token shard file or directory of *.bin shards",
+      {"data", &TrainConfig::data,
+       "synthetic:addition, a *.jsonl file of text or messages lines (tokenized, packed with document boundaries), "
+       "or a token shard file or directory of *.bin shards",
        [](const TrainConfig& c) {
          if (c.data.empty()) return std::string("must not be empty");
          if (c.data.rfind("synthetic:", 0) == 0 && c.data != "synthetic:addition")
            return std::string("the synthetic tasks are: synthetic:addition");
          return std::string();
        }},
+      {"tokenizer", &TrainConfig::tokenizer,
+       "tokenizer.json for JSONL data (\"\" = the model directory's, when it has one); copied into checkpoints",
+       [](const TrainConfig&) { return std::string(); }},
+      {"data_format", &TrainConfig::data_format, "JSONL data: auto (per line: messages or text) | text | messages",
+       [](const TrainConfig& c) { return one_of(c.data_format, {"auto", "text", "messages"}); }},
+      {"bad_lines", &TrainConfig::bad_lines,
+       "JSONL data: skip (count malformed lines, report them with line numbers, skip them) | fail (stop at the first)",
+       [](const TrainConfig& c) { return one_of(c.bad_lines, {"skip", "fail"}); }},
       {"max_digits", &TrainConfig::max_digits, "synthetic addition: operands have 1..max_digits digits",
        [](const TrainConfig& c) {
          return c.max_digits >= 1 && c.max_digits <= kMaxAdditionDigits ? ""

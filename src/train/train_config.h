@@ -34,7 +34,10 @@ struct TrainConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // max global grad norm; 0 = off
   int64_t seed = 1234;
-  std::string data = "synthetic:addition";  // "synthetic:addition" or a token shard file / directory
+  std::string data = "synthetic:addition";  // "synthetic:addition", a *.jsonl file, or a token shard file / directory
+  std::string tokenizer = "";               // JSONL data: tokenizer.json ("" = the model directory's)
+  std::string data_format = "auto";         // JSONL data: auto | text | messages
+  std::string bad_lines = "skip";           // JSONL data: skip | fail on malformed lines
   int64_t max_digits = 3;                   // synthetic addition operands have 1..max_digits digits
   int64_t eval_problems = 200;              // held-out problems for exact-match evaluation (synthetic data)
   int64_t eval_every = 500;                 // steps between evaluations; 0 = only at the end

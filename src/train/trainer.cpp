@@ -152,8 +152,16 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_info("router bias: read ", kRouterBiasFile, " from ", cfg.init_from,
                dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
   }
+  // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json.
+  DataOptions data_opt;
+  data_opt.tokenizer = cfg.tokenizer;
+  if (data_opt.tokenizer.empty() && fs::is_regular_file(fs::path(cfg.model) / "tokenizer.json"))
+    data_opt.tokenizer = (fs::path(cfg.model) / "tokenizer.json").string();
+  data_opt.data_format = cfg.data_format;
+  data_opt.bad_lines = cfg.bad_lines;
+  data_opt.eos_id = mc.eos_token_id;
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
-                                                        int(cfg.max_digits), uint64_t(cfg.seed));
+                                                        int(cfg.max_digits), uint64_t(cfg.seed), data_opt);
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
   std::vector<Problem> eval_set;
   // Greedy evaluation grows sequences one token at a time, which the tp split of the rows does not
@@ -235,6 +243,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
       if (device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
     }
     if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
+    if (lead && !data_opt.tokenizer.empty())  // a complete HF directory: the next run (sft, generate) reads it
+      fs::copy_file(data_opt.tokenizer, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
     sum.checkpoint_dir = dir;
     log0("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");
   };
@@ -253,6 +263,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     for (int64_t m = 0; m < cfg.grad_accum; ++m) {
       Batch b = data->next();
       batches.emplace_back(b.input_ids, b.labels);
+      batches.back().segments = b.segments;  // packed rows: their document boundaries
     }
     const double t_data = seconds_since(td);
     so.lr = lr_at(lrp, step);

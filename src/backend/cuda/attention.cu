@@ -18,6 +18,8 @@
 // (H*S, S, 1, 1) in [B, H, S] order.
 // One cuDNN handle per process, bound to mt::cuda::stream(); one workspace buffer that grows to
 // the largest graph's need (growing synchronises the stream once, when a new shape is decided).
+// Packed rows (doc_start_T, several documents per row) run the reference kernels with the document
+// mask, statistics [T, H]; cuDNN's ragged (THD) layout would make them fast and is not wired up yet.
 #include <cudnn.h>
 
 #include <cmath>
@@ -303,11 +305,15 @@ AttentionPlanInfo attention_plan_info(int64_t B, int64_t S, int64_t H, int64_t G
 }
 
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                   Tensor& out_THHd, Tensor& lse_TH) {
+                   Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T) {
   const detail::AttnDims d = detail::check_attention_inputs(q_THHd, k_TGHd, v_TGHd, B, S, "attention_fwd");
   check_cuda(out_THHd, DType::BF16, {d.T, d.H, d.Hd}, "attention_fwd out_THHd");
   check_cuda(lse_TH, DType::F32, {d.T, d.H}, "attention_fwd lse_TH");
   if (d.T == 0) return;
+  if (doc_start_T) {  // packed rows: the reference kernels (cuDNN's ragged layout is not wired up yet)
+    attention_ref_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, StatsLayout::TH, doc_start_T);
+    return;
+  }
   const ShapeKey key{B, S, d.H, d.G, d.Hd};
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -324,7 +330,7 @@ void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_T
 
 void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd, Tensor& dk_TGHd,
-                   Tensor& dv_TGHd) {
+                   Tensor& dv_TGHd, const Tensor* doc_start_T) {
   const detail::AttnDims d = detail::check_attention_inputs(q_THHd, k_TGHd, v_TGHd, B, S, "attention_bwd");
   const Shape q_shape{d.T, d.H, d.Hd}, kv_shape{d.T, d.G, d.Hd};
   check_cuda(dout_THHd, DType::BF16, q_shape, "attention_bwd dout_THHd");
@@ -334,6 +340,11 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
   check_cuda(dk_TGHd, DType::BF16, kv_shape, "attention_bwd dk_TGHd");
   check_cuda(dv_TGHd, DType::BF16, kv_shape, "attention_bwd dv_TGHd");
   if (d.T == 0) return;
+  if (doc_start_T) {  // packed rows: the forward ran the reference kernels with [T, H] statistics
+    attention_ref_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd,
+                      StatsLayout::TH, doc_start_T);
+    return;
+  }
   const ShapeKey key{B, S, d.H, d.G, d.Hd};
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);

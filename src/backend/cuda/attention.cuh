@@ -39,12 +39,15 @@ AttentionPlanInfo attention_plan_info(int64_t B, int64_t S, int64_t H, int64_t G
 
 // Reference kernels, same arguments and contracts as attention_fwd/bwd (bf16 q, k, v, out, dout,
 // dq, dk, dv; f32 lse), with the statistics in `stats` order. f32 math throughout; deterministic
-// (no atomics). Correct for any Hd; meant for tests, small shapes and as the fallback.
+// (no atomics). Correct for any Hd; meant for tests, small shapes and as the fallback. doc_start_T:
+// packed rows (ops.h), i32 [T] on CUDA; the packed path of attention_fwd/bwd (cuDNN is not used there).
 void attention_ref_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                       Tensor& out_THHd, Tensor& lse_TH, StatsLayout stats = StatsLayout::TH);
+                       Tensor& out_THHd, Tensor& lse_TH, StatsLayout stats = StatsLayout::TH,
+                       const Tensor* doc_start_T = nullptr);
 void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                        const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd,
-                       Tensor& dk_TGHd, Tensor& dv_TGHd, StatsLayout stats = StatsLayout::TH);
+                       Tensor& dk_TGHd, Tensor& dv_TGHd, StatsLayout stats = StatsLayout::TH,
+                       const Tensor* doc_start_T = nullptr);
 
 namespace detail {
 using AttnDims = ops::AttentionDims;

@@ -14,6 +14,9 @@
 // reproducible and dk/dv need no f32 temporaries. Scores are computed by one warp per key (lanes
 // over Hd, coalesced); the value/query sums by threads over Hd with the tile's weights in shared
 // memory. Any Hd works (shared memory holds a few rows of Hd floats).
+// Packed rows: with `first` (i32 [T], the document start of each token, ops.h's doc_start_T) query i
+// sees keys first[i] .. i, and key j is seen by the queries of its document from j on (starts are
+// non-decreasing along a row, so the first query past j whose start exceeds j ends the scan).
 #include <cmath>
 
 #include "backend/cuda/attention.cuh"
@@ -51,7 +54,7 @@ __device__ __forceinline__ float warp_dot(const float* x, const bf16* y, int Hd,
 __global__ void __launch_bounds__(kThreads)
     attn_ref_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
                         bf16* __restrict__ out, float* __restrict__ lse, int64_t S, int H, int G, int Hd, float scale,
-                        LseIndex li) {
+                        LseIndex li, const int32_t* __restrict__ first) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* acc = qs + Hd;
@@ -66,6 +69,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* qrow = q + (t * H + h) * Hd;
   const bf16* kb = k + b * S * ldk + int64_t(g) * Hd;  // key j of this sequence and kv head: kb + j * ldk
   const bf16* vb = v + b * S * ldk + int64_t(g) * Hd;
+  const int64_t j_lo = first ? int64_t(first[t]) : 0;  // the first key this query sees
   for (int d = tid; d < Hd; d += kThreads) {
     qs[d] = __bfloat162float(qrow[d]);
     acc[d] = 0.0f;
@@ -74,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // Pass 1: running max m and sum l of exp(s - m) per warp, then merged across warps.
   float m = -INFINITY, l = 0.0f;
-  for (int64_t j = warp; j <= i; j += kWarps) {
+  for (int64_t j = j_lo + warp; j <= i; j += kWarps) {
     const float s = warp_dot(qs, kb + j * ldk, Hd, lane) * scale;
     if (s > m) {
       l = l * expf(m - s) + 1.0f;
@@ -88,14 +92,14 @@ __global__ void __launch_bounds__(kThreads)
     red[kWarps + warp] = l;
   }
   __syncthreads();
-  float mx = red[0];  // finite: warp 0 saw key 0
+  float mx = red[0];  // finite: warp 0 saw key j_lo
   for (int w = 1; w < kWarps; ++w) mx = fmaxf(mx, red[w]);
   float sum = 0.0f;
   for (int w = 0; w < kWarps; ++w) sum += red[kWarps + w] * expf(red[w] - mx);  // empty warps: 0 * 0
   const float lse_i = mx + logf(sum);
 
   // Pass 2: out = sum_j exp(s_j - lse) v_j, a tile of keys at a time.
-  for (int64_t j0 = 0; j0 <= i; j0 += kTile) {
+  for (int64_t j0 = j_lo; j0 <= i; j0 += kTile) {
     for (int jj = warp; jj < kTile; jj += kWarps) {
       const int64_t j = j0 + jj;
       float pj = 0.0f;
@@ -134,7 +138,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     attn_ref_dq_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                        const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
-                       bf16* __restrict__ dq, int64_t S, int H, int G, int Hd, float scale, LseIndex li) {
+                       bf16* __restrict__ dq, int64_t S, int H, int G, int Hd, float scale, LseIndex li,
+                       const int32_t* __restrict__ first) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* dos = qs + Hd;
@@ -156,7 +161,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float lse_i = lse[li.at(b, i, h)];
   const float D = delta[t * H + h];
-  for (int64_t j0 = 0; j0 <= i; j0 += kTile) {
+  for (int64_t j0 = first ? int64_t(first[t]) : 0; j0 <= i; j0 += kTile) {
     for (int jj = warp; jj < kTile; jj += kWarps) {
       const int64_t j = j0 + jj;
       float dsj = 0.0f;
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(kThreads)
     attn_ref_dkdv_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ q, const bf16* __restrict__ k,
                          const bf16* __restrict__ v, const float* __restrict__ lse, const float* __restrict__ delta,
                          bf16* __restrict__ dk, bf16* __restrict__ dv, int64_t S, int H, int G, int Hd, float scale,
-                         LseIndex li) {
+                         LseIndex li, const int32_t* __restrict__ first) {
   extern __shared__ float smem[];
   float* ks = smem;
   float* vs = ks + Hd;
@@ -208,11 +213,12 @@ __global__ void __launch_bounds__(kThreads)
     const int h = g * group + hh;
     const bf16* qb = q + b * S * ldq + int64_t(h) * Hd;  // query i of this sequence and head: qb + i * ldq
     const bf16* dob = dout + b * S * ldq + int64_t(h) * Hd;
-    for (int64_t i0 = j; i0 < S; i0 += kTile) {
+    // Queries of key j's document: from j while their start is <= j (past it, another document).
+    for (int64_t i0 = j; i0 < S && !(first && first[b * S + i0] > j); i0 += kTile) {
       for (int ii = warp; ii < kTile; ii += kWarps) {
         const int64_t i = i0 + ii;
         float pi = 0.0f, dsi = 0.0f;
-        if (i < S) {
+        if (i < S && !(first && first[b * S + i] > j)) {
           pi = expf(warp_dot(ks, qb + i * ldq, Hd, lane) * scale - lse[li.at(b, i, h)]);
           dsi = pi * (warp_dot(vs, dob + i * ldq, Hd, lane) - delta[(b * S + i) * H + h]);
         }
@@ -269,24 +275,32 @@ AttnDims check_attention_inputs(const Tensor& q_THHd, const Tensor& k_TGHd, cons
 }
 }  // namespace detail
 
+// The document starts of packed rows as a device pointer (null without), checked: i32 [T] on CUDA.
+const int32_t* first_keys(const Tensor* doc_start_T, int64_t T, const char* op) {
+  if (!doc_start_T || !doc_start_T->defined()) return nullptr;
+  check_cuda(*doc_start_T, DType::I32, {T}, str(op, " doc_start_T").c_str());
+  return doc_start_T->data<int32_t>();
+}
+
 void attention_ref_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                       Tensor& out_THHd, Tensor& lse_TH, StatsLayout stats) {
+                       Tensor& out_THHd, Tensor& lse_TH, StatsLayout stats, const Tensor* doc_start_T) {
   const char* op = "attention_ref_fwd";
   const detail::AttnDims d = detail::check_attention_inputs(q_THHd, k_TGHd, v_TGHd, B, S, op);
   check_cuda(out_THHd, DType::BF16, {d.T, d.H, d.Hd}, "attention_ref_fwd out_THHd");
   check_cuda(lse_TH, DType::F32, {d.T, d.H}, "attention_ref_fwd lse_TH");
+  const int32_t* first = first_keys(doc_start_T, d.T, op);
   if (d.T == 0) return;
   const size_t smem = smem_bytes(2 * d.Hd + kTile + 2 * kWarps, op, d.Hd);
   attn_ref_fwd_kernel<<<grid_of(d.T * d.H, op), kThreads, smem, stream()>>>(
       static_cast<const bf16*>(q_THHd.raw()), static_cast<const bf16*>(k_TGHd.raw()),
       static_cast<const bf16*>(v_TGHd.raw()), static_cast<bf16*>(out_THHd.raw()), lse_TH.data<float>(), S, int(d.H),
-      int(d.G), int(d.Hd), attention_scale(d.Hd), lse_index(stats, S, d.H));
+      int(d.G), int(d.Hd), attention_scale(d.Hd), lse_index(stats, S, d.H), first);
   MT_CUDA_LAUNCH_CHECK(op);
 }
 
 void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                        const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd,
-                       Tensor& dk_TGHd, Tensor& dv_TGHd, StatsLayout stats) {
+                       Tensor& dk_TGHd, Tensor& dv_TGHd, StatsLayout stats, const Tensor* doc_start_T) {
   const char* op = "attention_ref_bwd";
   const detail::AttnDims d = detail::check_attention_inputs(q_THHd, k_TGHd, v_TGHd, B, S, op);
   const Shape q_shape{d.T, d.H, d.Hd}, kv_shape{d.T, d.G, d.Hd};
@@ -296,6 +310,7 @@ void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tens
   check_cuda(dq_THHd, DType::BF16, q_shape, "attention_ref_bwd dq_THHd");
   check_cuda(dk_TGHd, DType::BF16, kv_shape, "attention_ref_bwd dk_TGHd");
   check_cuda(dv_TGHd, DType::BF16, kv_shape, "attention_ref_bwd dv_TGHd");
+  const int32_t* first = first_keys(doc_start_T, d.T, op);
   if (d.T == 0) return;
   const float scale = attention_scale(d.Hd);
   const LseIndex li = lse_index(stats, S, d.H);
@@ -313,12 +328,13 @@ void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tens
   const size_t smem_dq = smem_bytes(3 * d.Hd + kTile, op, d.Hd);
   attn_ref_dq_kernel<<<grid_of(d.T * d.H, op), kThreads, smem_dq, stream()>>>(dout, q, k, v, lse, delta.data<float>(),
                                                                               static_cast<bf16*>(dq_THHd.raw()), S,
-                                                                              int(d.H), int(d.G), int(d.Hd), scale, li);
+                                                                              int(d.H), int(d.G), int(d.Hd), scale, li,
+                                                                              first);
   MT_CUDA_LAUNCH_CHECK(op);
   const size_t smem_kv = smem_bytes(4 * d.Hd + 2 * kTile, op, d.Hd);
   attn_ref_dkdv_kernel<<<grid_of(d.T * d.G, op), kThreads, smem_kv, stream()>>>(
       dout, q, k, v, lse, delta.data<float>(), static_cast<bf16*>(dk_TGHd.raw()), static_cast<bf16*>(dv_TGHd.raw()), S,
-      int(d.H), int(d.G), int(d.Hd), scale, li);
+      int(d.H), int(d.G), int(d.Hd), scale, li, first);
   MT_CUDA_LAUNCH_CHECK(op);
 }
 

@@ -37,12 +37,12 @@ void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta) {
   no_cuda("rope_bwd");
 }
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                   Tensor& out_THHd, Tensor& lse_TH) {
+                   Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T) {
   no_cuda("attention_fwd");
 }
 void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd,
                    const Tensor& out_THHd, const Tensor& lse_TH, int64_t B, int64_t S, Tensor& dq_THHd, Tensor& dk_TGHd,
-                   Tensor& dv_TGHd) {
+                   Tensor& dv_TGHd, const Tensor* doc_start_T) {
   no_cuda("attention_bwd");
 }
 void kv_cache_write(const Tensor& k_NGD, const Tensor& v_NGD, const Tensor& slot_N, Tensor& k_cache_SGD,
