@@ -42,6 +42,52 @@ std::vector<double> grpo_advantages(std::span<const double> rewards, int64_t G, 
   return a;
 }
 
+namespace {
+// The step rewards of a group pooled, checked.
+void check_step_groups(const std::vector<std::vector<double>>& r, int64_t G, const char* what) {
+  if (G < 2) MT_THROW(what, ": group size ", G, " < 2; a group baseline needs at least two samples per prompt (--n)");
+  if (r.empty() || int64_t(r.size()) % G != 0)
+    MT_THROW(what, ": ", r.size(), " samples are not a whole number of groups of ", G);
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i].empty()) MT_THROW(what, ": sample ", i, " has no step reward; each needs one per step");
+    for (size_t t = 0; t < r[i].size(); ++t)
+      if (!std::isfinite(r[i][t])) MT_THROW(what, ": step ", t, " of sample ", i, " has reward ", r[i][t]);
+  }
+}
+}  // namespace
+
+std::vector<std::vector<double>> process_advantages(const std::vector<std::vector<double>>& r, int64_t G,
+                                                    bool normalize_std, double eps) {
+  check_step_groups(r, G, "process_advantages");
+  std::vector<std::vector<double>> a(r.size());
+  for (size_t g = 0; g < r.size(); g += size_t(G)) {
+    std::vector<double> pooled;
+    for (size_t i = g; i < g + size_t(G); ++i) pooled.insert(pooled.end(), r[i].begin(), r[i].end());
+    const double m = mean(pooled), s = normalize_std && pooled.size() > 1 ? unbiased_std(pooled, m) + eps : 1.0;
+    for (size_t i = g; i < g + size_t(G); ++i) {
+      a[i].assign(r[i].size(), 0.0);
+      double later = 0;
+      for (size_t t = r[i].size(); t-- > 0;) {
+        later += (r[i][t] - m) / s;
+        a[i][t] = later;
+      }
+    }
+  }
+  return a;
+}
+
+std::vector<bool> constant_step_groups(const std::vector<std::vector<double>>& r, int64_t G) {
+  check_step_groups(r, G, "constant_step_groups");
+  std::vector<bool> c;
+  for (size_t g = 0; g < r.size(); g += size_t(G)) {
+    bool same = true;
+    for (size_t i = g; i < g + size_t(G) && same; ++i)
+      for (double v : r[i]) same = same && v == r[g][0];
+    c.push_back(same);
+  }
+  return c;
+}
+
 std::vector<double> rloo_advantages(std::span<const double> rewards, int64_t G) {
   check_groups(rewards, G, "rloo_advantages");
   std::vector<double> a(rewards.size());

@@ -7,6 +7,11 @@
 //   Dr. GRPO      A_i = r_i - mean_g (no std normalisation: GRPO with normalize_std = false);
 //   RLOO          A_i = r_i - mean of the other G - 1 rewards of the group = G / (G - 1) (r_i - mean_g);
 //   REINFORCE++   A_i = (r_i - mean_batch) / (std_batch + eps) over the whole batch (no groups).
+// Process supervision (DeepSeekMath, Shao et al. 2024, section 4.1.3): a reward per step (here per response
+// token) r_{i,t}; the group's step rewards, pooled over all its samples and steps, are normalised
+// r~ = (r - mean) / (std + eps) (std unbiased; Dr.-GRPO style without the division when normalize_std is
+// false), and a token's advantage is the sum of the normalised rewards of its step and the later ones:
+// A_{i,t} = sum_{s >= t} r~_{i,s}.
 // GAE(gamma, lambda) with a critic works per token of one response: delta_t = r_t + gamma V_{t+1} - V_t
 // (V after the last token is 0: the response ended), A_t = delta_t + gamma lambda A_{t+1}, returns
 // R_t = A_t + V_t (the critic's targets).
@@ -23,6 +28,11 @@ std::vector<double> grpo_advantages(std::span<const double> rewards, int64_t gro
                                     double eps = 1e-6);
 std::vector<double> rloo_advantages(std::span<const double> rewards, int64_t group_size);
 std::vector<double> batch_normalized_advantages(std::span<const double> rewards, double eps = 1e-6);
+
+std::vector<std::vector<double>> process_advantages(const std::vector<std::vector<double>>& step_rewards,
+                                                    int64_t group_size, bool normalize_std, double eps = 1e-6);
+// Per group: whether every step reward of every sample is the same value (all normalised rewards 0).
+std::vector<bool> constant_step_groups(const std::vector<std::vector<double>>& step_rewards, int64_t group_size);
 
 struct Gae {
   std::vector<double> advantages, returns;

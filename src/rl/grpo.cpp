@@ -23,8 +23,9 @@ double since(Clock::time_point t) {
 // One kept sample and what the update needs of it.
 struct Kept {
   RolloutSample s;
-  double advantage = 0;
-  bool filtered = false;  // overlong filtering: token weight 0
+  std::vector<double> step_rewards;  // process supervision
+  std::vector<double> advantage;     // per response token
+  bool filtered = false;             // overlong filtering: token weight 0
 };
 
 // A micro-batch of the update: its samples packed, their per-token values set.
@@ -129,16 +130,32 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     }
     samples_seen += int64_t(gen.size());
     for (int64_t g = 0; g < groups; ++g) {
-      bool any = false;
-      for (int64_t j = 0; j < n; ++j) any = any || rewards[size_t(g * n + j)] > 0;
+      bool any = false, correct = false;
+      for (int64_t j = 0; j < n; ++j) {
+        any = any || rewards[size_t(g * n + j)] > 0;
+        correct = correct || rewards[size_t(g * n + j)] >= o.correct_reward;
+      }
       m.groups_with_reward += any;
+      m.groups_correct += correct;
     }
     // Shaping, then which groups carry a gradient.
     if (o.overlong_penalty > 0)
       for (size_t i = 0; i < gen.size(); ++i)
         rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
                                             o.overlong_penalty);
-    const std::vector<bool> constant = constant_groups(rewards, n);
+    std::vector<std::vector<double>> steps;
+    if (o.token_reward) {
+      t = Clock::now();
+      steps = o.token_reward(reqs, gen);
+      m.reward_s += since(t);
+      if (steps.size() != gen.size())
+        MT_THROW("grpo: ", steps.size(), " token reward rows for ", gen.size(), " samples");
+      for (size_t i = 0; i < gen.size(); ++i)
+        if (steps[i].size() != gen[i].tokens.size())
+          MT_THROW("grpo: sample ", i, " has ", gen[i].tokens.size(), " tokens and ", steps[i].size(),
+                   " token rewards");
+    }
+    const std::vector<bool> constant = o.token_reward ? constant_step_groups(steps, n) : constant_groups(rewards, n);
     for (int64_t g = 0; g < groups; ++g) {
       m.groups_zero_variance += constant[size_t(g)];
       if ((o.dynamic_sampling && constant[size_t(g)]) || m.groups_kept >= groups) continue;
@@ -152,6 +169,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
         Kept k;
         k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
         k.filtered = o.overlong_filter && x.finish_reason == "length";
+        if (o.token_reward) k.step_rewards = steps[i];
         kept.push_back(std::move(k));
         kept_rewards.push_back(rewards[i]);
       }
@@ -163,6 +181,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   m.response_len_mean = len_sum / double(samples_seen);
   m.overlong_fraction /= double(samples_seen);
   m.groups_with_reward /= double(m.groups_generated);
+  m.groups_correct /= double(m.groups_generated);
   m.groups_zero_variance /= double(m.groups_generated);
   m.rollout_tokens_per_s = m.generate_s > 0 ? double(gen_tokens) / m.generate_s : 0;
   if (kept.empty()) {
@@ -172,8 +191,15 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   }
 
   // 2. Advantages, per kept group.
-  const std::vector<double> adv = grpo_advantages(kept_rewards, n, o.normalize_std);
-  for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
+  if (o.token_reward) {
+    std::vector<std::vector<double>> steps;
+    for (const Kept& k : kept) steps.push_back(k.step_rewards);
+    const std::vector<std::vector<double>> adv = process_advantages(steps, n, o.normalize_std);
+    for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
+  } else {
+    const std::vector<double> adv = grpo_advantages(kept_rewards, n, o.normalize_std);
+    for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage.assign(kept[i].s.response.size(), adv[i]);
+  }
 
   // 3. Mini-batches of whole groups, micro-batches of samples; each packed once, and the old (and
   //    reference) log-probs computed before the first epoch.
@@ -230,11 +256,11 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
           m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
           ent_sum += ent[k][size_t(j)];
           if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
-          adv_sum += x.advantage;
-          adv_sq += x.advantage * x.advantage;
+          adv_sum += x.advantage[size_t(j)];
+          adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
         }
         tokens_all += len;
-        adv_t.emplace_back(size_t(len), float(x.advantage));
+        adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
         const double w = x.filtered ? 0.0
                                     : aggregation_norm(o.aggregation, len, std::max<int64_t>(mb_tokens, 1),
                                                        std::max<int64_t>(mb_samples, 1), double(o.max_new_tokens));

@@ -19,17 +19,26 @@
 
 namespace mt::rl {
 
+// Process rewards: one per response token of every sample of one generate round (the engine's order).
+using TokenRewardFn = std::function<std::vector<std::vector<double>>(const std::vector<GenerateRequest>&,
+                                                                     const std::vector<GeneratedSample>&)>;
+
 struct GrpoOptions {
   int64_t n = 4;  // samples per prompt (>= 2)
   int64_t max_new_tokens = 16;
   SamplingParams sampling;  // temperature > 0 (the trainer's log-probs use the same T); seed set per prompt
   std::vector<int32_t> stop_token_ids;
   bool normalize_std = true;  // false: Dr. GRPO
-  PolicyLossConfig loss;      // kl_coef > 0 needs the reference session
+  // Process supervision (advantages.h, process_advantages): a reward per response token, in the engine's
+  // order. Set: token advantages from these (the outcome reward still gives the reward metrics), and a
+  // group is "zero variance" for dynamic sampling when all its step rewards are equal. Empty: outcome GRPO.
+  TokenRewardFn token_reward;
+  PolicyLossConfig loss;  // kl_coef > 0 needs the reference session
   LossAggregation aggregation = LossAggregation::TokenMean;
   double lr = 1e-3;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose
   uint64_t seed = 0;
+  double correct_reward = 1.0;  // a sample whose reward reaches this counts as correct (metrics only)
   // Dynamic sampling (DAPO): keep only groups whose rewards are not all equal and draw `groups` more
   // prompts per round until the step has `groups` of them, at most max_generate_rounds rounds (then the
   // step trains on what it has; with none, the update is skipped).
@@ -51,7 +60,9 @@ void validate(const GrpoOptions& o);  // errors name the field, its value and wh
 struct GrpoMetrics {
   // Over every sample generated this step (all rounds), before filtering.
   double reward_mean = 0, reward_std = 0, reward_max = 0;
-  double groups_with_reward = 0, groups_zero_variance = 0;  // fractions: a sample with reward > 0; all equal
+  // Fractions of the groups: with a sample of reward > 0; with a correct sample (reward >= correct_reward);
+  // whose rewards are all equal.
+  double groups_with_reward = 0, groups_correct = 0, groups_zero_variance = 0;
   double response_len_mean = 0, response_len_max = 0;
   double overlong_fraction = 0;  // samples cut at max_new_tokens
   int64_t generate_rounds = 0, groups_generated = 0, groups_kept = 0;

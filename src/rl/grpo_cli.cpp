@@ -38,14 +38,19 @@ const char* kUsage =
     "  --steps N                 GRPO steps (default 40)\n"
     "  --prompts-per-step P      groups per step (default 16)\n"
     "  --n G                     samples per prompt (>= 2, default 8)\n"
-    "  --min-digits D            operands have D..max digits (default 4)\n"
+    "  --min-digits D            operands have D..max digits (default 1)\n"
     "  --max-digits D            (default 4; the demo is trained on 1..3)\n"
+    "  --longest on|off          on: at least one operand has max digits (default on)\n"
     "  --algorithm A             grpo | dr-grpo (no std division) (default grpo)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
     "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
+    "  --reward digits|prefix|exact   the share of answer positions right, of the answer right before the first\n"
+    "                            mistake, or 1/0 for an exact answer (default digits)\n"
+    "  --advantage outcome|process   one reward per sample, or one per answer token (right digit: 1) with\n"
+    "                            DeepSeekMath's process-supervised GRPO advantages (default outcome)\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
@@ -76,12 +81,15 @@ int64_t operand(Rng& rng, int lo, int hi) {
 }
 
 // The task's problems: training never draws a held-out pair (synthetic.h's split), evaluation only those.
+// longest: at least one operand has `hi` digits (the problems a model trained on shorter ones fails).
 struct Task {
-  int lo = 4, hi = 4;
+  int lo = 1, hi = 4;
+  bool longest = true;
+  bool wanted(int64_t a, int64_t b) const { return !longest || std::max(a, b) >= pow10(hi - 1); }
   Problem train(Rng& rng) const {
     for (;;) {
       const int64_t a = operand(rng, lo, hi), b = operand(rng, lo, hi);
-      if (!is_eval_pair(a, b)) return make_addition_problem(a, b);
+      if (!is_eval_pair(a, b) && wanted(a, b)) return make_addition_problem(a, b);
     }
   }
   std::vector<Problem> eval(int64_t n, uint64_t seed) const {
@@ -93,7 +101,7 @@ struct Task {
         MT_THROW("grpo: could not draw ", n, " distinct held-out problems with ", lo, "..", hi,
                  "-digit operands; ask for fewer (--eval-problems)");
       const int64_t a = operand(rng, lo, hi), b = operand(rng, lo, hi);
-      if (is_eval_pair(a, b) && seen.insert({a, b}).second) out.push_back(make_addition_problem(a, b));
+      if (is_eval_pair(a, b) && wanted(a, b) && seen.insert({a, b}).second) out.push_back(make_addition_problem(a, b));
     }
     return out;
   }
@@ -114,6 +122,27 @@ double exact_match(RolloutEngine& engine, const std::vector<Problem>& problems, 
   for (const GeneratedSample& g : out)
     correct += check_answer(problems[size_t(g.prompt_index)], std::vector<int64_t>(g.tokens.begin(), g.tokens.end()));
   return 100.0 * double(correct) / double(problems.size());
+}
+
+// The reward of a response. exact: 1 or 0. prefix: the share of the answer (digits, then <eos>) right
+// before the first mistake. digits: the share of the answer's positions the response gets right (a 4-digit
+// sum with a wrong tens digit scores 5/6 rather than 0), so groups on problems the model never solves
+// still differ. An exact answer scores 1 under each, and only an exact answer does.
+enum class Reward { Exact, Prefix, Digits };
+double answer_reward(const Problem& p, const std::vector<int32_t>& tokens, Reward kind) {
+  if (kind == Reward::Exact) return check_answer(p, std::vector<int64_t>(tokens.begin(), tokens.end())) ? 1.0 : 0.0;
+  size_t k = 0, right = 0;
+  while (k < p.answer_ids.size() && k < tokens.size() && int64_t(tokens[k]) == p.answer_ids[k]) ++k;
+  for (size_t i = 0; i < p.answer_ids.size() && i < tokens.size(); ++i) right += int64_t(tokens[i]) == p.answer_ids[i];
+  return double(kind == Reward::Prefix ? k : right) / double(p.answer_ids.size());
+}
+
+// Process rewards: 1 for each response token equal to the answer's token at its position, else 0 (the
+// digits reward spread over the tokens).
+std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int32_t>& tokens) {
+  std::vector<double> r(tokens.size(), 0.0);
+  for (size_t i = 0; i < tokens.size() && i < p.answer_ids.size(); ++i) r[i] = int64_t(tokens[i]) == p.answer_ids[i];
+  return r;
 }
 
 bool parse_on_off(const std::string& flag, const std::string& v) {
@@ -147,6 +176,8 @@ int grpo_main(const std::vector<std::string>& args) {
   double sft_seconds = 0;
   Task task;
   bool use_reference = true;
+  Reward reward_kind = Reward::Digits;
+  bool process = false;
   rl::GrpoOptions o;
   o.n = 8;
   o.lr = 2e-4;
@@ -182,6 +213,26 @@ int grpo_main(const std::vector<std::string>& args) {
         o.normalize_std = false;
       else
         MT_THROW("grpo: --algorithm '", v, "' is unknown; use grpo or dr-grpo");
+    } else if (a == "--longest") {
+      task.longest = parse_on_off(a, value());
+    } else if (a == "--reward") {
+      const std::string v = value();
+      if (v == "exact")
+        reward_kind = Reward::Exact;
+      else if (v == "prefix")
+        reward_kind = Reward::Prefix;
+      else if (v == "digits")
+        reward_kind = Reward::Digits;
+      else
+        MT_THROW("grpo: --reward '", v, "' is unknown; use digits, prefix or exact");
+    } else if (a == "--advantage") {
+      const std::string v = value();
+      if (v == "outcome")
+        process = false;
+      else if (v == "process")
+        process = true;
+      else
+        MT_THROW("grpo: --advantage '", v, "' is unknown; use outcome or process");
     } else if (a == "--loss")
       o.loss.kind = rl::parse_policy_loss(value());
     else if (a == "--lr")
@@ -305,8 +356,8 @@ int grpo_main(const std::vector<std::string>& args) {
 
   const std::vector<Problem> eval = task.eval(eval_n, uint64_t(seed) + 7);
   const double before = exact_match(engine, eval, task.hi);
-  const std::string task_text =
-      "addition, operands of " + std::to_string(task.lo) + ".." + std::to_string(task.hi) + " digits";
+  const std::string task_text = "addition, operands of " + std::to_string(task.lo) + ".." + std::to_string(task.hi) +
+                                " digits" + (task.longest ? ", at least one of " + std::to_string(task.hi) : "");
   std::filesystem::create_directories(out_dir);
   MetricsWriter metrics(out_dir + "/metrics.jsonl", true);  // and a TensorBoard event file beside it
   Rng rng{uint64_t(seed)};
@@ -352,12 +403,16 @@ int grpo_main(const std::vector<std::string>& args) {
     const rl::RewardFn exact = [&](const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& g) {
       std::vector<double> r;
       for (const GeneratedSample& x : g)
-        r.push_back(check_answer(problems.at(reqs[size_t(x.prompt_index)].prompt),
-                                 std::vector<int64_t>(x.tokens.begin(), x.tokens.end()))
-                        ? 1.0
-                        : 0.0);
+        r.push_back(answer_reward(problems.at(reqs[size_t(x.prompt_index)].prompt), x.tokens, reward_kind));
       return r;
     };
+    if (process)
+      o.token_reward = [&](const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& g) {
+        std::vector<std::vector<double>> r;
+        for (const GeneratedSample& x : g)
+          r.push_back(answer_token_rewards(problems.at(reqs[size_t(x.prompt_index)].prompt), x.tokens));
+        return r;
+      };
     o.seed = uint64_t(seed);
     for (int64_t step = 1; step <= steps; ++step) {
       rl::GrpoOptions os = o;
@@ -365,7 +420,7 @@ int grpo_main(const std::vector<std::string>& args) {
       const rl::GrpoMetrics m = rl::grpo_step(session, engine, draw, per_step, exact, os, step, reference.get());
       const double eta = elapsed() / double(step) * double(steps - step);
       log_info("grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (groups with a correct sample ",
-               m.groups_with_reward, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
+               m.groups_correct, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
                m.groups_generated, " in ", m.generate_rounds, " rounds) loss ", m.loss, " grad norm ", m.grad_norm,
                " kl(ref) ", m.ref_kl, " | generate ", m.generate_s, " s, log-probs ", m.logprob_s + m.ref_logprob_s,
                " s, update ", m.update_s, " s | ETA ", std::round(eta), " s");
@@ -375,6 +430,7 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"reward_std", m.reward_std},
                                    {"reward_max", m.reward_max},
                                    {"groups_with_reward", m.groups_with_reward},
+                                   {"groups_correct", m.groups_correct},
                                    {"groups_zero_variance", m.groups_zero_variance},
                                    {"generate_rounds", m.generate_rounds},
                                    {"groups_generated", m.groups_generated},

@@ -28,7 +28,7 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
                         "\"reward_std\"",
                         "\"reward_max\"",
                         "\"groups_with_reward\"",
-                        "\"groups_zero_variance\"",
+                        "\"groups_zero_variance\"", "\"groups_correct\"",
                         "\"response_len_mean\"",
                         "\"response_len_max\"",
                         "\"clip_low\"",
@@ -95,6 +95,9 @@ TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {
   r = sh(kMoetrainBin + " grpo --overlong-penalty 1 --overlong-buffer 0");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("overlong_buffer 0"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --reward partial");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--reward 'partial' is unknown; use digits, prefix or exact"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grpo --baseline sft");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--baseline sft needs --sft-seconds"), std::string::npos) << r.out;

@@ -17,6 +17,7 @@
 #include "model/model_test_util.h"
 #include "model/objective.h"
 #include "model/qwen3_moe.h"
+#include "rl/advantages.h"
 #include "rl/grpo.h"
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
@@ -411,4 +412,47 @@ TEST(RlReference, KlToTheFrozenCopyStartsAtZeroGrowsAndTheKlTermHoldsItDown) {
   o.loss.kl_coef = 0.1;
   expect_error([&] { grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0); },
                "needs a reference model");
+}
+
+// Process-supervised GRPO advantages (DeepSeekMath 4.1.3) by hand: a group of 2 samples with step
+// rewards [1, 0] and [1, 1, 0]: pooled mean 0.6, unbiased std sqrt(0.3); a token's advantage is the sum
+// of the normalised rewards of its step and the later ones.
+TEST(RlProcess, ProcessAdvantagesByHand) {
+  const std::vector<std::vector<double>> r = {{1, 0}, {1, 1, 0}};
+  const double s = std::sqrt(0.3) + 1e-6, hi = 0.4 / s, lo = -0.6 / s;
+  const std::vector<std::vector<double>> a = process_advantages(r, 2, true);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(a[1].size(), 3u);
+  EXPECT_NEAR(a[0][1], lo, 1e-9);
+  EXPECT_NEAR(a[0][0], hi + lo, 1e-9);
+  EXPECT_NEAR(a[1][2], lo, 1e-9);
+  EXPECT_NEAR(a[1][1], hi + lo, 1e-9);
+  EXPECT_NEAR(a[1][0], 2 * hi + lo, 1e-9);
+  const std::vector<std::vector<double>> d = process_advantages(r, 2, false);  // no std division
+  EXPECT_NEAR(d[0][0], -0.2, 1e-12);
+  EXPECT_NEAR(d[1][0], 0.2, 1e-12);
+  EXPECT_EQ(constant_step_groups({{1, 1}, {1}, {1, 0}, {1}}, 2), (std::vector<bool>{true, false}));
+  expect_error([] { process_advantages({{1.0}, {}}, 2, true); }, "sample 1 has no step reward");
+  expect_error([] { process_advantages({{1.0}}, 1, true); }, "group size 1");
+}
+
+// GRPO with process rewards (1 per low token) raises the share of low tokens, like the outcome version.
+TEST(RlProcess, ProcessRewardStepsRaiseTheReward) {
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.lr = 2e-2;
+  o.token_reward = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+    std::vector<std::vector<double>> r;
+    for (const GeneratedSample& x : g) {
+      r.emplace_back();
+      for (int32_t t : x.tokens) r.back().push_back(t < 64 ? 1.0 : 0.0);
+    }
+    return r;
+  };
+  std::vector<double> curve;
+  for (int64_t step = 0; step < 16; ++step)
+    curve.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, step).reward_mean);
+  EXPECT_GT((curve[13] + curve[14] + curve[15]) / 3, (curve[0] + curve[1] + curve[2]) / 3 + 0.3);
 }
