@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One GPU run: moetrain's train_step and the transformers peer on the same shape, then the ratios.
-# usage: bench/compare.sh BUILD_DIR [batch] [seq]    (writes JSON lines to stdout)
+# usage: bench/compare.sh BUILD_DIR [batch] [seq] [grad_accum]    (writes JSON lines to stdout)
+# grad_accum: micro-batches of `batch` rows per optimizer step on both sides (tokens/s over whole steps).
+# OURS_ARGS adds train_step flags (e.g. "--recompute full"), PEER_ARGS peer flags.
 # PEER_TIMEOUT (seconds, default 300) bounds each peer; a peer that fails or times out is named on
 # stderr and left out of the ratios. PEERS (default all four) picks variants by index: "1 2" = the
 # two bf16 ones.
@@ -8,7 +10,8 @@ set -uo pipefail
 build=${1:-build-gpu}
 batch=${2:-1}
 seq=${3:-4096}
-ours=$("$build/train_step" --model bench-4L --batch "$batch" --seq "$seq" | tail -1)
+accum=${4:-1}
+ours=$("$build/train_step" --model bench-4L --batch "$batch" --seq "$seq" --grad-accum "$accum" ${OURS_ARGS:-} | tail -1)
 echo "$ours"
 gemm=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['gemm_bf16_tflops_measured'])" "$ours")
 peers=()
@@ -16,7 +19,7 @@ variants=("--variant bf16" "--variant bf16 --compile" "--variant fp32master" "--
 for i in ${PEERS:-1 2 3 4}; do
   v=${variants[$((i - 1))]}
   line=$(timeout "${PEER_TIMEOUT:-300}" python3 "$(dirname "$0")/peer_transformers.py" --batch "$batch" --seq "$seq" \
-           --gemm-tflops "$gemm" $v 2>/tmp/peer_err.$$ | tail -1)
+           --grad-accum "$accum" --gemm-tflops "$gemm" ${PEER_ARGS:-} $v 2>/tmp/peer_err.$$ | tail -1)
   rc=${PIPESTATUS[0]}
   if [ -n "$line" ]; then echo "$line"; peers+=("$line")
   else echo "peer $v failed (exit $rc): $(tail -3 /tmp/peer_err.$$)" >&2; fi

@@ -6,6 +6,11 @@
 //
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
 //                   [--recompute none|full] [--device cuda|cpu] [--no-profile] [--zero-grads]
+//                   [--grad-accum N]
+// --grad-accum N: N micro-batches of --batch rows per optimizer step, accumulated as the trainer does
+// (TrainSession::train_step over N micro-batches: the first writes the gradients, the rest add, one
+// AdamW step); tokens/s counts whole optimizer steps, "fwd_bwd_mfu" the forward + backward time alone
+// and "optimizer_share" the rest of the step.
 // Under `moetrain launch` (or any launcher setting WORLD_SIZE > 1) the model is FSDP-sharded over
 // the ranks (--dp-shard, --dp-replicate, --ep, --sp as in training); --batch is the batch per
 // data-parallel rank (with --sp N, N GPUs share those rows, each a chunk of every sequence); every rank
@@ -59,7 +64,7 @@ static std::string category(const std::string& op) {
 
 int main(int argc, char** argv) {
   std::string model = "bench-4L", rc = "none", device = "cuda";
-  int64_t batch = 1, seq = 4096, steps = 5, warmup = 2;
+  int64_t batch = 1, seq = 4096, steps = 5, warmup = 2, grad_accum = 1;
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
@@ -79,6 +84,7 @@ int main(int argc, char** argv) {
     else if (a == "--seq") seq = std::stoll(next());
     else if (a == "--steps") steps = std::stoll(next());
     else if (a == "--warmup") warmup = std::stoll(next());
+    else if (a == "--grad-accum") grad_accum = std::stoll(next());
     else if (a == "--recompute") rc = next();
     else if (a == "--device") device = next();
     else if (a == "--no-profile") profile = false;
@@ -101,6 +107,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (grad_accum < 1) MT_THROW("--grad-accum ", grad_accum, " must be >= 1");
     Device dev = resolve_device(device);
     ModelConfig mc = resolve_model_config(model);
     if (layers < 0) MT_THROW("--layers ", layers, " must be >= 1 (or 0: the preset's own count)");
@@ -152,10 +159,14 @@ int main(int argc, char** argv) {
     // of a data-parallel rank takes its chunk of every sequence).
     Rng rng(7);
     const int64_t global = batch * dp;
-    MicroBatch all{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};
-    for (int64_t i = 0; i < global * seq; ++i)
-      all.input_ids.data<int64_t>()[i] = all.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
-    const int64_t tokens = global * seq;
+    std::vector<MicroBatch> micro;
+    for (int64_t k = 0; k < grad_accum; ++k) {
+      MicroBatch mb{Tensor::empty({global, seq}, DType::I64), Tensor::empty({global, seq}, DType::I64)};
+      for (int64_t i = 0; i < global * seq; ++i)
+        mb.input_ids.data<int64_t>()[i] = mb.labels.data<int64_t>()[i] = rng.randint(0, mc.vocab_size);
+      micro.push_back(std::move(mb));
+    }
+    const int64_t tokens = global * seq * grad_accum;  // per optimizer step
     std::vector<double> losses;
     StepOptions step_opt;
     step_opt.lr = 1e-4;
@@ -164,7 +175,7 @@ int main(int argc, char** argv) {
     // The trainer's step (TrainSession::train_step): planning, forward and backward, the optimizer, the
     // expert load and the metrics' reduction.
     auto one_step = [&]() {
-      StepResult r = session.train_step({all}, step_opt);
+      StepResult r = session.train_step(micro, step_opt);
       if (!overlap) device_mem::synchronize(dev);  // overlapped: the update runs on into the next forward
       losses.push_back(r.ce);
       return r;
@@ -180,10 +191,10 @@ int main(int argc, char** argv) {
     auto t = Clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       auto t_step = Clock::now();
-      one_step();
-      fwd += m.last_forward_seconds();
-      bwd += m.last_backward_seconds();
-      opt_s += secs(t_step) - m.last_forward_seconds() - m.last_backward_seconds();
+      const StepResult r = one_step();
+      fwd += r.forward_s;  // summed over the micro-batches
+      bwd += r.backward_s;
+      opt_s += secs(t_step) - r.forward_s - r.backward_s;
     }
     opt.join();
     device_mem::synchronize(dev);
@@ -227,6 +238,13 @@ int main(int argc, char** argv) {
                      {"recompute", rc},
                      {"grads", zero_grads ? "zeroed, +=" : "first micro-batch ="},
                      {"steps", steps},
+                     {"grad_accum", grad_accum},
+                     {"tokens_per_optimizer_step", tokens},
+                     {"fwd_bwd_mfu", gemm_tflops > 0 && fwd + bwd > 0
+                                         ? flops_per_token * double(tokens) / ((fwd + bwd) / double(steps)) / 1e12 /
+                                               double(dist->world_size()) / gemm_tflops
+                                         : 0.0},
+                     {"optimizer_share", step_s > 0 ? opt_s / double(steps) / step_s : 0.0},
                      {"step_s", step_s},
                      {"tokens_per_s", double(tokens) / step_s},
                      {"tokens_per_s_per_gpu", double(tokens) / step_s / double(dist->world_size())},
