@@ -9,11 +9,27 @@
 
 namespace mt {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool lead, bool tensorboard) : path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool lead, bool tensorboard, int64_t resume_step)
+    : path_(path) {
   if (!lead) return;
   namespace fs = std::filesystem;
   if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  std::string kept;
+  if (resume_step >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded()) continue;  // a line cut when the earlier run died
+      const bool later = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                         j["step"].get<int64_t>() > resume_step;
+      if (later) continue;
+      kept += line + "\n";
+    }
+    last_step_ = resume_step;
+  }
   f_.open(path, std::ios::trunc);
+  f_ << kept;
   if (!f_) MT_THROW("cannot open metrics file ", path);
   if (tensorboard) tb_ = std::make_unique<TensorBoardWriter>(fs::path(path).parent_path().string());
 }

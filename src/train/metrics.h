@@ -24,8 +24,9 @@ class TensorBoardWriter;
 class MetricsWriter {
  public:
   // lead: this rank writes. Creates the file's directory and truncates the file; tensorboard: also
-  // starts a new event file in that directory.
-  MetricsWriter(const std::string& path, bool lead, bool tensorboard = true);
+  // starts a new event file in that directory. resume_step >= 0 (a resumed run): the file keeps its
+  // lines up to that step (those of later steps, from the run that stopped, are dropped) and grows.
+  MetricsWriter(const std::string& path, bool lead, bool tensorboard = true, int64_t resume_step = -1);
   ~MetricsWriter();
   void write(const nlohmann::json& j);
   const std::string& path() const { return path_; }

@@ -125,6 +125,7 @@ class TrainSession {
   // takes its part): see the file comment. Collective over the world.
   StepResult train_step(const std::vector<MicroBatch>& global, const StepOptions& opt);
   int64_t steps_done() const { return steps_; }
+  void set_steps_done(int64_t steps) { steps_ = steps; }  // a resumed run continues the count
   MicroBatch local_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS) {
     return local_micro_batch(MicroBatch{ids_BS, labels_BS});
   }

@@ -125,6 +125,18 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.log_every < 1 ? std::string("must be >= 1") : ""; }},
       {"save_every", &TrainConfig::save_every, "steps between checkpoints; 0 = only at the end",
        [](const TrainConfig& c) { return c.save_every < 0 ? std::string("must be >= 0 (0 = only at the end)") : ""; }},
+      {"keep_last", &TrainConfig::keep_last,
+       "keep the newest N complete checkpoints, deleting older ones once a new one is complete; 0 = keep all",
+       [](const TrainConfig& c) { return c.keep_last < 0 ? std::string("must be >= 0 (0 = keep all)") : ""; }},
+      {"max_steps", &TrainConfig::max_steps,
+       "stop after this step (saving a checkpoint there) although the LR schedule spans `steps`; 0 = steps",
+       [](const TrainConfig& c) {
+         return c.max_steps < 0 ? std::string("must be >= 0 (0 = steps)") : "";
+       }},
+      {"resume", &TrainConfig::resume,
+       "continue a run exactly: latest (bare --resume: the newest checkpoint of the run dir whose manifest "
+       "verifies) or a checkpoint-N directory; \"\" = start fresh",
+       [](const TrainConfig&) { return std::string(); }},
       {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full | selective",
        [](const TrainConfig& c) {
          return one_of(c.recompute, {"none", "full", "selective"});
@@ -232,6 +244,7 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 const Field& find_field(const std::string& key, const std::string& origin) {
   std::string k = normalize_key(key);
+  if (k == "run_dir") k = "out_dir";  // the and torchtitan's name for it
   for (const Field& f : fields())
     if (k == f.key) return f;
   unknown_key(key, origin);
@@ -325,6 +338,10 @@ void apply_args(TrainConfig& c, const std::vector<std::string>& args, bool allow
       value = a.substr(eq + 1);
     } else {
       key = a.substr(2);
+      if (normalize_key(key) == "resume" && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
+        set_from_text(c, find_field(key, "--" + key), "latest", "--" + key);  // a bare --resume
+        continue;
+      }
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
         MT_THROW("train config: --", key, " needs a value (--", key, " VALUE or --", key, "=VALUE)");
       value = args[++i];
@@ -399,6 +416,9 @@ void validate_train_config(const TrainConfig& c) {
   for (const Field& f : fields()) check_rule(c, f, "validate");
   if (c.min_lr > c.lr)
     MT_THROW("train config: min_lr = ", real_str(c.min_lr), " is not allowed: must be <= lr = ", real_str(c.lr));
+  if (c.max_steps > c.steps)
+    MT_THROW("train config: max_steps = ", c.max_steps, " is not allowed: must be <= steps = ", c.steps,
+             " (steps is the length of the LR schedule; max_steps stops the run earlier)");
   if (c.warmup_steps > c.steps)
     MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
   if (c.data.rfind("synthetic:", 0) == 0 && c.eval_problems > max_eval_problems(int(c.max_digits)))
@@ -438,6 +458,25 @@ std::string train_config_help() {
     std::replace(flag.begin(), flag.end(), '_', '-');
     out += str("  ", flag, std::string(flag.size() < 20 ? 20 - flag.size() : 1, ' '), f.help, " (default ",
                value_str(defaults, f), ")\n");
+  }
+  return out;
+}
+
+std::string train_config_changes(const nlohmann::json& saved, const TrainConfig& c) {
+  // Where and how the same steps run: these may change between a save and its resume.
+  static const std::vector<std::string> kFree = {
+      "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "resume", "save_every", "keep_last",
+      "log_every", "eval_every", "eval_problems", "metrics_file", "tensorboard", "threads", "dp_shard",
+      "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "reshard_after_forward", "grad_sync",
+      "comm_timeout_s", "schedule_check", "schedule_check_every", "recompute", "bad_lines"};
+  if (!saved.is_object()) return "";
+  const nlohmann::json now = nlohmann::json::parse(to_json(c));
+  std::string out;
+  for (auto it = now.begin(); it != now.end(); ++it) {
+    if (std::find(kFree.begin(), kFree.end(), it.key()) != kFree.end() || !saved.contains(it.key())) continue;
+    const nlohmann::json& was = saved[it.key()];
+    if (was == it.value()) continue;
+    out += str(out.empty() ? "" : ", ", it.key(), " ", was.dump(), " -> ", it.value().dump());
   }
   return out;
 }

@@ -9,6 +9,7 @@
 // config it was given unchanged.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@ struct TrainConfig {
   std::string init_from = "";   // "" = random init; else a Hugging Face directory to load weights from
   std::string load_mode = "auto";  // multi-rank loading: mmap (each rank reads its slices) | broadcast | auto
   std::string device = "auto";  // cpu | cuda | auto (cuda when a GPU is visible)
-  std::string out_dir = "runs/demo";
+  std::string out_dir = "runs/demo";  // the run directory (--run-dir is the same key)
   int64_t steps = 2500;           // optimizer steps (the demo: 78.5-100% exact match over the seeds measured, docs/train.md)
   int64_t micro_batch_size = 16;  // sequences per micro-batch
   int64_t grad_accum = 1;         // micro-batches per optimizer step
@@ -43,6 +44,9 @@ struct TrainConfig {
   int64_t eval_every = 500;                 // steps between evaluations; 0 = only at the end
   int64_t log_every = 1;                    // steps between log lines
   int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
+  int64_t keep_last = 0;                    // keep the newest N complete checkpoints; 0 = all
+  int64_t max_steps = 0;                    // stop (and save) at this step; 0 = steps (the schedule still spans steps)
+  std::string resume = "";                  // "" | latest (newest good checkpoint of out_dir) | a checkpoint dir
   std::string recompute = "none";           // activation recompute per block: none | full
   int64_t score_before_experts = 0;        // 1: routing weights multiply the experts' input, not their output
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
@@ -90,6 +94,10 @@ std::string to_json(const TrainConfig& c);
 std::vector<std::string> train_config_keys();
 // One line per field: key, default and meaning (for `--help`).
 std::string train_config_help();
+// The settings that change the arithmetic of a run and differ between a saved config (to_json's object,
+// from a checkpoint) and `c`, as "key saved -> now, ..."; "" when none do. Settings that only change
+// where and how the same steps run (layout, device, logging, saving, resume) are not compared.
+std::string train_config_changes(const nlohmann::json& saved, const TrainConfig& c);
 // metrics_file, or <out_dir>/metrics.jsonl when it is empty.
 std::string metrics_path(const TrainConfig& c);
 

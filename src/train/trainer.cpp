@@ -18,6 +18,9 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
 #include "parallel/sharded_load.h"
+#include "comm/communicator.h"
+#include "io/manifest.h"
+#include "train/checkpoint.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
 #include "train/optimizer.h"
@@ -109,8 +112,38 @@ TrainSummary run_training(const TrainConfig& cfg) {
                "); use 0");
   if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
   Tensor& master = session.master();
+  auto all_ranks_agree = [&](double v) {  // rank 0's value on every rank (and a barrier)
+    return dist->distributed() ? comm::all_gather_doubles(*dist->world(), {v})[0] : v;
+  };
+  // Resume (train/checkpoint.h): rank 0 picks the newest checkpoint whose manifest verifies; every rank
+  // then reads its own pieces of the saved state, whatever layout saved it.
+  std::string resume_dir;
+  if (!cfg.resume.empty()) {
+    ResumePoint rp;
+    std::string why_none;
+    if (lead) {
+      rp = find_resume_checkpoint(cfg.out_dir, cfg.resume);
+      for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
+    }
+    // rank 0's verdict: the step found, -1 (no checkpoint at all) or -2 (none usable)
+    const double mine = rp.dir.empty() ? (rp.rejected.empty() ? -1.0 : -2.0) : double(rp.step);
+    const int64_t found = int64_t(all_ranks_agree(mine));
+    if (found == -2) {
+      if (!lead) MT_THROW("resume: no usable checkpoint in ", cfg.out_dir, " (rank 0 logs why)");
+      std::string all;
+      for (const std::string& r : rp.rejected) all += "; " + r;
+      MT_THROW("resume: no checkpoint in ", cfg.out_dir, " can be resumed from", all,
+               " (remove them or drop --resume to start over)");
+    }
+    if (found >= 0) resume_dir = cfg.resume == "latest" ? checkpoint_dir(cfg.out_dir, found) : cfg.resume;
+    else if (lead)
+      log_info("resume: no checkpoint in ", cfg.out_dir, " yet; starting from step 0");
+  }
+  const bool resuming = !resume_dir.empty();
   auto t_init = Clock::now();
-  if (cfg.init_from.empty()) {
+  if (resuming) {
+    // The weights come with the training state below.
+  } else if (cfg.init_from.empty()) {
     session.init_weights(uint64_t(cfg.seed));
     if (dist->distributed())
       log_info("rank ", dist->rank(), ": initialised ", master.numel(), " parameters (its shard) in ",
@@ -135,12 +168,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
                " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
     }
   }
-  if (cfg.router_bias_update_rate > 0 && !cfg.init_from.empty()) {
+  const std::string bias_from = resuming ? resume_dir : cfg.init_from;
+  if (cfg.router_bias_update_rate > 0 && !bias_from.empty()) {
     // Rank 0 reads the bias and every rank receives it (some ranks may not see the files): the
     // routing must be the same function on every rank.
     Tensor& bias = model.router_bias();
     Tensor found = Tensor::zeros({1});
-    if (dist->rank() == 0 && load_router_bias(cfg.init_from, mc, bias)) found.fill_(1.0f);
+    if (dist->rank() == 0 && load_router_bias(bias_from, mc, bias)) found.fill_(1.0f);
     if (dist->distributed()) {
       Tensor f = found.to(device);
       dist->world()->broadcast(f, 0)->wait();
@@ -149,7 +183,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       found = f.to(Device::CPU);
     }
     if (found.data<float>()[0] != 0 && lead)
-      log_info("router bias: read ", kRouterBiasFile, " from ", cfg.init_from,
+      log_info("router bias: read ", kRouterBiasFile, " from ", bias_from,
                dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
   }
   // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json.
@@ -182,6 +216,32 @@ TrainSummary run_training(const TrainConfig& cfg) {
   session.make_optimizer(oc, cfg.optimizer_overlap != 0);
   AdamW& opt = session.optimizer();
   LrParams lrp = lr_params(cfg);
+  const int64_t stop = cfg.max_steps > 0 ? cfg.max_steps : cfg.steps;  // this run ends here
+  int64_t start_step = 0;
+  if (resuming) {
+    auto t = Clock::now();
+    const nlohmann::json st = read_train_state(resume_dir);
+    ReshardReport rr = load_train_state_shards(resume_dir, table.total(), pm.pieces(table), master, opt.exp_avg(),
+                                               opt.exp_avg_sq());
+    session.refresh_compute_weights();
+    start_step = st.at("step").get<int64_t>();
+    opt.set_state(st.at("optimizer_steps").get<int64_t>(), st.at("skipped_steps").get<int64_t>());
+    session.set_steps_done(start_step);
+    data->set_position(st.at("data_position").get<int64_t>());
+    if (lead) {
+      log_info("resume: step ", start_step, " from ", resume_dir, " (saved under ", rr.saved_layout, ", ", rr.shards,
+               " shard(s)); weights, AdamW moments, ", opt.steps_skipped(), " skipped step(s), data position ",
+               data->position(), " restored in ", seconds_since(t), " s");
+      if (st.contains("config")) {
+        const std::string diff = train_config_changes(st["config"], cfg);
+        if (!diff.empty()) log_info("resume: warning: settings differ from the saved run's (", diff, ")");
+      }
+    }
+    if (start_step >= stop)
+      MT_THROW("resume: checkpoint ", resume_dir, " is at step ", start_step,
+               ", which is not before the end of this run (", cfg.max_steps > 0 ? "max_steps " : "steps ", stop,
+               "); raise --steps or --max-steps");
+  }
 
   // Rank 0 writes the run's files and logs the steps; the other ranks only log their own start-up.
   if (lead) {
@@ -189,7 +249,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     std::ofstream f(cfg.out_dir + "/train_config.json");
     f << to_json(cfg) << "\n";
   }
-  MetricsWriter metrics(metrics_path(cfg), lead, cfg.tensorboard != 0);
+  MetricsWriter metrics(metrics_path(cfg), lead, cfg.tensorboard != 0, resuming ? start_step : -1);
   const std::string& mpath = metrics.path();
   auto log0 = [&](const auto&... a) {
     if (lead) log_info(a...);
@@ -199,7 +259,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
            " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
            mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
   log0("data: ", data->describe());
-  log0("training ", cfg.steps, " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
+  log0("training ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), cfg.steps,
+       " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
            cfg.seq_len, " tokens; metrics -> ", mpath,
            metrics.tensorboard_path().empty() ? "" : ", TensorBoard -> " + metrics.tensorboard_path());
 
@@ -230,10 +291,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
                      {"problems", sum.eval.problems}};
     metrics.write(j);
   };
+  // A checkpoint (train/checkpoint.h): the HF weights, every rank's shard of the training state and
+  // train_state.json go into checkpoint-N.tmp; rank 0 writes the manifest last and renames the directory.
   auto save = [&](int64_t step) {
     opt.join();  // the checkpoint reads the weights the last overlapped update writes
-    std::string dir = str(cfg.out_dir, "/checkpoint-", step);
+    const std::string final_dir = checkpoint_dir(cfg.out_dir, step), dir = final_dir + ".tmp";
     auto t = Clock::now();
+    if (lead) begin_checkpoint(dir);
+    all_ranks_agree(0);  // the directory exists before any rank writes into it
     if (fsdp)
       save_sharded_hf_checkpoint(dir, mc, table, [&pm](const ParamEntry& e) { return pm.gather_param_host(e, false); },
                                  lead);
@@ -245,8 +310,33 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
     if (lead && !data_opt.tokenizer.empty())  // a complete HF directory: the next run (sft, generate) reads it
       fs::copy_file(data_opt.tokenizer, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
-    sum.checkpoint_dir = dir;
-    log0("saved checkpoint ", dir, " (HF format) in ", seconds_since(t), " s");
+    debug_kill_while_saving(step);
+    save_train_state_shard(dir, dist->rank(), master, opt.exp_avg(), opt.exp_avg_sq(), pm.pieces(table));
+    if (lead) {
+      nlohmann::ordered_json st;
+      st["format"] = "moetrain-train-state-1";
+      st["step"] = step;
+      st["optimizer_steps"] = opt.steps_taken();
+      st["skipped_steps"] = opt.steps_skipped();
+      st["data_position"] = data->position();
+      st["lr_schedule"] = {{"kind", cfg.lr_schedule}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr},
+                           {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
+      st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
+      st["flat_numel"] = table.total();
+      const DeviceMesh& mesh = dist->mesh();
+      st["layout"] = {{"world_size", dist->world_size()}, {"dp_replicate", mesh.size(Axis::DpReplicate)},
+                      {"dp_shard", mesh.size(Axis::DpShard)}, {"ep", mesh.size(Axis::Ep)}, {"tp", mesh.size(Axis::Tp)},
+                      {"etp", mesh.size(Axis::Etp)}, {"sp", mesh.size(Axis::Sp)}};
+      st["config"] = nlohmann::ordered_json::parse(to_json(cfg));
+      write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
+    }
+    all_ranks_agree(0);  // every shard is on disk
+    if (lead) {
+      commit_checkpoint(dir, final_dir);
+      for (const std::string& r : prune_checkpoints(cfg.out_dir, cfg.keep_last)) log_info("removed ", r);
+    }
+    sum.checkpoint_dir = final_dir;
+    log0("saved checkpoint ", final_dir, " (HF weights + training state, manifest) in ", seconds_since(t), " s");
   };
 
   bool replicas_logged = false;  // the HSDP replica check logs its first pass only
@@ -256,7 +346,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   so.router_bias_update_rate = cfg.router_bias_update_rate;
   so.schedule_check_every = cfg.schedule_check_every;
   so.check_replicas = cfg.schedule_check != "off";
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  for (int64_t step = start_step; step < stop; ++step) {
     auto step_start = Clock::now();
     auto td = Clock::now();
     std::vector<MicroBatch> batches;  // global micro-batches: the session takes this rank's part
@@ -288,10 +378,10 @@ TrainSummary run_training(const TrainConfig& cfg) {
     if (os.skipped) log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
                              opt.steps_skipped(), " skipped so far)");
     double dt = seconds_since(step_start), elapsed = seconds_since(run_start);
-    double eta = elapsed / double(step + 1) * double(cfg.steps - step - 1);
-    if (step == 0) sum.first_loss = loss;
+    double eta = elapsed / double(step + 1 - start_step) * double(stop - step - 1);
+    if (step == start_step) sum.first_loss = loss;
     sum.last_loss = loss;
-    if (step >= cfg.steps - 10) {
+    if (step >= stop - 10) {
       last10 += loss;
       ++n_last;
     }
@@ -317,7 +407,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       j["router_bias"] = {{"min", bmin}, {"max", bmax}};
     }
     metrics.write(j);
-    if (lead && cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps)) {
+    if (lead && cfg.log_every > 0 && ((step + 1) % cfg.log_every == 0 || step == start_step || step + 1 == stop)) {
       char line[640], moe[96] = "";
       if (n_sparse > 0)
         std::snprintf(moe, sizeof moe, " z %.4f) | experts max/mean %.2f unused %lld", z, ls.imbalance,
@@ -333,13 +423,13 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_line(line);
     }
     // The checkpoint first: whatever the evaluation meets, the weights are on disk.
-    if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < cfg.steps) save(step + 1);
-    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < cfg.steps) evaluate(step + 1);
+    if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < stop) save(step + 1);
+    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < stop) evaluate(step + 1);
   }
-  sum.steps = cfg.steps;
+  sum.steps = stop;
   sum.skipped = opt.steps_skipped();
-  save(cfg.steps);
-  evaluate(cfg.steps);
+  save(stop);
+  evaluate(stop);
   dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
