@@ -1,6 +1,7 @@
 // moetrain generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [options]: loads a Hugging Face
-// model directory, reads the prompts (rollout/prompts.h), generates with the engine and writes one JSON
-// line per sample. Progress (sequences done, tokens/s, ETA) goes to stderr; the last line on stdout is
+// model directory, reads the prompts (rollout/prompts.h: ids, or text and chats through the directory's
+// tokenizer.json), generates with the engine and writes one JSON line per sample (with its "text" when
+// the directory has a tokenizer). Progress (sequences done, tokens/s, ETA) goes to stderr; the last line on stdout is
 // `generate: <n> sequences, <m> new tokens in <s> s (<x> tokens/s)`.
 // Under `moetrain launch` the model is laid out as in training (--dp-shard, --ep; frozen weights), the
 // engine's inference layout gathers it once (the weight-sync time is printed), every rank generates for
@@ -9,16 +10,20 @@
 
 #include <algorithm>
 #include <bit>
+#include <filesystem>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/tokenizer.h"
 #include "core/cli_args.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_moe.h"
 #include "ops/threads.h"
@@ -36,7 +41,9 @@ const char* kUsage =
     "usage: moetrain generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N]\n"
     "       [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--n N] [--seed S] [--stop-token-ids a,b]\n"
     "       [--ignore-eos] [--device cpu|cuda|auto] [--kv-cache-fraction F] [--block-size B] [--max-running N]\n"
-    "       [--threads N] [--dp-shard N] [--ep N] (under moetrain launch)";
+    "       [--threads N] [--dp-shard N] [--ep N] (under moetrain launch)\n"
+    "prompt lines: {\"prompt_ids\": [...]}, or with a tokenizer.json in the model directory {\"prompt\": \"text\"} or\n"
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]} (the Qwen3 chat template); other keys are kept";
 
 // Available host memory (MemAvailable of /proc/meminfo), for the CPU's KV budget.
 int64_t host_available_bytes() {
@@ -154,7 +161,11 @@ int generate_main(const std::vector<std::string>& args) {
   const Device device = resolve_device(device_name);
 
   ModelConfig cfg = load_model_config(model_dir);
-  const std::vector<Prompt> all_prompts = read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings);
+  // The model directory's tokenizer, when it has one: text and chat prompts, and each sample's text.
+  std::optional<Tokenizer> tokenizer;
+  if (std::filesystem::exists(model_dir + "/tokenizer.json")) tokenizer = Tokenizer::from_file(model_dir + "/tokenizer.json");
+  const std::vector<Prompt> all_prompts = read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings,
+                                                       tokenizer ? &*tokenizer : nullptr);
   // Every rank checks every prompt, so a bad one stops all ranks before any collective.
   for (const Prompt& p : all_prompts)
     if (int64_t(p.ids.size()) + base.max_new_tokens > cfg.max_position_embeddings)
@@ -231,6 +242,14 @@ int generate_main(const std::vector<std::string>& args) {
                      {"token_ids", s.tokens},
                      {"logprobs", s.logprobs},
                      {"finish_reason", s.finish_reason}};
+    if (tokenizer) {
+      // The sample's text, special tokens (the EOS, a stop token) left out, and ids the tokenizer lacks
+      // (a model's vocabulary is often padded past the tokenizer's: such rows have no text).
+      std::vector<uint32_t> ids;
+      for (int32_t t : s.tokens)
+        if (t >= 0 && uint32_t(t) < tokenizer->vocab_size()) ids.push_back(uint32_t(t));
+      j["text"] = tokenizer->decode(ids, true);
+    }
     f << j.dump() << "\n";
     new_tokens += int64_t(s.tokens.size());
   }

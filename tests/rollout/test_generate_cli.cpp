@@ -3,12 +3,18 @@
 // summary line; n samples per prompt come back as n lines with per-token log-probs; under `moetrain
 // launch` with FSDP (--dp-shard 2) and with expert parallelism (--ep 2, ranks with different numbers of
 // prompts, so one steps idle for the other's exchanges) the output equals one process's, sampled tokens
-// included; bad prompt files are errors naming the line.
+// included; bad prompt files are errors naming the line; with a tokenizer.json in the model directory,
+// text and chat prompts are encoded and each sample's text comes back.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data/tokenizer.h"
+#include "model/hf_checkpoint.h"
+#include "model/params.h"
+#include "model/qwen3_moe.h"
 #include "parallel/launch_test_util.h"
 
 using namespace mt;
@@ -125,4 +131,43 @@ TEST(GenerateCli, BadPromptFilesAreErrorsNamingTheLine) {
   r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + bad + " --out " + out);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("99999"), std::string::npos) << r.out;
+}
+
+TEST(GenerateCli, TextAndChatPromptsWithTheModelDirectorysTokenizer) {
+  // A model directory with a tokenizer.json: the tiny preset grown to the trained tokenizer's vocabulary.
+  const std::string dir = tmp_path("gentext", "model");
+  const std::string tok_path = std::string(MT_SOURCE_DIR) + "/tests/assets/tokenizer/trained/tokenizer.json";
+  const Tokenizer tok = Tokenizer::from_file(tok_path);
+  ModelConfig c = preset_model_config("tiny");
+  c.vocab_size = int64_t(tok.vocab_size()) + 5;  // padded past the tokenizer, as real models are
+  c.validate();
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 3);
+  save_hf_checkpoint(dir, c, m.table(), m.params());
+  std::filesystem::copy_file(tok_path, dir + "/tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+  const std::string prompts = tmp_path("gentext", "prompts.jsonl"), ids_prompts = tmp_path("gentext", "ids.jsonl");
+  {
+    std::ofstream f(prompts);
+    f << R"({"prompt": "The cat sat on", "answer": "mat"})" << "\n"
+      << R"({"messages": [{"role": "user", "content": "Hello!"}]})" << "\n";
+    std::ofstream g(ids_prompts);
+    g << nlohmann::json{{"prompt_ids", tok.encode("The cat sat on")}}.dump() << "\n";
+  }
+  const std::string common = " --device cpu --model " + dir + " --max-new-tokens 6 --temperature 0 --ignore-eos";
+  const std::string out = tmp_path("gentext", "out.jsonl"), out_ids = tmp_path("gentext", "out_ids.jsonl");
+  ShellRun r = sh(kMoetrainBin + " generate" + common + " --prompts " + prompts + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(kMoetrainBin + " generate" + common + " --prompts " + ids_prompts + " --out " + out_ids);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<nlohmann::json> text = read_lines(out), ids = read_lines(out_ids);
+  ASSERT_EQ(text.size(), 2u);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(text[0]["token_ids"], ids[0]["token_ids"]);  // the text prompt is its encoding
+  for (const auto& line : text) {
+    ASSERT_TRUE(line.contains("text")) << line.dump();
+    std::vector<uint32_t> known;
+    for (int64_t t : line["token_ids"].get<std::vector<int64_t>>())
+      if (t < int64_t(tok.vocab_size())) known.push_back(uint32_t(t));
+    EXPECT_EQ(line["text"], tok.decode(known, true));
+  }
 }

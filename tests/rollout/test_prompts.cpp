@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "data/tokenizer.h"
 #include "rollout/prompts.h"
 #include "test_util.h"
 
@@ -57,19 +58,54 @@ TEST(Prompts, MalformedJsonNamesFileLineAndText) {
   const std::string e = parse_error("{\"prompt_ids\": [1]}\n{\"prompt_ids\": [1, 2\n");
   EXPECT_EQ(e.rfind("p.jsonl:2: not valid JSON (parse error at column 21: ", 0), 0u) << e;
   EXPECT_NE(e.find("): {\"prompt_ids\": [1, 2"), std::string::npos) << e;
-  EXPECT_EQ(parse_error("[1, 2]\n"), "p.jsonl:1: expected a JSON object with \"prompt_ids\", got array [1,2]");
+  EXPECT_EQ(parse_error("[1, 2]\n"),
+            "p.jsonl:1: expected a JSON object with \"prompt_ids\", \"prompt\" or \"messages\", got array [1,2]");
 }
 
 TEST(Prompts, MissingPromptIdsNamesTheKeysOfTheLine) {
   EXPECT_EQ(parse_error("{\"prompt_ids\": [1]}\n{\"ids\": [1], \"x\": 2}\n"),
-            "p.jsonl:2: no \"prompt_ids\" (the line has keys \"ids\", \"x\")");
-  EXPECT_EQ(parse_error("{}\n"), "p.jsonl:1: no \"prompt_ids\" (the line has no keys)");
+            "p.jsonl:2: no \"prompt_ids\", \"prompt\" or \"messages\" (the line has keys \"ids\", \"x\")");
+  EXPECT_EQ(parse_error("{}\n"), "p.jsonl:1: no \"prompt_ids\", \"prompt\" or \"messages\" (the line has no keys)");
 }
 
 TEST(Prompts, TextPromptNeedsATokenizer) {
   EXPECT_EQ(parse_error("\n{\"prompt\": \"What is 2+2?\"}\n"),
-            "p.jsonl:2: \"prompt\" is text (\"What is 2+2?\"); text prompts need a tokenizer in the model directory, "
-            "which is not supported yet: give the token ids as \"prompt_ids\"");
+            "p.jsonl:2: \"prompt\" needs a tokenizer, and the model directory has no tokenizer.json: give the token "
+            "ids as \"prompt_ids\" or add the tokenizer (\"What is 2+2?\")");
+  EXPECT_EQ(parse_error("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n"),
+            "p.jsonl:1: \"messages\" needs a tokenizer, and the model directory has no tokenizer.json: give the "
+            "token ids as \"prompt_ids\" or add the tokenizer ([{\"content\":\"hi\",\"role\":\"user\"}])");
+}
+
+TEST(Prompts, TextAndChatPromptsThroughTheTokenizer) {
+  const Tokenizer tok = Tokenizer::from_file(std::string(MT_SOURCE_DIR) + "/tests/assets/tokenizer/trained/tokenizer.json");
+  const int64_t V = tok.vocab_size();
+  auto ids32 = [](const std::vector<uint32_t>& v) { return std::vector<int32_t>(v.begin(), v.end()); };
+  std::istringstream in(
+      "{\"prompt\": \"What is 2+2?\", \"answer\": \"4\"}\n"
+      "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": "
+      "\"Hi\"}], \"enable_thinking\": false}\n");
+  const std::vector<Prompt> ps = parse_prompts(in, "p.jsonl", V, 4096, &tok);
+  ASSERT_EQ(ps.size(), 2u);
+  EXPECT_EQ(ps[0].ids, ids32(tok.encode("What is 2+2?")));
+  EXPECT_EQ(ps[0].meta["answer"], "4");
+  EXPECT_EQ(ps[0].meta["prompt"], "What is 2+2?");  // kept for the rewards
+  const std::string chat =
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+      "<think>\n\n</think>\n\n";
+  EXPECT_EQ(ps[1].ids, ids32(tok.encode(chat)));
+  EXPECT_EQ(tok.decode(std::vector<uint32_t>(ps[1].ids.begin(), ps[1].ids.end())), chat);
+  // Errors name the line: a non-string prompt, a prompt longer than the positions, ids past the model's
+  // vocabulary (a tokenizer larger than the model).
+  std::istringstream bad1("{\"prompt\": 5}\n");
+  EXPECT_EQ(error_of([&] { parse_prompts(bad1, "p.jsonl", V, 4096, &tok); }),
+            "p.jsonl:1: \"prompt\" must be a string, got 5");
+  std::istringstream bad2("{\"prompt\": \"a b c d e f g h i j\"}\n");
+  EXPECT_NE(error_of([&] { parse_prompts(bad2, "p.jsonl", V, 3, &tok); }).find("more than the maximum of 3"),
+            std::string::npos);
+  std::istringstream bad3("{\"prompt\": \"a longer text, surely past id 2\"}\n");
+  EXPECT_NE(error_of([&] { parse_prompts(bad3, "p.jsonl", 2, 4096, &tok); }).find("outside the model's vocabulary [0, 2)"),
+            std::string::npos);
 }
 
 TEST(Prompts, EmptyPromptIsAnError) {
