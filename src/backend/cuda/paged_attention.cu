@@ -89,6 +89,17 @@ __global__ void paged_attention_kernel(const bf16* __restrict__ q, const bf16* _
 constexpr int kThreads = 128;  // split-K block
 constexpr int kChunk = 128;    // positions per chunk: one per thread when scoring
 
+// Eight bf16 (one 16-byte load) to floats.
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
 // grid (x: token × head group, y: split). Partials (splits > 1): acc [N, H, S, HD] f32, ml [N, H, S, 2].
 template <int HPC, int HD>
 __global__ void __launch_bounds__(kThreads)
@@ -147,14 +158,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int j = 0; j < kBatch; ++j) kv[j] = kp[jb + j];
 #pragma unroll
         for (int j = 0; j < kBatch; ++j) {
-          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv[j]);
           float kf[8];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const float2 x = __bfloat1622float2(k2[i]);
-            kf[2 * i] = x.x;
-            kf[2 * i + 1] = x.y;
-          }
+          unpack8(kv[j], kf);
 #pragma unroll
           for (int h = 0; h < HPC; ++h) {
             const float4 a = *reinterpret_cast<const float4*>(&q_s[h][8 * (jb + j)]);
@@ -208,14 +213,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kUnroll; ++u) {
         const int j = j0 + u * kPlanes;
         if (j >= cend) break;
-        const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&vv[u]);
         float vf[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 x = __bfloat1622float2(v2[i]);
-          vf[2 * i] = x.x;
-          vf[2 * i + 1] = x.y;
-        }
+        unpack8(vv[u], vf);
 #pragma unroll
         for (int h = 0; h < HPC; ++h) {
           const float w = e_s[h][j];
