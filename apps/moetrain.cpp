@@ -13,6 +13,7 @@
 #include "rollout/generate.h"
 #include "train/grads.h"
 #include "train/plot.h"
+#include "train/sft.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
 
@@ -20,6 +21,7 @@ static const char* kUsage =
     "usage: moetrain <command> [options]\n"
     "commands:\n"
     "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
+    "  sft     --model DIR --data FILE.jsonl [--key value ...]   fine-tune a HF model on chat data (see sft --help)\n"
     "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective] [--score-before-experts]\n"
     "          [--dp-shard N --dp-replicate N --ep N --tp N --etp 1|N] (under launch: the batch split over the ranks)\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
@@ -49,6 +51,7 @@ int main(int argc, char** argv) {
       return mt::train_main(rest);
     }
     if (cmd == "grads") return mt::grads_main(rest);
+    if (cmd == "sft") return mt::sft_main(rest);
     if (cmd == "generate") return mt::generate_main(rest);
     if (cmd == "grpo") return mt::grpo_main(rest);
     if (cmd == "tokenize") return mt::tokenize_main(rest);

@@ -1,0 +1,145 @@
+// `moetrain sft` (see sft.h).
+#include "train/sft.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "data/tokenizer.h"
+#include "model/config.h"
+#include "train/trainer.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig sft_defaults() {
+  TrainConfig c;
+  c.model = "";
+  c.data = "";
+  c.out_dir = "runs/sft";
+  c.steps = 100;
+  c.micro_batch_size = 4;
+  c.seq_len = 1024;
+  c.lr = 2e-5;
+  c.min_lr = 2e-6;
+  c.warmup_steps = 10;
+  c.eval_problems = 0;
+  c.eval_every = 0;
+  c.data_format = "messages";
+  return c;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+TrainConfig sft_config_from_args(const std::vector<std::string>& args) {
+  TrainConfig c = sft_defaults();
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config" || args[i].rfind("--config=", 0) == 0) {
+      const std::string path = args[i] == "--config" ? (i + 1 < args.size() ? args[++i] : "") : args[i].substr(9);
+      if (path.empty()) MT_THROW("sft: --config needs a file name");
+      std::ifstream f(path);
+      if (!f) MT_THROW("sft: cannot read --config file '", path, "'");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      apply_json(c, ss.str(), path);
+      continue;
+    }
+    rest.push_back(args[i]);
+  }
+  // The defaults leave model and data empty on purpose: both must be given.
+  TrainConfig probe = c;
+  if (probe.model.empty()) probe.model = "?";
+  if (probe.data.empty()) probe.data = "?";
+  apply_overrides(probe, rest);
+  if (probe.model == "?") MT_THROW("sft: --model DIR is required (a Hugging Face model directory, or a preset with --tokenizer)");
+  if (probe.data == "?") MT_THROW("sft: --data FILE.jsonl is required (one {\"messages\": [...]} conversation per line)");
+  if (!ends_with(probe.data, ".jsonl"))
+    MT_THROW("sft: --data '", probe.data, "' is not a .jsonl file; sft reads JSONL lines of {\"messages\": [...]} (or "
+             "{\"text\": ...} with --data-format auto|text)");
+  return probe;
+}
+
+TrainConfig prepare_sft(const TrainConfig& in) {
+  TrainConfig c = in;
+  const bool dir = fs::is_directory(c.model);
+  if (dir) {
+    if (c.tokenizer.empty()) {
+      const fs::path t = fs::path(c.model) / "tokenizer.json";
+      if (!fs::is_regular_file(t))
+        MT_THROW("sft: model directory '", c.model, "' has no tokenizer.json; pass --tokenizer FILE");
+      c.tokenizer = t.string();
+    }
+    if (c.init_from.empty()) c.init_from = c.model;
+    return c;
+  }
+  bool preset = false;
+  for (const std::string& p : preset_names()) preset = preset || p == c.model;
+  if (!preset) {
+    std::string names;
+    for (const std::string& p : preset_names()) names += (names.empty() ? "" : ", ") + p;
+    MT_THROW("sft: --model '", c.model, "' is neither a directory nor a preset (", names, ")");
+  }
+  if (c.tokenizer.empty())
+    MT_THROW("sft: --model ", c.model, " is a preset (random weights): give its tokenizer with --tokenizer FILE");
+  if (!c.init_from.empty()) MT_THROW("sft: --init-from applies to a model directory, not to the preset ", c.model);
+  // A fresh model for this tokenizer: the vocabulary widened to hold every id (a multiple of 64), the
+  // end of an assistant turn as its EOS (what generation stops at after a chat turn).
+  const Tokenizer tok = Tokenizer::from_file(c.tokenizer);
+  ModelConfig mc = preset_model_config(c.model);
+  const int64_t need = (int64_t(tok.vocab_size()) + 63) / 64 * 64;
+  if (mc.vocab_size < need) mc.vocab_size = need;
+  const int64_t im_end = tok.token_to_id("<|im_end|>"), eot = tok.token_to_id("<|endoftext|>");
+  mc.eos_token_id = im_end >= 0 ? im_end : eot;
+  const fs::path init = fs::path(c.out_dir) / "init-model";
+  fs::create_directories(init);
+  // Every rank of a launch writes the same two files: each to a name of its own, renamed into place
+  // (atomic), so no rank reads a half-written file.
+  const std::string mine = str(".tmp.", ::getpid());
+  save_model_config(mc, (init / ("config.json" + mine)).string());
+  fs::rename(init / ("config.json" + mine), init / "config.json");
+  fs::copy_file(c.tokenizer, init / ("tokenizer.json" + mine), fs::copy_options::overwrite_existing);
+  fs::rename(init / ("tokenizer.json" + mine), init / "tokenizer.json");
+  log_info("sft: preset ", c.model, " with vocab_size ", mc.vocab_size, " for the tokenizer's ", tok.vocab_size(),
+           " ids, eos ", mc.eos_token_id, ", random init: ", init.string());
+  c.model = init.string();
+  c.tokenizer = (init / "tokenizer.json").string();
+  return c;
+}
+
+int sft_main(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") {
+      const TrainConfig d = sft_defaults();
+      std::printf(
+          "usage: moetrain sft --model DIR --data FILE.jsonl [--tokenizer FILE] [--config FILE.json] [--key value ...]\n"
+          "  fine-tunes a Hugging Face model directory on chat data: {\"messages\": [...]} per line, rendered with the\n"
+          "  Qwen3 chat template, loss on the assistant turns only, documents packed with boundaries (docs/data.md).\n"
+          "  --model may also be a preset with --tokenizer (random init, for demonstrations).\n"
+          "  SFT defaults: out_dir %s, steps %lld, micro_batch_size %lld, seq_len %lld, lr %g, min_lr %g, warmup_steps "
+          "%lld, data_format %s\noptions (as moetrain train):\n%s",
+          d.out_dir.c_str(), (long long)d.steps, (long long)d.micro_batch_size, (long long)d.seq_len, d.lr, d.min_lr,
+          (long long)d.warmup_steps, d.data_format.c_str(), train_config_help().c_str());
+      return 0;
+    }
+  const TrainConfig cfg = prepare_sft(sft_config_from_args(args));
+  TrainSummary s = run_training(cfg);
+  if (!s.summary_line.empty()) {
+    const size_t colon = s.summary_line.find(':');
+    std::printf("sft%s\n", colon == std::string::npos ? (": " + s.summary_line).c_str() : s.summary_line.substr(colon).c_str());
+  }
+  return 0;
+}
+
+}  // namespace mt
