@@ -3,11 +3,14 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/token_shards.h"
 
 namespace mt {
 
@@ -187,6 +190,56 @@ std::vector<PromptRecord> load_prompts(const std::string& path, BadLines bad, Js
   });
   if (report) *report = rep;
   return out;
+}
+
+}  // namespace mt
+
+namespace mt {
+
+ShardWriteReport jsonl_text_to_shards(const std::string& jsonl_path, const Tokenizer& tok, const std::string& out_dir,
+                                      int64_t eos_id, int64_t shard_tokens, BadLines bad) {
+  namespace fs = std::filesystem;
+  if (shard_tokens < 1) MT_THROW("shard_tokens ", shard_tokens, " must be >= 1");
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) MT_THROW("cannot create the shard directory '", out_dir, "': ", ec.message());
+  for (const auto& e : fs::directory_iterator(out_dir))
+    if (e.path().extension() == ".bin")
+      MT_THROW("shard directory '", out_dir, "' already holds ", e.path().filename().string(),
+               "; give an empty or new directory (existing shards are never overwritten)");
+  ShardWriteReport rep;
+  rep.u16 = tok.vocab_size() <= 65536 && eos_id < 65536;
+  std::vector<uint32_t> buf;
+  auto flush = [&] {
+    if (buf.empty()) return;
+    char name[32];
+    std::snprintf(name, sizeof name, "shard-%05zu.bin", rep.files.size());
+    const fs::path final_path = fs::path(out_dir) / name, tmp = fs::path(out_dir) / (std::string(name) + ".tmp");
+    write_token_shard(tmp.string(), buf, rep.u16);
+    fs::rename(tmp, final_path);
+    rep.files.push_back(final_path.string());
+    buf.clear();
+  };
+  using Clock = std::chrono::steady_clock;
+  auto last_log = Clock::now();
+  rep.jsonl = read_jsonl(jsonl_path, bad, [&](int64_t n, const nlohmann::ordered_json& j) {
+    const auto& t = field(j, "text");
+    if (!t.is_string()) MT_THROW("\"text\" is a ", t.type_name(), ", not a string");
+    const size_t before = buf.size();
+    tok.encode_append(t.get_ref<const std::string&>(), buf);
+    if (eos_id >= 0) buf.push_back(uint32_t(eos_id));
+    if (buf.size() == before) MT_THROW("the document is empty (no tokens)");
+    rep.tokens += int64_t(buf.size() - before);
+    ++rep.documents;
+    if (int64_t(buf.size()) >= shard_tokens) flush();
+    if (std::chrono::duration<double>(Clock::now() - last_log).count() > 10) {
+      last_log = Clock::now();
+      log_info("tokenize: line ", n, ", ", rep.documents, " documents, ", rep.tokens, " tokens, ", rep.files.size(),
+               " shards written");
+    }
+  });
+  flush();
+  return rep;
 }
 
 }  // namespace mt

@@ -95,3 +95,22 @@ struct PromptRecord {
 std::vector<PromptRecord> load_prompts(const std::string& path, BadLines bad, JsonlReport* report = nullptr);
 
 }  // namespace mt
+
+namespace mt {
+
+// `moetrain tokenize --out DIR`: the {"text": ...} lines of a JSONL file (other lines are bad lines),
+// each encoded with eos_id appended (-1: none), concatenated and written as token shards
+// (token_shards.h) DIR/shard-00000.bin, ... of about shard_tokens tokens each (a shard ends at the first
+// document end past it), uint16 when every id of the tokenizer fits, else uint32. Each shard is written
+// under a temporary name and renamed. A DIR that already holds *.bin files is an error (nothing is
+// overwritten).
+struct ShardWriteReport {
+  JsonlReport jsonl;
+  int64_t documents = 0, tokens = 0;
+  std::vector<std::string> files;
+  bool u16 = true;
+};
+ShardWriteReport jsonl_text_to_shards(const std::string& jsonl_path, const Tokenizer& tok, const std::string& out_dir,
+                                      int64_t eos_id, int64_t shard_tokens, BadLines bad);
+
+}  // namespace mt

@@ -6,6 +6,9 @@
 //     with the Qwen3 chat template (chat_template.h) and encoded; --text prints the rendered text as a JSON string.
 //   --bench: times encode on one thread over --file (default: a built-in mixed text), one document per line, and
 //     prints one JSON line.
+//   --out DIR: the {"text": ...} lines of --file (default stdin) become token shards DIR/shard-NNNNN.bin
+//     (data/token_shards.h), each document followed by --eos (auto: <|endoftext|> when the tokenizer has it),
+//     about --shard-tokens tokens per shard; malformed lines skipped and reported (--bad-lines fail: fatal).
 // Errors name the stdin line and what was wrong in it; a summary goes to stderr at the end.
 #include "data/tokenize_cli.h"
 
@@ -19,6 +22,7 @@
 #include "core/cli_args.h"
 #include "core/error.h"
 #include "data/chat_template.h"
+#include "data/documents.h"
 #include "data/tokenizer.h"
 
 namespace mt {
@@ -30,7 +34,9 @@ const char* kUsage =
     "       moetrain tokenize --tokenizer FILE --decode [--jsonl] [--skip-special] < ids\n"
     "       moetrain tokenize --tokenizer FILE --chat [--add-generation-prompt] [--enable-thinking true|false]\n"
     "                         [--text] < messages.jsonl      Qwen3 chat template, then ids (--text: the text)\n"
-    "       moetrain tokenize --tokenizer FILE --bench [--file TEXT] [--passes N]   encode speed, one thread";
+    "       moetrain tokenize --tokenizer FILE --bench [--file TEXT] [--passes N]   encode speed, one thread\n"
+    "       moetrain tokenize --tokenizer FILE --out DIR [--file TEXTS.jsonl] [--eos auto|none|ID]\n"
+    "                         [--shard-tokens N] [--bad-lines skip|fail]   {\"text\"} lines -> token shards for training";
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) {
@@ -149,6 +155,8 @@ int tokenize_main(const std::vector<std::string>& args) {
   bool jsonl = false, decode = false, skip_special = false, do_bench = false, chat = false, text_out = false;
   ChatOptions chat_opts;
   int passes = 3;
+  std::string out_dir, eos = "auto", bad_lines = "skip";
+  int64_t shard_tokens = 100'000'000;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -171,6 +179,14 @@ int tokenize_main(const std::vector<std::string>& args) {
       passes = parse_flag_number<int>(a, value());
     else if (a == "--chat")
       chat = true;
+    else if (a == "--out")
+      out_dir = value();
+    else if (a == "--eos")
+      eos = value();
+    else if (a == "--shard-tokens")
+      shard_tokens = parse_flag_number<int64_t>(a, value());
+    else if (a == "--bad-lines")
+      bad_lines = value();
     else if (a == "--text")
       text_out = true;
     else if (a == "--add-generation-prompt")
@@ -191,6 +207,23 @@ int tokenize_main(const std::vector<std::string>& args) {
   if (int(decode) + int(chat) + int(do_bench) > 1) MT_THROW("--decode, --chat and --bench are exclusive");
   const Tokenizer tok = Tokenizer::from_file(tokenizer_path);
   if (do_bench) return bench(tok, file, passes);
+  if (!out_dir.empty()) {
+    if (decode || chat) MT_THROW("--out writes shards from {\"text\"} lines; it does not combine with --decode or --chat");
+    int64_t eos_id = -1;
+    if (eos == "auto") eos_id = tok.token_to_id("<|endoftext|>");
+    else if (eos != "none") {
+      eos_id = parse_flag_number<int64_t>("--eos", eos);
+      if (eos_id < 0 || eos_id >= int64_t(tok.vocab_size()))
+        MT_THROW("--eos ", eos_id, " is not an id of the tokenizer (0 .. ", tok.vocab_size() - 1, "); or auto, none");
+    }
+    const auto t0 = Clock::now();
+    const ShardWriteReport r = jsonl_text_to_shards(file.empty() ? "/dev/stdin" : file, tok, out_dir, eos_id,
+                                                    shard_tokens, parse_bad_lines(bad_lines));
+    std::fprintf(stderr, "%s\ntokenize: %lld documents, %lld tokens (eos %lld) in %zu %s shard(s) under %s, %.2f s\n",
+                 r.jsonl.summary().c_str(), (long long)r.documents, (long long)r.tokens, (long long)eos_id,
+                 r.files.size(), r.u16 ? "uint16" : "uint32", out_dir.c_str(), since(t0));
+    return 0;
+  }
 
   const auto t0 = Clock::now();
   std::string line, out;

@@ -7,11 +7,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 
 #include "data/batch.h"
 #include "data/documents.h"
 #include "data/packing.h"
+#include "data/token_shards.h"
 #include "test_util.h"
 
 using namespace mt;
@@ -234,4 +236,43 @@ TEST(PackedDataset, FactoryReadsJsonlWithATokenizer) {
   auto src = make_batch_source(kChat, 2, 64, 4096, 3, 1, o);
   EXPECT_NE(src->describe().find("packed documents"), std::string::npos);
   EXPECT_TRUE(src->next().segments.defined());
+}
+
+// `moetrain tokenize --out DIR` (the real binary, stdin): shards of {"text"} lines that the token-shard
+// dataset reads back as the library's ids with <|endoftext|> after each document; a malformed line is
+// reported with its number; an existing shard directory is refused.
+TEST(TokenizeOut, JsonlTextLinesBecomeShards) {
+  const std::string in = write_tmp("texts.jsonl",
+                                   "{\"text\": \"hello world\"}\n"
+                                   "{\"txt\": \"no\"}\n"
+                                   "{\"text\": \"the café is open\\nall day\"}\n"
+                                   "{\"text\": \"a third document, a little longer than the others\"}\n");
+  const std::string dir = (fs::temp_directory_path() / ("moetrain_docs_" + std::to_string(getpid()) + "_shards")).string();
+  fs::remove_all(dir);
+  const std::string bin = std::string(MT_BINARY_DIR) + "/moetrain tokenize --tokenizer " + kTokenizer;
+  const std::string log = dir + ".log";
+  ASSERT_EQ(std::system((bin + " --out " + dir + " --shard-tokens 10 < " + in + " 2> " + log).c_str()), 0);
+  std::ifstream lf(log);
+  const std::string out((std::istreambuf_iterator<char>(lf)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("line 2: no \"text\" field"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 documents"), std::string::npos) << out;
+  std::vector<uint32_t> want;
+  for (const char* t : {"hello world", "the café is open\nall day", "a third document, a little longer than the others"}) {
+    tok().encode_append(t, want);
+    want.push_back(0);  // <|endoftext|>
+  }
+  const std::vector<std::string> files = list_token_shards(dir);
+  EXPECT_GE(files.size(), 2u);  // a shard closes at the first document end past 10 tokens
+  std::vector<uint32_t> got;
+  for (const std::string& f : files) {
+    const std::vector<uint32_t> part = read_token_shard(f);
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(got, want);
+  // Nothing is overwritten.
+  EXPECT_NE(std::system((bin + " --out " + dir + " < " + in + " 2> " + log).c_str()), 0);
+  std::ifstream lf2(log);
+  const std::string err((std::istreambuf_iterator<char>(lf2)), std::istreambuf_iterator<char>());
+  EXPECT_NE(err.find("already holds shard-0000"), std::string::npos) << err;
+  fs::remove_all(dir);
 }
