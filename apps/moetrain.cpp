@@ -11,6 +11,7 @@
 #include "data/tokenize_cli.h"
 #include "rl/grpo_cli.h"
 #include "rollout/generate.h"
+#include "train/convert.h"
 #include "train/grads.h"
 #include "train/plot.h"
 #include "train/sft.h"
@@ -29,6 +30,8 @@ static const char* kUsage =
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
     "          GRPO on the built-in addition task from the demo checkpoint (one process; see grpo --help)\n"
+    "  convert --from RUN_DIR/checkpoint-N --to DIR [--dtype bf16|f32] [--max-shard-size SIZE] [--tokenizer PATH]\n"
+    "          export a checkpoint as a Hugging Face model directory (config, generation config, shards, tokenizer)\n"
     "  plot    RUN_DIR [--out FILE.svg]   draw a run's metrics.jsonl (loss, reward, throughput, ...) as an SVG\n"
     "  tokenize --tokenizer tokenizer.json [--jsonl] [--decode] [--chat] [--bench]\n"
     "          encode stdin lines to ids, decode ids, render Qwen3 chat messages, or time the tokenizer\n"
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
     if (cmd == "grpo") return mt::grpo_main(rest);
     if (cmd == "tokenize") return mt::tokenize_main(rest);
     if (cmd == "plot") return mt::plot_main(rest);
+    if (cmd == "convert") return mt::convert_main(rest);
     if (cmd == "launch") return mt::comm::launch_main(rest);
     if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
       return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});

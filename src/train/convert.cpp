@@ -1,0 +1,211 @@
+// moetrain convert (convert.h).
+#include "train/convert.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/cli_args.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "io/manifest.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/hf_checkpoint.h"
+#include "model/params.h"
+#include "train/checkpoint.h"
+#include "train/load_balance.h"
+
+namespace mt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: moetrain convert --from RUN_DIR/checkpoint-N --to DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
+    "[--tokenizer DIR|tokenizer.json]\n"
+    "  writes a Hugging Face model directory (config.json, generation_config.json, safetensors shards + index,\n"
+    "  tokenizer files) that transformers loads; SIZE in bytes or with KB/MB/GB (default 5GB)";
+
+// The files of a Hugging Face tokenizer (and chat template) that travel with the weights.
+const char* const kTokenizerFiles[] = {
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "tokenizer.model"};
+
+size_t parse_size(const std::string& flag, const std::string& v) {
+  struct Unit {
+    const char* suffix;
+    double mult;
+  };
+  static const Unit kUnits[] = {{"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0}, {"GB", 1e9},
+                                {"MB", 1e6},           {"KB", 1e3},        {"B", 1.0}};
+  for (const Unit& u : kUnits) {
+    const std::string s = u.suffix;
+    if (v.size() > s.size() && v.ends_with(s)) {
+      const double x = parse_flag_number<double>(flag, v.substr(0, v.size() - s.size()));
+      if (!(x > 0)) MT_THROW(flag, " '", v, "' must be > 0");
+      return size_t(x * u.mult);
+    }
+  }
+  const double x = parse_flag_number<double>(flag, v);
+  if (!(x >= 1)) MT_THROW(flag, " '", v, "' must be at least 1 byte (or use KB, MB, GB)");
+  return size_t(x);
+}
+
+// config.json with the dtype the weights are stored in.
+std::string config_text(const ModelConfig& c, DType dt) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(model_config_to_json(c));
+  const char* name = dt == DType::BF16 ? "bfloat16" : "float32";
+  j["torch_dtype"] = name;
+  j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
+std::string generation_config_text(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["_from_model_config"] = true;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+ConvertReport convert_checkpoint(const ConvertOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.from.empty() || opt.to.empty()) MT_THROW("convert: --from and --to are required\n", kUsage);
+  if (opt.dtype != DType::BF16 && opt.dtype != DType::F32)
+    MT_THROW("convert: dtype ", dtype_name(opt.dtype), " is not supported; allowed: bf16, f32");
+  if (!fs::is_directory(opt.from)) MT_THROW("convert: --from '", opt.from, "' is not a directory");
+  std::error_code ec;
+  if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
+    MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
+  if (fs::exists(fs::path(opt.from) / kManifestFile)) {
+    const std::string why = verify_manifest(opt.from);
+    if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
+  }
+  const ModelConfig c = load_model_config(opt.from);
+  const ParamTable table(c);
+  const CheckpointReader reader(opt.from);
+  const ExpertLayout layout = detect_expert_layout(reader);
+  // The model's tensors in parameter order (the names and shapes its own saver writes); every one must
+  // be in the source, and the source must hold nothing else (the loader's rules).
+  std::vector<PendingTensor> pending =
+      pending_hf_tensors(c, table, layout, [](const ParamEntry&) -> Tensor { MT_THROW("unused"); });
+  std::set<std::string> names;
+  for (PendingTensor& p : pending) {
+    if (!reader.has(p.name))
+      MT_THROW("convert: '", opt.from, "' lacks tensor '", p.name, "' of this ", c.architecture, " config");
+    const SafetensorsEntry& e = reader.info(p.name);
+    if (e.shape != p.shape)
+      MT_THROW("convert: tensor '", p.name, "' in '", opt.from, "' has shape ", shape_str(e.shape),
+               ", the config says ", shape_str(p.shape));
+    names.insert(p.name);
+    p.dtype = opt.dtype;
+    const std::string name = p.name;
+    const DType dt = opt.dtype;
+    p.produce = [&reader, name, dt] {
+      const Tensor v = reader.view(name);
+      if (v.dtype() == dt) return v;
+      return (v.dtype() == DType::F32 ? v : v.to(DType::F32)).to(dt);
+    };
+  }
+  for (const std::string& n : reader.names())
+    if (!names.count(n) && !(n == "lm_head.weight" && c.tie_word_embeddings))
+      MT_THROW("convert: '", opt.from, "' has tensor '", n, "', which this ", c.architecture, " config does not");
+
+  const std::string tmp = opt.to + ".tmp";
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) MT_THROW("convert: cannot create '", tmp, "': ", ec.message());
+  ConvertReport rep;
+  write_safetensors_sharded_lazy(tmp, pending, opt.max_shard_bytes);
+  write_file_atomic(tmp + "/config.json", config_text(c, opt.dtype));
+  // Tokenizer files: from --tokenizer (a directory or one tokenizer.json), else from the source.
+  fs::path tok_dir = opt.from;
+  if (!opt.tokenizer.empty()) {
+    if (fs::is_regular_file(opt.tokenizer)) {
+      fs::copy_file(opt.tokenizer, fs::path(tmp) / "tokenizer.json", fs::copy_options::overwrite_existing);
+      rep.copied.push_back("tokenizer.json");
+      tok_dir.clear();
+    } else if (fs::is_directory(opt.tokenizer)) {
+      tok_dir = opt.tokenizer;
+    } else {
+      MT_THROW("convert: --tokenizer '", opt.tokenizer, "' is neither a directory nor a file");
+    }
+  }
+  std::vector<const char*> files(std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  files.push_back("generation_config.json");
+  for (const char* f : files) {
+    const fs::path src =
+        tok_dir.empty() || std::string(f) == "generation_config.json" ? fs::path(opt.from) / f : tok_dir / f;
+    if (!fs::is_regular_file(src)) continue;
+    fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec);
+    if (ec) MT_THROW("convert: cannot copy '", src.string(), "' to '", tmp, "': ", ec.message());
+    rep.copied.push_back(f);
+  }
+  if (!fs::exists(fs::path(tmp) / "generation_config.json"))
+    write_file_atomic(tmp + "/generation_config.json", generation_config_text(c));
+  for (const auto& de : fs::directory_iterator(tmp)) {
+    const std::string n = de.path().filename().string();
+    if (n.ends_with(".safetensors")) {
+      ++rep.shards;
+      rep.bytes += size_t(de.file_size());
+    }
+  }
+  fs::remove(opt.to, ec);  // an empty directory (checked above)
+  rename_durable(tmp, opt.to);
+  rep.tensors = pending.size();
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (fs::exists(fs::path(opt.from) / kRouterBiasFile))
+    log_info("convert: warning: ", opt.from, " has ", kRouterBiasFile,
+             " (aux-loss-free balancing); transformers' Qwen3-MoE routes without a bias, so the exported model "
+             "routes as the checkpoint's weights alone say");
+  return rep;
+}
+
+int convert_main(const std::vector<std::string>& args) {
+  ConvertOptions opt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s\n", kUsage);
+      return 0;
+    }
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) MT_THROW(a, " needs a value\n", kUsage);
+      return args[++i];
+    };
+    if (a == "--from")
+      opt.from = value();
+    else if (a == "--to")
+      opt.to = value();
+    else if (a == "--tokenizer")
+      opt.tokenizer = value();
+    else if (a == "--max-shard-size")
+      opt.max_shard_bytes = parse_size(a, value());
+    else if (a == "--dtype") {
+      const std::string v = value();
+      if (v == "bf16" || v == "bfloat16")
+        opt.dtype = DType::BF16;
+      else if (v == "f32" || v == "float32" || v == "fp32")
+        opt.dtype = DType::F32;
+      else
+        MT_THROW("--dtype '", v, "' is not supported; allowed: bf16, f32");
+    } else {
+      MT_THROW("unknown argument '", a, "'\n", kUsage);
+    }
+  }
+  const ConvertReport r = convert_checkpoint(opt);
+  std::string copied;
+  for (const std::string& f : r.copied) copied += (copied.empty() ? "" : ", ") + f;
+  std::printf("convert: %zu tensors, %.1f MB in %zu safetensors file(s) (%s) -> %s in %.2f s%s%s\n", r.tensors,
+              double(r.bytes) / 1e6, r.shards, opt.dtype == DType::BF16 ? "bf16" : "f32", opt.to.c_str(), r.seconds,
+              copied.empty() ? "" : "; copied ", copied.c_str());
+  return 0;
+}
+
+}  // namespace mt

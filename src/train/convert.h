@@ -1,0 +1,37 @@
+// `moetrain convert`: a training checkpoint (or any HF directory of a Qwen3-MoE / Qwen3 model we read)
+// to a clean Hugging Face model directory that transformers' AutoModelForCausalLM.from_pretrained loads:
+// config.json (dtype recorded), generation_config.json, model.safetensors or shards
+// model-0000i-of-0000n.safetensors with model.safetensors.index.json, and the tokenizer files when the
+// source (or --tokenizer) has them. No training state, no manifest, no router bias.
+//
+// Promises: the source is verified first (its manifest, when it has one: a corrupt checkpoint is refused
+// with the file named); the tensors are the source's, in the model's parameter order, converted to the
+// requested dtype (bf16 rounds to nearest even, as torch does); the output appears only complete (written
+// into DIR.tmp, then renamed) and never over an existing non-empty directory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace mt {
+
+struct ConvertOptions {
+  std::string from;                          // a checkpoint-N directory or an HF model directory
+  std::string to;                            // the new directory (must not exist, or be empty)
+  DType dtype = DType::BF16;                 // BF16 or F32
+  size_t max_shard_bytes = size_t(5) << 30;  // as transformers' save_pretrained("5GB")
+  std::string tokenizer;  // a directory or tokenizer.json to copy the tokenizer files from ("" = the source's)
+};
+
+struct ConvertReport {
+  size_t tensors = 0, bytes = 0, shards = 0;
+  std::vector<std::string> copied;  // tokenizer / generation files copied
+  double seconds = 0;
+};
+
+ConvertReport convert_checkpoint(const ConvertOptions& opt);
+int convert_main(const std::vector<std::string>& args);  // parses flags, converts, prints one summary line
+
+}  // namespace mt
