@@ -140,9 +140,12 @@ DocumentSet load_documents(const std::string& path, const Tokenizer& tok, const 
   set.report = read_jsonl(path, opt.bad_lines, [&](int64_t n, const nlohmann::ordered_json& j) {
     DocFormat kind = opt.format;
     if (kind == DocFormat::Auto) {
-      if (j.contains("messages")) kind = DocFormat::Messages;
-      else if (j.contains("text")) kind = DocFormat::Text;
-      else MT_THROW("neither a \"text\" nor a \"messages\" field");
+      if (j.contains("messages"))
+        kind = DocFormat::Messages;
+      else if (j.contains("text"))
+        kind = DocFormat::Text;
+      else
+        MT_THROW("neither a \"text\" nor a \"messages\" field");
     }
     TokenizedDoc doc;
     if (kind == DocFormat::Text) {
@@ -177,14 +180,20 @@ std::vector<PromptRecord> load_prompts(const std::string& path, BadLines bad, Js
     PromptRecord r;
     r.line = n;
     const auto& p = field(j, "prompt");
-    if (p.is_string()) r.prompt = p.get<std::string>();
-    else if (p.is_array() && !p.empty()) r.messages = p;
-    else MT_THROW("\"prompt\" must be a string or a non-empty messages array, got a ", p.type_name());
+    if (p.is_string())
+      r.prompt = p.get<std::string>();
+    else if (p.is_array() && !p.empty())
+      r.messages = p;
+    else
+      MT_THROW("\"prompt\" must be a string or a non-empty messages array, got a ", p.type_name());
     auto a = j.find("answer");
     if (a != j.end()) {
-      if (a->is_string()) r.answer = a->get<std::string>();
-      else if (a->is_number()) r.answer = a->dump();
-      else MT_THROW("\"answer\" must be a string or a number, got a ", a->type_name());
+      if (a->is_string())
+        r.answer = a->get<std::string>();
+      else if (a->is_number())
+        r.answer = a->dump();
+      else
+        MT_THROW("\"answer\" must be a string or a number, got a ", a->type_name());
     }
     out.push_back(std::move(r));
   });

@@ -28,14 +28,14 @@ namespace mt {
 enum class BadLines { Skip, Fail };
 BadLines parse_bad_lines(const std::string& s);  // "skip" | "fail"
 
-enum class DocFormat { Auto, Text, Messages };  // Auto: from each line's keys ("messages" or "text")
+enum class DocFormat { Auto, Text, Messages };     // Auto: from each line's keys ("messages" or "text")
 DocFormat parse_doc_format(const std::string& s);  // "auto" | "text" | "messages"
 
 struct JsonlReport {
   std::string path;
-  int64_t lines = 0;    // lines read, blank ones included
-  int64_t records = 0;  // lines that gave a record
-  int64_t bad = 0;      // malformed lines skipped
+  int64_t lines = 0;                      // lines read, blank ones included
+  int64_t records = 0;                    // lines that gave a record
+  int64_t bad = 0;                        // malformed lines skipped
   std::vector<std::string> bad_examples;  // "line N: why", the first kMaxBadExamples
   static constexpr size_t kMaxBadExamples = 10;
   std::string summary() const;  // one line for the log: counts and the first bad lines
@@ -61,10 +61,10 @@ TokenizedDoc tokenize_chat_doc(const Tokenizer& tok, const nlohmann::ordered_jso
 
 // Every document of a file, tokenized, in file order, stored flat.
 struct DocumentSet {
-  std::vector<int32_t> ids;       // all documents back to back
-  std::vector<uint8_t> target;    // per token
-  std::vector<int64_t> offsets;   // document d is [offsets[d], offsets[d + 1])
-  std::vector<int64_t> line;      // the file line of each document (for messages that name one)
+  std::vector<int32_t> ids;      // all documents back to back
+  std::vector<uint8_t> target;   // per token
+  std::vector<int64_t> offsets;  // document d is [offsets[d], offsets[d + 1])
+  std::vector<int64_t> line;     // the file line of each document (for messages that name one)
   JsonlReport report;
   int64_t size() const { return int64_t(line.size()); }
   int64_t length(int64_t d) const { return offsets[size_t(d) + 1] - offsets[size_t(d)]; }
@@ -76,7 +76,7 @@ struct DocumentSet {
 struct DocOptions {
   DocFormat format = DocFormat::Auto;
   BadLines bad_lines = BadLines::Skip;
-  int64_t eos_id = -1;    // appended to text documents (-1: none)
+  int64_t eos_id = -1;     // appended to text documents (-1: none)
   int64_t vocab_size = 0;  // > 0: a token id >= this is an error naming the line (model and tokenizer disagree)
   ChatOptions chat;
 };
@@ -88,7 +88,7 @@ DocumentSet load_documents(const std::string& path, const Tokenizer& tok, const 
 // RL prompts: {"prompt": "text" | [messages], "answer": "..."} ("answer" optional, a string or a number).
 struct PromptRecord {
   int64_t line = 0;
-  std::string prompt;              // a text prompt ("" when messages are given)
+  std::string prompt;               // a text prompt ("" when messages are given)
   nlohmann::ordered_json messages;  // a chat prompt (null when text is given)
   std::string answer;
 };

@@ -40,7 +40,9 @@ int64_t DocumentSampler::item_at(int64_t p) const {
   return permutation(p / n_)[size_t(p % n_)];
 }
 
-int64_t DocumentSampler::next() { return item_at(draws_++ * world_ + rank_); }
+int64_t DocumentSampler::next() {
+  return item_at(draws_++ * world_ + rank_);
+}
 
 void DocumentSampler::set_position(int64_t draws) {
   if (draws < 0) MT_THROW("document sampler: position ", draws, " must be >= 0");
@@ -111,7 +113,8 @@ std::vector<int64_t> PackedDataset::row_documents(int64_t r) const {
 
 Batch PackedDataset::batch(int64_t index) const {
   MT_CHECK(index >= 0, "batch index must be >= 0, got ", index);
-  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I32)};
+  Batch out{Tensor::empty({B_, S_}, DType::I64), Tensor::empty({B_, S_}, DType::I64),
+            Tensor::empty({B_, S_}, DType::I32)};
   int64_t* ids = out.input_ids.data<int64_t>();
   int64_t* lab = out.labels.data<int64_t>();
   int32_t* seg = out.segments.data<int32_t>();

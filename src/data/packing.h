@@ -61,7 +61,7 @@ class PackedDataset : public BatchSource {
   std::string describe() const override;
 
   const DocumentSet& documents() const { return *docs_; }
-  int64_t rows_in_epoch(int64_t e) const;  // rows the packing of epoch e makes
+  int64_t rows_in_epoch(int64_t e) const;           // rows the packing of epoch e makes
   int64_t truncated() const { return truncated_; }  // documents longer than seq_len (cut)
   // The documents of stream row r, in row order (each cut to S tokens if longer).
   std::vector<int64_t> row_documents(int64_t r) const;
@@ -72,7 +72,7 @@ class PackedDataset : public BatchSource {
     std::vector<int64_t> docs;       // the epoch's documents in sampler order
     std::vector<int64_t> row_first;  // row k holds docs [row_first[k], row_first[k + 1])
   };
-  const Epoch& epoch(int64_t e) const;  // built on demand; the last two are kept (callers hold mu_)
+  const Epoch& epoch(int64_t e) const;                  // built on demand; the last two are kept (callers hold mu_)
   std::pair<int64_t, int64_t> locate(int64_t r) const;  // stream row -> (epoch, row in epoch); holds mu_
 
   std::shared_ptr<const DocumentSet> docs_;

@@ -44,8 +44,8 @@ std::vector<int64_t> document_starts(const Tensor& seg_BS, std::vector<int32_t>&
     int64_t start = 0;
     for (int64_t s = 0; s < S; ++s) {
       const int32_t prev = s ? r[s - 1] : 0, cur = r[s];
-      const bool ok = s == 0 ? (cur == 0 || cur == -1)
-                             : (prev == -1 ? cur == -1 : (cur == prev || cur == prev + 1 || cur == -1));
+      const bool ok =
+          s == 0 ? (cur == 0 || cur == -1) : (prev == -1 ? cur == -1 : (cur == prev || cur == prev + 1 || cur == -1));
       if (!ok)
         MT_THROW("segments row ", b, " position ", s, ": ", cur, " after ", s ? prev : 0,
                  "; a row's documents are numbered 0, 1, 2, ... in order and padding (-1) may only end the row");
@@ -79,7 +79,8 @@ MicroBatch plan_micro_batch(const MicroBatch& whole, int sp, int sp_rank, int ro
   const bool packed = whole.segments.defined();
   std::vector<int32_t> start_BS;
   Tensor seg_host = packed ? whole.segments.to(Device::CPU) : Tensor();
-  const std::vector<int64_t> pad_start = packed ? document_starts(seg_host, start_BS) : std::vector<int64_t>(size_t(B), S);
+  const std::vector<int64_t> pad_start =
+      packed ? document_starts(seg_host, start_BS) : std::vector<int64_t>(size_t(B), S);
   const int32_t* seg = packed ? seg_host.data<int32_t>() : nullptr;
   pl->row_valid.resize(size_t(B));
   pl->real_tokens = 0;

@@ -1,11 +1,12 @@
 // `moetrain sft` (see sft.h).
 #include "train/sft.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -63,10 +64,13 @@ TrainConfig sft_config_from_args(const std::vector<std::string>& args) {
   if (probe.model.empty()) probe.model = "?";
   if (probe.data.empty()) probe.data = "?";
   apply_overrides(probe, rest);
-  if (probe.model == "?") MT_THROW("sft: --model DIR is required (a Hugging Face model directory, or a preset with --tokenizer)");
-  if (probe.data == "?") MT_THROW("sft: --data FILE.jsonl is required (one {\"messages\": [...]} conversation per line)");
+  if (probe.model == "?")
+    MT_THROW("sft: --model DIR is required (a Hugging Face model directory, or a preset with --tokenizer)");
+  if (probe.data == "?")
+    MT_THROW("sft: --data FILE.jsonl is required (one {\"messages\": [...]} conversation per line)");
   if (!ends_with(probe.data, ".jsonl"))
-    MT_THROW("sft: --data '", probe.data, "' is not a .jsonl file; sft reads JSONL lines of {\"messages\": [...]} (or "
+    MT_THROW("sft: --data '", probe.data,
+             "' is not a .jsonl file; sft reads JSONL lines of {\"messages\": [...]} (or "
              "{\"text\": ...} with --data-format auto|text)");
   return probe;
 }
@@ -123,8 +127,10 @@ int sft_main(const std::vector<std::string>& args) {
     if (a == "--help" || a == "-h") {
       const TrainConfig d = sft_defaults();
       std::printf(
-          "usage: moetrain sft --model DIR --data FILE.jsonl [--tokenizer FILE] [--config FILE.json] [--key value ...]\n"
-          "  fine-tunes a Hugging Face model directory on chat data: {\"messages\": [...]} per line, rendered with the\n"
+          "usage: moetrain sft --model DIR --data FILE.jsonl [--tokenizer FILE] [--config FILE.json] [--key value "
+          "...]\n"
+          "  fine-tunes a Hugging Face model directory on chat data: {\"messages\": [...]} per line, rendered with "
+          "the\n"
           "  Qwen3 chat template, loss on the assistant turns only, documents packed with boundaries (docs/data.md).\n"
           "  --model may also be a preset with --tokenizer (random init, for demonstrations).\n"
           "  SFT defaults: out_dir %s, steps %lld, micro_batch_size %lld, seq_len %lld, lr %g, min_lr %g, warmup_steps "
@@ -137,7 +143,8 @@ int sft_main(const std::vector<std::string>& args) {
   TrainSummary s = run_training(cfg);
   if (!s.summary_line.empty()) {
     const size_t colon = s.summary_line.find(':');
-    std::printf("sft%s\n", colon == std::string::npos ? (": " + s.summary_line).c_str() : s.summary_line.substr(colon).c_str());
+    std::printf("sft%s\n",
+                colon == std::string::npos ? (": " + s.summary_line).c_str() : s.summary_line.substr(colon).c_str());
   }
   return 0;
 }

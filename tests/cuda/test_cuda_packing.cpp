@@ -47,8 +47,10 @@ TEST(CudaPacking, AttentionMatchesCpuWithDocumentMask) {
   const Tensor qg = cudatest::to_cuda(q, DType::BF16), kg = cudatest::to_cuda(k, DType::BF16),
                vg = cudatest::to_cuda(v, DType::BF16), dog = cudatest::to_cuda(dout, DType::BF16);
   const Tensor dsg = ds.to(Device::CUDA);
-  Tensor og = Tensor::empty({T, H, Hd}, DType::BF16, Device::CUDA), lg = Tensor::empty({T, H}, DType::F32, Device::CUDA);
-  Tensor dqg = Tensor::empty({T, H, Hd}, DType::BF16, Device::CUDA), dkg = Tensor::empty({T, G, Hd}, DType::BF16, Device::CUDA),
+  Tensor og = Tensor::empty({T, H, Hd}, DType::BF16, Device::CUDA),
+         lg = Tensor::empty({T, H}, DType::F32, Device::CUDA);
+  Tensor dqg = Tensor::empty({T, H, Hd}, DType::BF16, Device::CUDA),
+         dkg = Tensor::empty({T, G, Hd}, DType::BF16, Device::CUDA),
          dvg = Tensor::empty({T, G, Hd}, DType::BF16, Device::CUDA);
   ops::attention_fwd(qg, kg, vg, B, S, og, lg, &dsg);
   ops::attention_bwd(dog, qg, kg, vg, og, lg, B, S, dqg, dkg, dvg, &dsg);

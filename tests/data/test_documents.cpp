@@ -194,7 +194,8 @@ TEST(PackedDataset, EveryDocumentOncePerEpochWithBoundaries) {
       const int64_t d = row[k], off = docs->offsets[size_t(d)];
       for (int64_t i = 0; i < docs->length(d); ++i, ++s) {
         ASSERT_EQ(b.input_ids.data<int64_t>()[r * S + s], docs->ids[size_t(off + i)]);
-        ASSERT_EQ(b.labels.data<int64_t>()[r * S + s], docs->target[size_t(off + i)] ? docs->ids[size_t(off + i)] : -100);
+        ASSERT_EQ(b.labels.data<int64_t>()[r * S + s],
+                  docs->target[size_t(off + i)] ? docs->ids[size_t(off + i)] : -100);
         ASSERT_EQ(b.segments.data<int32_t>()[r * S + s], int32_t(k));
       }
     }
@@ -247,7 +248,8 @@ TEST(TokenizeOut, JsonlTextLinesBecomeShards) {
                                    "{\"txt\": \"no\"}\n"
                                    "{\"text\": \"the café is open\\nall day\"}\n"
                                    "{\"text\": \"a third document, a little longer than the others\"}\n");
-  const std::string dir = (fs::temp_directory_path() / ("moetrain_docs_" + std::to_string(getpid()) + "_shards")).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("moetrain_docs_" + std::to_string(getpid()) + "_shards")).string();
   fs::remove_all(dir);
   const std::string bin = std::string(MT_BINARY_DIR) + "/moetrain tokenize --tokenizer " + kTokenizer;
   const std::string log = dir + ".log";
@@ -257,7 +259,8 @@ TEST(TokenizeOut, JsonlTextLinesBecomeShards) {
   EXPECT_NE(out.find("line 2: no \"text\" field"), std::string::npos) << out;
   EXPECT_NE(out.find("3 documents"), std::string::npos) << out;
   std::vector<uint32_t> want;
-  for (const char* t : {"hello world", "the café is open\nall day", "a third document, a little longer than the others"}) {
+  for (const char* t :
+       {"hello world", "the café is open\nall day", "a third document, a little longer than the others"}) {
     tok().encode_append(t, want);
     want.push_back(0);  // <|endoftext|>
   }

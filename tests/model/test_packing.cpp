@@ -173,7 +173,8 @@ TEST(Packing, PackedEqualsDocumentsOneByOne) {
       for (int64_t i = 0; i < n; ++i) {
         packed_sum += logp.data<float>()[int64_t(r) * S + s0 + i];
         alone_sum += lp1.data<float>()[i];
-        EXPECT_NEAR(logp.data<float>()[int64_t(r) * S + s0 + i], lp1.data<float>()[i], 2e-5) << "doc " << d << " i " << i;
+        EXPECT_NEAR(logp.data<float>()[int64_t(r) * S + s0 + i], lp1.data<float>()[i], 2e-5)
+            << "doc " << d << " i " << i;
       }
       EXPECT_NEAR(packed_sum, alone_sum, 1e-5 * std::max(1.0, std::fabs(alone_sum))) << "doc " << d;
       const LossParts b = m.forward_backward(one, po);
@@ -232,9 +233,9 @@ TEST(Packing, RouterStatisticsIgnorePadding) {
     return r;
   };
   const Run a = run(pack(docs, kRows, 28));
-  const Run b = run(pack(docs, kRows, 40));                                     // more padding
-  const Run d = run(pack(docs, {{0}, {1}, {2}, {3}, {4}, {5}}, 12));            // one document per row
-  const Run e = run(pack(docs, {{5, 4, 3, 2, 1, 0}}, 38));                      // one row, another order
+  const Run b = run(pack(docs, kRows, 40));                           // more padding
+  const Run d = run(pack(docs, {{0}, {1}, {2}, {3}, {4}, {5}}, 12));  // one document per row
+  const Run e = run(pack(docs, {{5, 4, 3, 2, 1, 0}}, 38));            // one row, another order
   for (const Run* r : {&b, &d, &e}) {
     EXPECT_NEAR(r->lp.aux, a.lp.aux, 1e-6 * a.lp.aux);
     EXPECT_NEAR(r->lp.z, a.lp.z, 1e-5 * a.lp.z);

@@ -72,7 +72,8 @@ TEST(SftLayouts, PackedCurveIsTheSameAsOneProcess) {
       worst = std::max(worst, std::abs(a - b) / std::abs(b));
       EXPECT_GT(ref[i]["aux"].get<double>(), 0.0);
       EXPECT_NEAR(got[i]["aux"].get<double>(), ref[i]["aux"].get<double>(), 1e-6 * ref[i]["aux"].get<double>());
-      EXPECT_NEAR(got[i]["z_loss"].get<double>(), ref[i]["z_loss"].get<double>(), 1e-6 * ref[i]["z_loss"].get<double>());
+      EXPECT_NEAR(got[i]["z_loss"].get<double>(), ref[i]["z_loss"].get<double>(),
+                  1e-6 * ref[i]["z_loss"].get<double>());
       EXPECT_NEAR(got[i]["grad_norm"].get<double>(), ref[i]["grad_norm"].get<double>(),
                   1e-5 * ref[i]["grad_norm"].get<double>());
       EXPECT_EQ(got[i]["experts"]["max"], ref[i]["experts"]["max"]);

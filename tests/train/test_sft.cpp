@@ -16,8 +16,20 @@ namespace fs = std::filesystem;
 namespace {
 const std::string kSrc = MT_SOURCE_DIR;
 std::vector<std::string> base_args(const std::string& out) {
-  return {"--data", kSrc + "/examples/chat_small.jsonl", "--out-dir", out, "--device", "cpu", "--seq-len", "256",
-          "--micro-batch-size", "4", "--log-every", "10", "--tensorboard", "0"};
+  return {"--data",
+          kSrc + "/examples/chat_small.jsonl",
+          "--out-dir",
+          out,
+          "--device",
+          "cpu",
+          "--seq-len",
+          "256",
+          "--micro-batch-size",
+          "4",
+          "--log-every",
+          "10",
+          "--tensorboard",
+          "0"};
 }
 }  // namespace
 
@@ -39,7 +51,8 @@ TEST(Sft, TinyModelLearnsTheExampleChats) {
 
   // The checkpoint is a model directory: sft starts from its weights and tokenizer.
   std::vector<std::string> b = base_args(out + "/again");
-  for (const char* x : {"--model", ck.c_str(), "--steps", "2", "--warmup-steps", "1", "--lr", "1e-4", "--min-lr", "1e-5"})
+  for (const char* x :
+       {"--model", ck.c_str(), "--steps", "2", "--warmup-steps", "1", "--lr", "1e-4", "--min-lr", "1e-5"})
     b.push_back(x);
   const TrainConfig c2 = prepare_sft(sft_config_from_args(b));
   EXPECT_EQ(c2.init_from, ck);
@@ -50,12 +63,17 @@ TEST(Sft, TinyModelLearnsTheExampleChats) {
 }
 
 TEST(Sft, ArgumentErrorsNameWhatIsMissing) {
-  EXPECT_NE(testutil::error_of([] { sft_config_from_args({"--data", "x.jsonl"}); }).find("--model DIR is required"),
+  EXPECT_NE(testutil::error_of([] {
+              sft_config_from_args({"--data", "x.jsonl"});
+            }).find("--model DIR is required"),
             std::string::npos);
-  EXPECT_NE(testutil::error_of([] { sft_config_from_args({"--model", "tiny"}); }).find("--data FILE.jsonl is required"),
+  EXPECT_NE(testutil::error_of([] {
+              sft_config_from_args({"--model", "tiny"});
+            }).find("--data FILE.jsonl is required"),
             std::string::npos);
-  EXPECT_NE(testutil::error_of([] { sft_config_from_args({"--model", "tiny", "--data", "x.bin"}); })
-                .find("is not a .jsonl file"),
+  EXPECT_NE(testutil::error_of([] {
+              sft_config_from_args({"--model", "tiny", "--data", "x.bin"});
+            }).find("is not a .jsonl file"),
             std::string::npos);
   const TrainConfig c = sft_config_from_args({"--model", "tiny", "--data", "x.jsonl"});
   EXPECT_NE(testutil::error_of([&] { prepare_sft(c); }).find("give its tokenizer with --tokenizer"), std::string::npos);
@@ -71,9 +89,9 @@ TEST(Sft, ResumedRunEqualsTheUninterruptedOne) {
   fs::remove_all(out);
   auto args = [&](const std::string& dir) {
     std::vector<std::string> a = base_args(dir);
-    for (const char* s : {"--model", "tiny", "--steps", "6", "--save-every", "3", "--seq-len", "128",
-                          "--micro-batch-size", "2", "--grad-accum", "2", "--lr", "3e-3", "--min-lr", "3e-4",
-                          "--warmup-steps", "1"})
+    for (const char* s :
+         {"--model", "tiny", "--steps", "6", "--save-every", "3", "--seq-len", "128", "--micro-batch-size", "2",
+          "--grad-accum", "2", "--lr", "3e-3", "--min-lr", "3e-4", "--warmup-steps", "1"})
       a.push_back(s);
     a.push_back("--tokenizer");
     a.push_back(kSrc + "/tests/assets/tokenizer/trained/tokenizer.json");
@@ -86,7 +104,7 @@ TEST(Sft, ResumedRunEqualsTheUninterruptedOne) {
   TrainConfig second = prepare_sft(sft_config_from_args(args(out + "/parts")));
   second.resume = "latest";
   const TrainSummary rest = run_training(second);
-  EXPECT_EQ(rest.last_loss, whole.last_loss);  // CPU, one process: bit for bit
+  EXPECT_EQ(rest.last_loss, whole.last_loss);    // CPU, one process: bit for bit
   EXPECT_NE(rest.first_loss, whole.first_loss);  // it did start at step 4
   fs::remove_all(out);
 }

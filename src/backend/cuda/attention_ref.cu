@@ -326,10 +326,9 @@ void attention_ref_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tens
       dout, static_cast<const bf16*>(out_THHd.raw()), delta.data<float>(), rows, int(d.Hd));
   MT_CUDA_LAUNCH_CHECK(op);
   const size_t smem_dq = smem_bytes(3 * d.Hd + kTile, op, d.Hd);
-  attn_ref_dq_kernel<<<grid_of(d.T * d.H, op), kThreads, smem_dq, stream()>>>(dout, q, k, v, lse, delta.data<float>(),
-                                                                              static_cast<bf16*>(dq_THHd.raw()), S,
-                                                                              int(d.H), int(d.G), int(d.Hd), scale, li,
-                                                                              first);
+  attn_ref_dq_kernel<<<grid_of(d.T * d.H, op), kThreads, smem_dq, stream()>>>(
+      dout, q, k, v, lse, delta.data<float>(), static_cast<bf16*>(dq_THHd.raw()), S, int(d.H), int(d.G), int(d.Hd),
+      scale, li, first);
   MT_CUDA_LAUNCH_CHECK(op);
   const size_t smem_kv = smem_bytes(4 * d.Hd + 2 * kTile, op, d.Hd);
   attn_ref_dkdv_kernel<<<grid_of(d.T * d.G, op), kThreads, smem_kv, stream()>>>(
