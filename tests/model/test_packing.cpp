@@ -251,3 +251,48 @@ TEST(Packing, RouterStatisticsIgnorePadding) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) n_sparse += c.is_sparse_layer(l) ? 1 : 0;
   EXPECT_EQ(routed, real * n_sparse * c.num_experts_per_tok);  // padding routed nowhere
 }
+
+// The op itself: attention over a packed row equals attention over each document alone (forward and
+// backward, CPU fp32), and a document start that is not one is refused with the row and position.
+TEST(Packing, AttentionOpEqualsEachDocumentAlone) {
+  const int64_t S = 11, H = 4, G = 2, Hd = 8;
+  const std::vector<int64_t> lens = {4, 1, 6};
+  Tensor ds = Tensor::empty({S}, DType::I32);
+  for (int64_t s = 0, d = 0, start = 0; d < int64_t(lens.size()); start += lens[size_t(d)], ++d)
+    for (int64_t i = 0; i < lens[size_t(d)]; ++i, ++s) ds.data<int32_t>()[s] = int32_t(start);
+  Rng rng(3);
+  Tensor q = Tensor::empty({S, H, Hd}), k = Tensor::empty({S, G, Hd}), v = Tensor::empty({S, G, Hd}),
+         dout = Tensor::empty({S, H, Hd});
+  for (Tensor* t : {&q, &k, &v, &dout}) rng.fill_normal(*t, 0.0f, 1.0f);
+  Tensor out = Tensor::empty({S, H, Hd}), lse = Tensor::empty({S, H}), dq = Tensor::empty({S, H, Hd}),
+         dk = Tensor::empty({S, G, Hd}), dv = Tensor::empty({S, G, Hd});
+  ops::attention_fwd(q, k, v, 1, S, out, lse, &ds);
+  ops::attention_bwd(dout, q, k, v, out, lse, 1, S, dq, dk, dv, &ds);
+  int64_t s0 = 0;
+  for (int64_t n : lens) {
+    Tensor o1 = Tensor::empty({n, H, Hd}), l1 = Tensor::empty({n, H}), dq1 = Tensor::empty({n, H, Hd}),
+           dk1 = Tensor::empty({n, G, Hd}), dv1 = Tensor::empty({n, G, Hd});
+    const Tensor q1 = q.rows(s0, n).clone(), k1 = k.rows(s0, n).clone(), v1 = v.rows(s0, n).clone(),
+                 do1 = dout.rows(s0, n).clone();
+    ops::attention_fwd(q1, k1, v1, 1, n, o1, l1);
+    ops::attention_bwd(do1, q1, k1, v1, o1, l1, 1, n, dq1, dk1, dv1);
+    // Relative to the whole tensor's norm: a one-token document's dq and dk are zero up to rounding
+    // (its only probability is 1, so dS = dO.V - dO.O = 0).
+    auto close = [&](const Tensor& whole, const Tensor& alone, const char* what) {
+      const Tensor a = whole.rows(s0, n).clone();
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) num += std::pow(a.data<float>()[i] - alone.data<float>()[i], 2);
+      for (int64_t i = 0; i < whole.numel(); ++i) den += std::pow(whole.data<float>()[i], 2);
+      EXPECT_LT(std::sqrt(num / den), 1e-6) << what << ", document at " << s0;
+    };
+    close(out, o1, "out");
+    close(lse, l1, "lse");
+    close(dq, dq1, "dq");
+    close(dk, dk1, "dk");
+    close(dv, dv1, "dv");
+    s0 += n;
+  }
+  ds.data<int32_t>()[6] = 4;  // position 6 claims the one-token document at 4 as its own
+  const std::string e = testutil::error_of([&] { ops::attention_fwd(q, k, v, 1, S, out, lse, &ds); });
+  EXPECT_NE(e.find("doc_start_T row 0 position 6 is 4"), std::string::npos) << e;
+}
