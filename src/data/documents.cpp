@@ -131,6 +131,13 @@ const nlohmann::ordered_json& field(const nlohmann::ordered_json& j, const char*
 }  // namespace
 
 DocumentSet load_documents(const std::string& path, const Tokenizer& tok, const DocOptions& opt) {
+  // A tokenizer with more ids than the model's vocabulary belongs to another model: one error, before any
+  // line (rather than every line a bad line).
+  if (opt.vocab_size > 0 && int64_t(tok.vocab_size()) > opt.vocab_size)
+    MT_THROW("tokenizer '", tok.source(), "' has ", tok.vocab_size(), " ids but the model's vocab_size is ",
+             opt.vocab_size, ": the tokenizer does not belong to this model");
+  if (opt.eos_id >= 0 && opt.vocab_size > 0 && opt.eos_id >= opt.vocab_size)
+    MT_THROW("eos id ", opt.eos_id, " is outside the model's vocabulary (vocab_size ", opt.vocab_size, ")");
   DocumentSet set;
   set.offsets.push_back(0);
   using Clock = std::chrono::steady_clock;
