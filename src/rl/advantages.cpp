@@ -1,6 +1,7 @@
 // Advantage estimators (advantages.h); fp64 throughout.
 #include "rl/advantages.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -71,6 +72,29 @@ std::vector<std::vector<double>> process_advantages(const std::vector<std::vecto
         later += (r[i][t] - m) / s;
         a[i][t] = later;
       }
+    }
+  }
+  return a;
+}
+
+std::vector<std::vector<double>> position_advantages(const std::vector<std::vector<double>>& r, int64_t G,
+                                                     bool normalize_std, double eps) {
+  check_step_groups(r, G, "position_advantages");
+  std::vector<std::vector<double>> a(r.size());
+  for (size_t g = 0; g < r.size(); g += size_t(G)) {
+    size_t longest = 0;
+    for (size_t i = g; i < g + size_t(G); ++i) {
+      a[i].assign(r[i].size(), 0.0);
+      longest = std::max(longest, r[i].size());
+    }
+    for (size_t t = 0; t < longest; ++t) {
+      std::vector<double> at;
+      for (size_t i = g; i < g + size_t(G); ++i)
+        if (t < r[i].size()) at.push_back(r[i][t]);
+      if (at.size() < 2) continue;
+      const double m = mean(at), s = normalize_std ? unbiased_std(at, m) + eps : 1.0;
+      for (size_t i = g; i < g + size_t(G); ++i)
+        if (t < r[i].size()) a[i][t] = (r[i][t] - m) / s;
     }
   }
   return a;

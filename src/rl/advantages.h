@@ -31,6 +31,12 @@ std::vector<double> batch_normalized_advantages(std::span<const double> rewards,
 
 std::vector<std::vector<double>> process_advantages(const std::vector<std::vector<double>>& step_rewards,
                                                     int64_t group_size, bool normalize_std, double eps = 1e-6);
+// Per-position group baseline (for step rewards that line up by position, e.g. one per answer digit):
+// A_{i,t} = (r_{i,t} - mean_t) / (std_t + eps), mean and unbiased std over the group's samples that have a
+// step t (no division when normalize_std is false); 0 where fewer than two samples have one. Each token
+// is credited with its own step's reward only, against the other samples' rewards at the same step.
+std::vector<std::vector<double>> position_advantages(const std::vector<std::vector<double>>& step_rewards,
+                                                     int64_t group_size, bool normalize_std, double eps = 1e-6);
 // Per group: whether every step reward of every sample is the same value (all normalised rewards 0).
 std::vector<bool> constant_step_groups(const std::vector<std::vector<double>>& step_rewards, int64_t group_size);
 

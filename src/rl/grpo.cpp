@@ -194,7 +194,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   if (o.token_reward) {
     std::vector<std::vector<double>> steps;
     for (const Kept& k : kept) steps.push_back(k.step_rewards);
-    const std::vector<std::vector<double>> adv = process_advantages(steps, n, o.normalize_std);
+    const std::vector<std::vector<double>> adv =
+        o.per_position ? position_advantages(steps, n, o.normalize_std) : process_advantages(steps, n, o.normalize_std);
     for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
   } else {
     const std::vector<double> adv = grpo_advantages(kept_rewards, n, o.normalize_std);

@@ -33,6 +33,9 @@ struct GrpoOptions {
   // order. Set: token advantages from these (the outcome reward still gives the reward metrics), and a
   // group is "zero variance" for dynamic sampling when all its step rewards are equal. Empty: outcome GRPO.
   TokenRewardFn token_reward;
+  // With token_reward: position_advantages (each token against the group's same position) instead of
+  // process_advantages.
+  bool per_position = false;
   PolicyLossConfig loss;  // kl_coef > 0 needs the reference session
   LossAggregation aggregation = LossAggregation::TokenMean;
   double lr = 1e-3;

@@ -35,7 +35,7 @@ const char* kUsage =
     "usage: moetrain grpo [options]\n"
     "  --model DIR               start from this HF checkpoint (default runs/demo/checkpoint-2500, trained when "
     "absent)\n"
-    "  --steps N                 GRPO steps (default 40)\n"
+    "  --steps N                 GRPO steps (default 500)\n"
     "  --prompts-per-step P      groups per step (default 16)\n"
     "  --n G                     samples per prompt (>= 2, default 8)\n"
     "  --min-digits D            operands have D..max digits (default 1)\n"
@@ -43,14 +43,15 @@ const char* kUsage =
     "  --longest on|off          on: at least one operand has max digits (default on)\n"
     "  --algorithm A             grpo | dr-grpo (no std division) (default grpo)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
-    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1)\n"
+    "  --lr LR                   (default 5e-4), --warmup-steps N (default 5)\n"
+    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
     "  --reward digits|prefix|exact   the share of answer positions right, of the answer right before the first\n"
     "                            mistake, or 1/0 for an exact answer (default digits)\n"
-    "  --advantage outcome|process   one reward per sample, or one per answer token (right digit: 1) with\n"
-    "                            DeepSeekMath's process-supervised GRPO advantages (default outcome)\n"
+    "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
+    "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
+    "                            against the group's same position (default outcome)\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
@@ -172,15 +173,16 @@ MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows) {
 
 int grpo_main(const std::vector<std::string>& args) {
   std::string model_dir = kDemoModel, device_name = "auto", out_dir = "runs/grpo", baseline;
-  int64_t steps = 40, per_step = 16, eval_n = 200, seed = 1, warmup = 5;
+  int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5;
   double sft_seconds = 0;
   Task task;
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
-  bool process = false;
+  bool process = false, per_position = false;
   rl::GrpoOptions o;
   o.n = 8;
-  o.lr = 2e-4;
+  o.lr = 5e-4;
+  o.sampling.temperature = 1.5f;
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
   o.progress_every_s = 10;
@@ -231,8 +233,10 @@ int grpo_main(const std::vector<std::string>& args) {
         process = false;
       else if (v == "process")
         process = true;
+      else if (v == "position")
+        process = per_position = true;
       else
-        MT_THROW("grpo: --advantage '", v, "' is unknown; use outcome or process");
+        MT_THROW("grpo: --advantage '", v, "' is unknown; use outcome, process or position");
     } else if (a == "--loss")
       o.loss.kind = rl::parse_policy_loss(value());
     else if (a == "--lr")
@@ -413,6 +417,7 @@ int grpo_main(const std::vector<std::string>& args) {
           r.push_back(answer_token_rewards(problems.at(reqs[size_t(x.prompt_index)].prompt), x.tokens));
         return r;
       };
+    o.per_position = per_position;
     o.seed = uint64_t(seed);
     for (int64_t step = 1; step <= steps; ++step) {
       rl::GrpoOptions os = o;

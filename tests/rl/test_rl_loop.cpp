@@ -456,3 +456,35 @@ TEST(RlProcess, ProcessRewardStepsRaiseTheReward) {
     curve.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, step).reward_mean);
   EXPECT_GT((curve[13] + curve[14] + curve[15]) / 3, (curve[0] + curve[1] + curve[2]) / 3 + 0.3);
 }
+
+// Token-level credit lands on its own token: only the first response token is rewarded (a low id: 1),
+// every later step gets 0. The first token's share of low ids must rise under both token-level
+// advantages; were the advantages shifted by a token, the first token would get no credit.
+TEST(RlProcess, TokenCreditLandsOnItsOwnToken) {
+  for (bool per_position : {true, false}) {
+    Rig r = make_rig(3);
+    GrpoOptions o;
+    o.n = 4;
+    o.max_new_tokens = 6;
+    o.lr = 2e-2;
+    o.per_position = per_position;
+    o.token_reward = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+      std::vector<std::vector<double>> r;
+      for (const GeneratedSample& x : g) {
+        r.emplace_back(x.tokens.size(), 0.0);
+        r.back()[0] = x.tokens[0] < 128 ? 1.0 : 0.0;
+      }
+      return r;
+    };
+    const RewardFn first_low = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+      std::vector<double> out;
+      for (const GeneratedSample& x : g) out.push_back(x.tokens[0] < 128 ? 1.0 : 0.0);
+      return out;
+    };
+    std::vector<double> curve;
+    for (int64_t step = 0; step < 20; ++step)
+      curve.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), first_low, o, step).reward_mean);
+    EXPECT_GT((curve[17] + curve[18] + curve[19]) / 3, (curve[0] + curve[1] + curve[2]) / 3 + 0.3)
+        << (per_position ? "position" : "process") << ": " << curve[0] << " -> " << curve[19];
+  }
+}
