@@ -236,6 +236,11 @@ TrainSummary run_training(const TrainConfig& cfg) {
         const std::string diff = train_config_changes(st["config"], cfg);
         if (!diff.empty()) log_info("resume: warning: settings differ from the saved run's (", diff, ")");
       }
+      // A longer or shorter run (steps) is allowed; its LR schedule then differs from the saved one's.
+      const double saved_lr = st.contains("lr_schedule") ? st["lr_schedule"].value("next_lr", -1.0) : -1.0;
+      if (saved_lr >= 0 && saved_lr != lr_at(lrp, start_step))
+        log_info("resume: the LR schedule differs from the saved run's (steps ", st["lr_schedule"].value("steps", 0),
+                 " -> ", cfg.steps, "): the next step runs at lr ", lr_at(lrp, start_step), " instead of ", saved_lr);
     }
     if (start_step >= stop)
       MT_THROW("resume: checkpoint ", resume_dir, " is at step ", start_step,
