@@ -414,9 +414,9 @@ TEST(RlReference, KlToTheFrozenCopyStartsAtZeroGrowsAndTheKlTermHoldsItDown) {
                "needs a reference model");
 }
 
-// Process-supervised GRPO advantages (DeepSeekMath 4.1.3) by hand: a group of 2 samples with step
-// rewards [1, 0] and [1, 1, 0]: pooled mean 0.6, unbiased std sqrt(0.3); a token's advantage is the sum
-// of the normalised rewards of its step and the later ones.
+// Process-supervised GRPO advantages (DeepSeekMath 4.1.3) and the per-position ones by hand: a group of 2 samples with
+// step rewards [1, 0] and [1, 1, 0]: pooled mean 0.6, unbiased std sqrt(0.3); a token's advantage is the sum of the
+// normalised rewards of its step and the later ones.
 TEST(RlProcess, ProcessAdvantagesByHand) {
   const std::vector<std::vector<double>> r = {{1, 0}, {1, 1, 0}};
   const double s = std::sqrt(0.3) + 1e-6, hi = 0.4 / s, lo = -0.6 / s;
@@ -432,6 +432,14 @@ TEST(RlProcess, ProcessAdvantagesByHand) {
   EXPECT_NEAR(d[0][0], -0.2, 1e-12);
   EXPECT_NEAR(d[1][0], 0.2, 1e-12);
   EXPECT_EQ(constant_step_groups({{1, 1}, {1}, {1, 0}, {1}}, 2), (std::vector<bool>{true, false}));
+  // Per position: step 0 is [1, 1] (no spread: 0), step 1 is [0, 1] (mean 0.5, std sqrt(0.5)), step 2 has
+  // one sample (0).
+  const std::vector<std::vector<double>> p = position_advantages(r, 2, true);
+  EXPECT_NEAR(p[0][0], 0.0, 1e-12);
+  EXPECT_NEAR(p[1][0], 0.0, 1e-12);
+  EXPECT_NEAR(p[0][1], -0.5 / (std::sqrt(0.5) + 1e-6), 1e-9);
+  EXPECT_NEAR(p[1][1], 0.5 / (std::sqrt(0.5) + 1e-6), 1e-9);
+  EXPECT_EQ(p[1][2], 0.0);
   expect_error([] { process_advantages({{1.0}, {}}, 2, true); }, "sample 1 has no step reward");
   expect_error([] { process_advantages({{1.0}}, 1, true); }, "group size 1");
 }
