@@ -320,3 +320,36 @@ TEST(Resume, ReshardsBetweenLayouts) {
     fs::remove_all(d);
   }
 }
+
+// The example: saved under dp_shard 4 x ep 2 (4 ranks; the experts' ep groups fold over the
+// data-parallel ranks), resumed in one process and under dp_shard 2.
+TEST(Resume, FromDpShard4Ep2ToOneProcessAndToDpShard2) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string batch = "--micro-batch-size 4 --grad-accum 1";  // 4 data-parallel ranks: 4 rows
+  const std::string ref = fresh_dir("ref4");
+  ShellRun r = sh(train_cmd(ref, batch));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<double> want = losses(ref);
+  const std::string saved = fresh_dir("saved4");
+  const std::string launch = kMoetrainBin + " launch --nproc-per-node ";
+  auto under_launch = [&](int n, const std::string& dir, const std::string& extra) {
+    return launch + std::to_string(n) + " -- " + train_cmd(dir, batch + " " + extra).substr(kMoetrainBin.size() + 1);
+  };
+  r = sh(under_launch(4, saved, "--ep 2 --max-steps 5"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(read_train_state(saved + "/checkpoint-5")["layout"]["dp_shard"], 4);
+  for (int ranks : {1, 2}) {
+    const std::string d = fresh_dir("resume4_" + std::to_string(ranks));
+    fs::copy(saved + "/checkpoint-5", d + "/checkpoint-5", fs::copy_options::recursive);
+    fs::copy(saved + "/metrics.jsonl", d + "/metrics.jsonl");
+    r = sh(ranks == 1 ? train_cmd(d, batch + " --resume") : under_launch(2, d, "--dp-shard 2 --resume"));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::vector<double> got = losses(d);
+    ASSERT_EQ(got.size(), want.size()) << ranks;
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * std::abs(want[i])) << ranks << " rank(s), step " << i + 1;
+    fs::remove_all(d);
+  }
+  fs::remove_all(saved);
+  fs::remove_all(ref);
+}
