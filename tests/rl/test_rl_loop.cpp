@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -489,10 +490,12 @@ TEST(RlProcess, TokenCreditLandsOnItsOwnToken) {
       for (const GeneratedSample& x : g) out.push_back(x.tokens[0] < 128 ? 1.0 : 0.0);
       return out;
     };
-    std::vector<double> curve;
-    for (int64_t step = 0; step < 20; ++step)
-      curve.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), first_low, o, step).reward_mean);
-    EXPECT_GT((curve[17] + curve[18] + curve[19]) / 3, (curve[0] + curve[1] + curve[2]) / 3 + 0.3)
-        << (per_position ? "position" : "process") << ": " << curve[0] << " -> " << curve[19];
+    double first = 0, last = 0;
+    for (int64_t step = 0; step < 30; ++step) {
+      const double m = grpo_step(*r.s, *r.engine, fixed_prompts(4), first_low, o, step).reward_mean;
+      (step < 5 ? first : last) += step < 5 ? m / 5 : step >= 25 ? m / 5 : 0;
+    }
+    std::printf("%s: first token low %.3f -> %.3f\n", per_position ? "position" : "process", first, last);
+    EXPECT_GT(last, first + 0.3) << (per_position ? "position" : "process");
   }
 }
