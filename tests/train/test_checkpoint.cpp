@@ -62,6 +62,11 @@ std::vector<double> losses(const std::string& run_dir) {
   return v;
 }
 
+// This process's scratch directory goes when the process ends (the reference run lives there).
+struct RemoveScratchAtExit {
+  ~RemoveScratchAtExit() { fs::remove_all(fs::path(tmp_path("ckpt", "x")).parent_path()); }
+} remove_scratch_at_exit;
+
 // The straight 10-step run every resume is compared with (run once per test process).
 const std::string& reference_run() {
   static const std::string dir = [] {

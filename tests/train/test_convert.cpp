@@ -20,9 +20,18 @@ namespace fs = std::filesystem;
 namespace {
 
 // One tiny training run per test process: its final checkpoint (with a tokenizer beside the weights).
+// The run directory goes when the process ends.
+struct RunDir {
+  std::string path;
+  ~RunDir() {
+    if (!path.empty()) fs::remove_all(path);
+  }
+} run_dir;
+
 const std::string& trained_checkpoint() {
   static const std::string dir = [] {
     TrainConfig c = test::tiny_train_run("convert", "run", 0);
+    run_dir.path = c.out_dir;
     c.steps = 2;
     c.tensorboard = 0;
     const TrainSummary s = run_training(c);
