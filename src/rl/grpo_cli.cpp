@@ -1,6 +1,9 @@
 // moetrain grpo: GRPO (rl/grpo.h) on the built-in addition task (docs/rl.md "moetrain grpo"). Starts
-// from the demo checkpoint (training it first when it is absent), rewards exact answers (1 or 0),
-// evaluates greedy exact match on held-out problems of the task before and after, writes per-step
+// from the demo checkpoint (training it first when it is absent), on problems longer than the demo was
+// trained on; by default each answer token is rewarded (1 for a right digit) and credited against the
+// group's samples at the same position (--advantage position; the sample-level rewards and GRPO's
+// outcome advantages are options); evaluates greedy exact match on held-out problems of the task before
+// and after, writes per-step
 // metrics (JSONL) and the final checkpoint, and ends with
 // `grpo: exact-match <before>% -> <after>% on <n> held-out problems`. Every option is checked before
 // any work starts. `--baseline sft` spends the same wall time on supervised fine-tuning instead (the
@@ -43,7 +46,7 @@ const char* kUsage =
     "  --longest on|off          on: at least one operand has max digits (default on)\n"
     "  --algorithm A             grpo | dr-grpo (no std division) (default grpo)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default 5e-4), --warmup-steps N (default 5)\n"
+    "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
@@ -51,7 +54,7 @@ const char* kUsage =
     "                            mistake, or 1/0 for an exact answer (default digits)\n"
     "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
     "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
-    "                            against the group's same position (default outcome)\n"
+    "                            against the group's same position (default position)\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
@@ -178,10 +181,10 @@ int grpo_main(const std::vector<std::string>& args) {
   Task task;
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
-  bool process = false, per_position = false;
+  bool process = true, per_position = true;
   rl::GrpoOptions o;
   o.n = 8;
-  o.lr = 5e-4;
+  o.lr = 2e-4;
   o.sampling.temperature = 1.5f;
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
