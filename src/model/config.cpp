@@ -149,7 +149,7 @@ bool ModelConfig::is_sparse_layer(int64_t layer) const {
 int64_t ModelConfig::num_parameters() const {
   const int64_t D = hidden_size, H = num_attention_heads, G = num_key_value_heads, Hd = head_dim;
   int64_t n = vocab_size * D;                     // embed_tokens
-  if (!tie_word_embeddings) n += vocab_size * D;  // lm_head
+  if (!tie_word_embeddings) n += (value_head ? 1 : vocab_size) * D;  // lm_head (score.weight: [1, D])
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
     n += 2 * H * Hd * D + 2 * G * Hd * D;  // q, o and k, v projections
     n += 2 * Hd + 2 * D;                   // q_norm, k_norm, input and post-attention layer norms
@@ -163,7 +163,7 @@ int64_t ModelConfig::num_parameters() const {
 
 int64_t ModelConfig::active_matmul_parameters() const {
   const int64_t D = hidden_size, H = num_attention_heads, G = num_key_value_heads, Hd = head_dim;
-  int64_t n = vocab_size * D;  // lm_head (tied or not, it is a matmul); the embedding lookup is not
+  int64_t n = (value_head ? 1 : vocab_size) * D;  // lm_head (tied or not, it is a matmul); the embedding lookup is not
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
     n += 2 * H * Hd * D + 2 * G * Hd * D;
     if (is_sparse_layer(l))
@@ -181,6 +181,9 @@ void ModelConfig::validate() const {
     if (v <= 0) MT_THROW(name, " (", v, ") must be > 0");
   };
   positive("vocab_size", vocab_size);
+  if (value_head && tie_word_embeddings)
+    MT_THROW("value_head with tie_word_embeddings true: the scalar head score.weight [1, D] cannot share the "
+             "embedding [V, D]; use an untied model");
   positive("hidden_size", hidden_size);
   positive("num_hidden_layers", num_hidden_layers);
   positive("num_attention_heads", num_attention_heads);

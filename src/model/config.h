@@ -31,6 +31,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
   int64_t bos_token_id = -1, eos_token_id = -1;  // -1 = absent
+  // A value model (the RL critic): the LM head is a scalar head score.weight [1, D] (transformers'
+  // *ForTokenClassification with num_labels 1) and the model outputs v_t = norm(h_t) . w per token
+  // (Qwen3MoeModel: LossParts::value, ValueObjective). Not read from config.json; needs untied embeddings.
+  bool value_head = false;
 
   bool is_sparse_layer(int64_t layer) const;  // transformers' rule (decoder_sparse_step, mlp_only_layers)
   int64_t num_parameters() const;             // all parameters (tied embedding counted once)

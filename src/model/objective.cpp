@@ -1,4 +1,4 @@
-// CrossEntropyObjective (objective.h).
+// CrossEntropyObjective and ValueObjective's guard (objective.h).
 #include "model/objective.h"
 
 #include "core/error.h"
@@ -19,6 +19,11 @@ double CrossEntropyObjective::coefficients(const TokenRows& rows, Tensor& dlogp,
     if (rows.labels.data<int64_t>()[t] != -100) g.data<float>()[t] = float(-scale_);
   dlogp.copy_from(g.to(dlogp.device()));
   return -scale_ * host_sum(rows.logp);
+}
+
+double ValueObjective::coefficients(const TokenRows&, Tensor&, Tensor*) const {
+  MT_THROW("a value objective on a model with an LM head: it needs a value-head model (ModelConfig::value_head, "
+           "score.weight [1, D])");
 }
 
 }  // namespace mt

@@ -29,6 +29,7 @@ struct TokenRows {
   Tensor logp;                 // f32 [rows] on the model's device: log p(label), 0 on ignored rows
   Tensor entropy;              // f32 [rows] on the model's device; defined when the objective asks
   std::vector<Tensor> values;  // MicroBatch::token_values for these rows, f32 [rows] each (host)
+  Tensor value;                // value-head models: v_t, f32 [rows] on the model's device (logp undefined)
 };
 
 class TokenObjective {
@@ -49,6 +50,18 @@ class CrossEntropyObjective : public TokenObjective {
 
  private:
   double scale_;
+};
+
+// The objective of a value model (ModelConfig::value_head, the RL critic): the head computes v_t = hn_t . w
+// for each target row, the objective returns its loss and writes dv = dL/dv_t; the backward gives
+// dhn_t = dv_t w and dw = sum_t dv_t hn_t. The same contract as above (sums of per-token terms, normalisers
+// fixed by the caller; ignored rows get dv = 0 whatever the objective writes). A value objective handed
+// to an LM-head model, or a token objective to a value-head model, is an error.
+class ValueObjective : public TokenObjective {
+ public:
+  double coefficients(const TokenRows& rows, Tensor& dlogp, Tensor* dentropy) const final;  // throws
+  // Writes dv (f32 [rows], the model's device, zeroed); returns this rank's loss of the micro-batch.
+  virtual double value_coefficients(const TokenRows& rows, Tensor& dv) const = 0;
 };
 
 // The sum of an f32 [n] tensor on any device, in fp64 on the host (metrics of a micro-batch).

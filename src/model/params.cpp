@@ -37,7 +37,8 @@ ParamTable::ParamTable(const ModelConfig& c) {
     }
   }
   add("model.norm.weight", {D}, -1);
-  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, D}, -1);
+  if (c.value_head) add("score.weight", {1, D}, -1);  // the critic's scalar head (config.h)
+  else if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, D}, -1);
 }
 
 void ParamTable::add(const std::string& name, const Shape& shape, int64_t layer) {
@@ -88,7 +89,7 @@ static Tensor* field_of(ModelWeights& w, const ParamEntry& e) {
   if (e.layer < 0) {
     if (e.name == "model.embed_tokens.weight") return &w.embed;
     if (e.name == "model.norm.weight") return &w.norm;
-    if (e.name == "lm_head.weight") return &w.lm_head;
+    if (e.name == "lm_head.weight" || e.name == "score.weight") return &w.lm_head;
     MT_CHECK(false, "unknown non-layer parameter ", e.name);
   }
   LayerWeights& lw = w.layers[size_t(e.layer)];

@@ -573,6 +573,17 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   if (!(opt.temperature > 0) || !std::isfinite(opt.temperature))
     MT_THROW("PassOptions: temperature ", opt.temperature, "; the head divides the logits by it: need a finite value > 0");
   if (opt.objective && !backward) MT_THROW("a per-token objective applies to forward_backward; forward takes token_logprobs");
+  if (opt.objective && dynamic_cast<const ValueObjective*>(opt.objective) && !cfg_.value_head)
+    MT_THROW("a value objective on a model with an LM head: it needs a value-head model (ModelConfig::value_head, "
+             "score.weight [1, D])");
+  if (cfg_.value_head) {
+    if (backward && !dynamic_cast<const ValueObjective*>(opt.objective))
+      MT_THROW("a value-head model (score.weight [1, D]) trains on a ValueObjective (dL/dv), not ",
+               opt.objective ? "a token objective" : "cross-entropy (ce_scale)");
+    if (opt.token_logprobs || opt.logits_out || opt.temperature != 1.0)
+      MT_THROW("a value-head model has no token distribution: token_logprobs, logits_out and temperature ",
+               opt.temperature, " (need 1) do not apply");
+  }
   const double aux_scale = backward ? opt.aux_scale : 0.0;
   if (aux_scale != 0 && !aux_enabled())
     MT_THROW("aux_scale ", aux_scale, " given but the aux loss is disabled (output_router_logits false or no MoE layer)");
@@ -690,18 +701,24 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     if (par_.reduce_aux_stats) par_.reduce_aux_stats(counts_E_, sums_E_, aux_rows_);
     out.aux = ops::aux_loss_value(counts_E_, sums_E_, aux_rows_);
   }
-  // Three heads. (1) Training on cross-entropy with no logits requested: the fused, chunked LM head +
+  // The heads. (1) Training on cross-entropy with no logits requested: the fused, chunked LM head +
   // loss, one pass that never holds the f32 logits of the whole micro-batch. (2) A per-token objective,
   // or log-probabilities requested: the chunked head computes logp (and entropy) first, the objective
   // its coefficients from them, then the chunked backward takes those. (3) Otherwise (logits_out, or a
   // forward that reports ce_sum) the logits are materialised.
   const double ce_scale = opt.ce_scale;
   const TokenObjective* obj = backward ? opt.objective : nullptr;
+  // (4) A value head (ModelConfig::value_head): v = hn w^T, one column, and its objective's dL/dv.
+  const ValueObjective* vobj = obj ? dynamic_cast<const ValueObjective*>(obj) : nullptr;
   const bool want_entropy = opt.token_entropy || (obj && obj->needs_entropy());
   const bool chunked = obj || opt.token_logprobs;
   const bool fused_head = backward && !opt.logits_out && !chunked;
   Tensor logits, lse;
-  if (chunked) {
+  if (cfg_.value_head) {
+    Tensor v_T1 = keep_.alloc({T, 1});
+    ops::linear_fwd(hn, w_.lm_head, v_T1);
+    out.value = v_T1.view({T}).clone();  // outlives the pass
+  } else if (chunked) {
     out.logp = Tensor::empty({T}, DType::F32, device_);  // outlives the pass: not in an arena
     if (want_entropy) out.entropy = Tensor::empty({T}, DType::F32, device_);
     ops::lm_head_logprobs(hn, w_.lm_head, labels_T, 0, out.logp, want_entropy ? &out.entropy : nullptr);
@@ -731,7 +748,22 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   if (tied) grads_for(embed);
   Tensor dhn = keep_.alloc({T, D}, act_);
   const bool acc = !pass_.overwrite_grads;  // the embedding's second use (tied) then still adds
-  if (obj) {
+  if (vobj) {
+    TokenRows rows;
+    rows.rows = T;
+    rows.labels = lab_host;
+    rows.value = out.value;
+    for (const Tensor& v : plan.shifted_values) rows.values.push_back(v.rows(row0, T));
+    Tensor dv = Tensor::zeros({T}, DType::F32, device_);
+    out.objective = vobj->value_coefficients(rows, dv);
+    Tensor dv_host = dv.to(Device::CPU);  // ignored rows get no gradient, whatever the objective wrote
+    for (int64_t t = 0; t < T; ++t)
+      if (lab_host.data<int64_t>()[t] == -100) dv_host.data<float>()[t] = 0;
+    Tensor dv_T1 = keep_.alloc({T, 1});
+    dv_T1.copy_from(cpu ? dv_host.view({T, 1}) : dv_host.view({T, 1}).to(device_));
+    ops::linear_bwd(dv_T1, hn, w_.lm_head, &dhn, false, g_.lm_head, acc);
+    out.loss = total();
+  } else if (obj) {
     TokenRows rows;
     rows.rows = T;
     rows.labels = lab_host;

@@ -53,6 +53,9 @@ struct LossParts {
   // PassOptions::token_logprobs: log p(target) and, with token_entropy, the entropy of every local
   // target row (f32 [rows] on the model's device, 0 on ignored rows; under tp this rank's rows).
   Tensor logp, entropy;
+  // Value-head models (ModelConfig::value_head): v_t of every local row, f32 [rows] on the model's
+  // device, in every forward and forward_backward (ce_sum then stays 0).
+  Tensor value;
 };
 
 class TokenObjective;  // model/objective.h
