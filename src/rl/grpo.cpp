@@ -10,6 +10,7 @@
 #include "core/rng.h"
 #include "rl/rollout_batch.h"
 #include "rl/shaping.h"
+#include "rl/value_loss.h"
 
 namespace mt::rl {
 
@@ -25,6 +26,7 @@ struct Kept {
   RolloutSample s;
   std::vector<double> step_rewards;  // process supervision
   std::vector<double> advantage;     // per response token
+  std::vector<double> values, returns;  // PPO: the critic's values before the update, GAE returns
   bool filtered = false;             // overlong filtering: token weight 0
 };
 
@@ -32,6 +34,7 @@ struct Kept {
 struct UpdateMicroBatch {
   PackedRollouts p;
   std::vector<size_t> samples;  // indices into the kept samples
+  PackedRollouts critic;        // PPO: the same rows for the critic (returns, old values, weights; no replay)
 };
 
 }  // namespace
@@ -52,23 +55,59 @@ void validate(const GrpoOptions& o) {
   if (o.mini_batches < 1) MT_THROW("grpo: mini_batches = ", o.mini_batches, "; need >= 1");
   if (o.micro_batch_samples < 0)
     MT_THROW("grpo: micro_batch_samples = ", o.micro_batch_samples, "; need >= 0 (0: one)");
+  if (!(o.gamma >= 0 && o.gamma <= 1)) MT_THROW("grpo: gamma ", o.gamma, "; need a value in [0, 1]");
+  if (!(o.lam >= 0 && o.lam <= 1)) MT_THROW("grpo: lam ", o.lam, "; need a value in [0, 1]");
+  if (!std::isfinite(o.value_clip)) MT_THROW("grpo: value_clip ", o.value_clip, "; need a finite value (<= 0: off)");
+  if (!(o.critic_lr >= 0) || !std::isfinite(o.critic_lr))
+    MT_THROW("grpo: critic_lr ", o.critic_lr, "; need a finite value >= 0");
   validate(o.loss);
 }
 
+void init_critic_from_policy(TrainSession& critic, TrainSession& policy) {
+  if (!critic.config().value_head)
+    MT_THROW("init_critic_from_policy: the critic's config has no value_head (it needs score.weight [1, D])");
+  if (critic.dist().world_size() > 1 || policy.dist().world_size() > 1)
+    MT_THROW("init_critic_from_policy: one process only (world sizes ", critic.dist().world_size(), " and ",
+             policy.dist().world_size(), ")");
+  const ParamTable& ct = critic.table();
+  const ParamTable& pt = policy.table();
+  const ParamEntry* score = ct.find("score.weight");
+  MT_CHECK(score, "a value-head table without score.weight");
+  // The body: the same entries in the same order before the head.
+  for (const ParamEntry& e : ct.entries()) {
+    if (e.name == "score.weight") continue;
+    const ParamEntry* q = pt.find(e.name);
+    if (!q || q->shape != e.shape || q->offset != e.offset)
+      MT_THROW("init_critic_from_policy: the policy's ", e.name, " ", q ? "has another shape or place" : "is missing",
+               "; the critic must be the policy's architecture with a scalar head");
+  }
+  Tensor body = policy.master().to(Device::CPU).rows(0, score->offset);
+  Tensor cm = critic.master().to(Device::CPU);
+  cm.rows(0, score->offset).copy_from(body);
+  cm.rows(score->offset, score->numel).zero_();
+  if (critic.master().device() != Device::CPU) critic.master().copy_from(cm);  // else cm is the master itself
+  critic.refresh_compute_weights();
+}
+
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference) {
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
+                      TrainSession* critic) {
   if (prompts.empty()) MT_THROW("grpo: no prompts");
   const PromptFn same = [&](int64_t count) {
     if (count != int64_t(prompts.size()))
       MT_THROW("grpo: ", count, " prompts asked of a fixed set of ", prompts.size());
     return prompts;
   };
-  return grpo_step(session, engine, same, int64_t(prompts.size()), reward, o, step, reference);
+  return grpo_step(session, engine, same, int64_t(prompts.size()), reward, o, step, reference, critic);
 }
 
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompt_fn, int64_t groups,
-                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference) {
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
+                      TrainSession* critic) {
   validate(o);
+  if (critic && !critic->config().value_head)
+    MT_THROW("grpo: the critic session's model has an LM head; PPO's critic needs ModelConfig::value_head");
+  if (critic && critic->dist().world_size() > 1) MT_THROW("grpo_step runs on one process for now (the critic too)");
   if (groups < 1) MT_THROW("grpo: groups = ", groups, " prompts per step; need >= 1");
   if (o.mini_batches > groups)
     MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups a step; a mini-batch needs a group");
@@ -190,8 +229,55 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     return m;
   }
 
-  // 2. Advantages, per kept group.
-  if (o.token_reward) {
+  // 2. Advantages, per kept group; with a critic, GAE per sample from its values.
+  if (critic) {
+    auto t = Clock::now();
+    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
+    for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
+      std::vector<RolloutSample> ss;
+      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
+        ss.push_back(kept[i].s);
+        ss.back().routing = RoutingRecord();  // the critic routes with its own router
+      }
+      const PackedRollouts p = pack_rollouts(ss, K);
+      const std::vector<std::vector<float>> v = response_values(p, critic->model().forward(p.mb, PassOptions{}).value);
+      for (size_t k = 0; k < ss.size(); ++k) {
+        Kept& x = kept[c0 + k];
+        x.values.assign(v[k].begin(), v[k].end());
+        std::vector<double> r(x.s.response.size(), 0.0);
+        if (o.token_reward) r = x.step_rewards;
+        else r.back() = kept_rewards[c0 + k];
+        Gae g = gae(r, x.values, o.gamma, o.lam);
+        x.advantage = std::move(g.advantages);
+        x.returns = std::move(g.returns);
+      }
+    }
+    m.critic_value_s = since(t);
+    // Whitened over the trained tokens; value metrics against the returns.
+    double n_tok = 0, a_sum = 0, a_sq = 0, v_sum = 0, r_sum2 = 0, r_sq2 = 0, e_sum = 0, e_sq = 0;
+    for (const Kept& x : kept)
+      if (!x.filtered)
+        for (size_t j = 0; j < x.advantage.size(); ++j) {
+          n_tok += 1;
+          a_sum += x.advantage[j];
+          a_sq += x.advantage[j] * x.advantage[j];
+          v_sum += x.values[j];
+          r_sum2 += x.returns[j];
+          r_sq2 += x.returns[j] * x.returns[j];
+          const double e = x.returns[j] - x.values[j];
+          e_sum += e;
+          e_sq += e * e;
+        }
+    if (n_tok > 0) {
+      const double mean = a_sum / n_tok, sd = std::sqrt(std::max(0.0, a_sq / n_tok - mean * mean));
+      for (Kept& x : kept)
+        for (double& a : x.advantage) a = (a - mean) / (sd + 1e-6);
+      m.value_mean = v_sum / n_tok;
+      const double var_r = r_sq2 / n_tok - (r_sum2 / n_tok) * (r_sum2 / n_tok);
+      const double var_e = e_sq / n_tok - (e_sum / n_tok) * (e_sum / n_tok);
+      m.explained_variance = var_r > 1e-12 ? 1.0 - var_e / var_r : 0.0;
+    }
+  } else if (o.token_reward) {
     std::vector<std::vector<double>> steps;
     for (const Kept& k : kept) steps.push_back(k.step_rewards);
     const std::vector<std::vector<double>> adv =
@@ -271,6 +357,23 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       set_token_values(u.p, PolicyObjective::kOldLogp, old);
       set_token_values(u.p, PolicyObjective::kWeight, w_t);
       if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
+      if (critic) {
+        std::vector<RolloutSample> cs;
+        std::vector<std::vector<float>> ret_t, val_t, cw_t;
+        for (size_t i : u.samples) {
+          const Kept& x = kept[i];
+          cs.push_back(x.s);
+          cs.back().routing = RoutingRecord();
+          ret_t.emplace_back(x.returns.begin(), x.returns.end());
+          val_t.emplace_back(x.values.begin(), x.values.end());
+          // The value loss's token mean over the mini-batch's trained tokens.
+          cw_t.emplace_back(x.s.response.size(), x.filtered ? 0.0f : float(1.0 / double(std::max<int64_t>(mb_tokens, 1))));
+        }
+        u.critic = pack_rollouts(cs, K);
+        set_token_values(u.critic, ValueLossObjective::kReturn, ret_t);
+        set_token_values(u.critic, ValueLossObjective::kOldValue, val_t);
+        set_token_values(u.critic, ValueLossObjective::kWeight, cw_t);
+      }
       minis[size_t(b)].push_back(std::move(u));
     }
   }
@@ -325,6 +428,30 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       trained += pm.tokens;
     }
   m.update_s = since(t);
+  // 5. PPO: the critic's update on the returns, the same epochs and mini-batches.
+  if (critic) {
+    const auto tc = Clock::now();
+    int64_t c_updates = 0, c_tokens = 0, c_clipped = 0;
+    for (int64_t e = 0; e < o.epochs; ++e)
+      for (const std::vector<UpdateMicroBatch>& mb : minis) {
+        std::vector<MicroBatch> batches;
+        for (const UpdateMicroBatch& u : mb) batches.push_back(u.critic.mb);
+        ValueLossObjective vobj(o.value_clip);
+        StepOptions so;
+        so.lr = o.critic_lr;
+        so.objective = &vobj;
+        const StepResult r = critic->train_step(batches, so);
+        ++c_updates;
+        m.value_loss += r.objective_sum;
+        m.critic_grad_norm += r.opt.grad_norm;
+        c_tokens += vobj.metrics().tokens;
+        c_clipped += vobj.metrics().clipped;
+      }
+    m.value_loss /= double(c_updates);
+    m.critic_grad_norm /= double(c_updates);
+    m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
+    m.critic_update_s = since(tc);
+  }
   m.train_tokens_per_s = m.update_s > 0 ? double(train_tokens) / m.update_s : 0;
   m.loss /= double(m.updates);
   m.grad_norm /= double(m.updates);

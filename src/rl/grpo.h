@@ -7,7 +7,11 @@
 // (gradient accumulation) with PolicyObjective -> the engine reads the new weights at its next call.
 // Sampling at temperature T: the trainer's head divides the logits by the same T
 // (PassOptions::temperature), so the ratios compare the same distributions. docs/rl.md "One step".
-// Not yet: several ranks (each would generate its own prompts), the critic.
+// PPO (a critic session given): the critic's values of the rollout tokens before the update, GAE(gamma,
+// lambda) advantages (whitened over the step) and returns from token rewards, the policy update as above
+// with those per-token advantages, then the critic's own update (its AdamW, lr critic_lr) on the returns
+// with the clipped value loss, over the same epochs and mini-batches. docs/rl.md "PPO with a critic".
+// Not yet: several ranks (each would generate its own prompts).
 #pragma once
 #include <functional>
 #include <vector>
@@ -55,6 +59,11 @@ struct GrpoOptions {
   // The update: `epochs` passes over the step's samples, split into `mini_batches` mini-batches of whole
   // groups (one optimizer step each), each in micro-batches of micro_batch_samples samples (0: one).
   int64_t epochs = 1, mini_batches = 1, micro_batch_samples = 0;
+  // PPO (grpo_step's `critic`): token rewards r_t are the process rewards of token_reward when set, else
+  // the outcome reward on the last response token; GAE(gamma, lam) over them with the critic's values
+  // (0 after the last token); advantages whitened (mean 0, std 1) over the step's trained tokens; the
+  // critic's clipped value loss with value_clip (<= 0: unclipped) at lr critic_lr.
+  double gamma = 1.0, lam = 0.95, value_clip = 0.2, critic_lr = 1e-4;
   // During the update, a progress line (micro-batch k/K, ETA) at most this often (seconds; 0: never).
   double progress_every_s = 0;
 };
@@ -81,6 +90,11 @@ struct GrpoMetrics {
   double logprob_diff_mean = 0, logprob_diff_max = 0, importance_weight_mean = 0;
   double rollout_tokens_per_s = 0;  // generated tokens / generate_s
   double train_tokens_per_s = 0;    // tokens (prompt + response) through train_step / update_s
+  // PPO's critic: value loss (mean over its optimizer steps), values and explained variance
+  // 1 - Var(R - V) / Var(R) of the returns by the values before the update, the fraction of tokens on the
+  // clipped side at its bound, the critic's gradient norm and update time.
+  double value_loss = 0, value_mean = 0, explained_variance = 0, value_clip_frac = 0, critic_grad_norm = 0;
+  double critic_update_s = 0, critic_value_s = 0;
   double generate_s = 0, reward_s = 0, logprob_s = 0, ref_logprob_s = 0, update_s = 0, weight_sync_s = 0;
 };
 
@@ -93,11 +107,19 @@ using PromptFn = std::function<std::vector<std::vector<int32_t>>(int64_t count)>
 // `step` seeds the draws (each prompt's seed mixes it with the prompt's index in the step). `groups`
 // prompts per round and wanted in the update. The session needs an optimizer; the engine must record
 // routing when replay_routing. `reference`: a frozen session (SessionOptions::weights = Frozen) with the
-// initial weights, needed when loss.kl_coef > 0, else optional (then ref_kl is reported).
+// initial weights, needed when loss.kl_coef > 0, else optional (then ref_kl is reported). `critic`: a
+// value-head session (ModelConfig::value_head) with an optimizer: PPO with GAE instead of group advantages.
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompts, int64_t groups,
-                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr);
+                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr,
+                      TrainSession* critic = nullptr);
+// PPO's critic from the policy: every weight but the head copied from `policy` (the same architecture,
+// one process each), the scalar head score.weight set to zero (values start at 0), the compute copy
+// refreshed. Errors name what differs (a critic without value_head, other shapes, several ranks).
+void init_critic_from_policy(TrainSession& critic, TrainSession& policy);
+
 // The same prompts every round (tests, fixed prompt sets).
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr);
+                      const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr,
+                      TrainSession* critic = nullptr);
 
 }  // namespace mt::rl
