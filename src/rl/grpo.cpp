@@ -24,10 +24,10 @@ double since(Clock::time_point t) {
 // One kept sample and what the update needs of it.
 struct Kept {
   RolloutSample s;
-  std::vector<double> step_rewards;  // process supervision
-  std::vector<double> advantage;     // per response token
+  std::vector<double> step_rewards;     // process supervision
+  std::vector<double> advantage;        // per response token
   std::vector<double> values, returns;  // PPO: the critic's values before the update, GAE returns
-  bool filtered = false;             // overlong filtering: token weight 0
+  bool filtered = false;                // overlong filtering: token weight 0
 };
 
 // A micro-batch of the update: its samples packed, their per-token values set.
@@ -245,8 +245,10 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
         Kept& x = kept[c0 + k];
         x.values.assign(v[k].begin(), v[k].end());
         std::vector<double> r(x.s.response.size(), 0.0);
-        if (o.token_reward) r = x.step_rewards;
-        else r.back() = kept_rewards[c0 + k];
+        if (o.token_reward)
+          r = x.step_rewards;
+        else
+          r.back() = kept_rewards[c0 + k];
         Gae g = gae(r, x.values, o.gamma, o.lam);
         x.advantage = std::move(g.advantages);
         x.returns = std::move(g.returns);
@@ -367,7 +369,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
           ret_t.emplace_back(x.returns.begin(), x.returns.end());
           val_t.emplace_back(x.values.begin(), x.values.end());
           // The value loss's token mean over the mini-batch's trained tokens.
-          cw_t.emplace_back(x.s.response.size(), x.filtered ? 0.0f : float(1.0 / double(std::max<int64_t>(mb_tokens, 1))));
+          cw_t.emplace_back(x.s.response.size(),
+                            x.filtered ? 0.0f : float(1.0 / double(std::max<int64_t>(mb_tokens, 1))));
         }
         u.critic = pack_rollouts(cs, K);
         set_token_values(u.critic, ValueLossObjective::kReturn, ret_t);

@@ -44,7 +44,9 @@ const char* kUsage =
     "  --min-digits D            operands have D..max digits (default 1)\n"
     "  --max-digits D            (default 4; the demo is trained on 1..3)\n"
     "  --longest on|off          on: at least one operand has max digits (default on)\n"
-    "  --algorithm A             grpo | dr-grpo (no std division) (default grpo)\n"
+    "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages) (default grpo)\n"
+    "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
+    "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
     "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
@@ -58,7 +60,8 @@ const char* kUsage =
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
-    "  --dynamic-sampling on|off drop zero-variance groups and refill (default on), --max-generate-rounds R (4)\n"
+    "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
+    "                            --max-generate-rounds R (4)\n"
     "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
     "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty (default off)\n"
     "  --epochs E, --mini-batches M, --micro-batch-samples S   the update (defaults 1, 1, 0 = one)\n"
@@ -182,9 +185,11 @@ int grpo_main(const std::vector<std::string>& args) {
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
   bool process = true, per_position = true;
+  bool ppo = false, dynamic_given = false;
   rl::GrpoOptions o;
   o.n = 8;
   o.lr = 2e-4;
+  o.critic_lr = 5e-4;
   o.sampling.temperature = 1.5f;
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
@@ -216,8 +221,18 @@ int grpo_main(const std::vector<std::string>& args) {
         o.normalize_std = true;
       else if (v == "dr-grpo")
         o.normalize_std = false;
+      else if (v == "ppo")
+        ppo = true;
       else
-        MT_THROW("grpo: --algorithm '", v, "' is unknown; use grpo or dr-grpo");
+        MT_THROW("grpo: --algorithm '", v, "' is unknown; use grpo, dr-grpo or ppo");
+    } else if (a == "--critic-lr") {
+      o.critic_lr = parse_flag_number<double>(a, value());
+    } else if (a == "--gamma") {
+      o.gamma = parse_flag_number<double>(a, value());
+    } else if (a == "--lam") {
+      o.lam = parse_flag_number<double>(a, value());
+    } else if (a == "--value-clip") {
+      o.value_clip = parse_flag_number<double>(a, value());
     } else if (a == "--longest") {
       task.longest = parse_on_off(a, value());
     } else if (a == "--reward") {
@@ -264,9 +279,10 @@ int grpo_main(const std::vector<std::string>& args) {
       o.loss.entropy_coef = parse_flag_number<double>(a, value());
     else if (a == "--aggregation")
       o.aggregation = rl::parse_loss_aggregation(value());
-    else if (a == "--dynamic-sampling")
+    else if (a == "--dynamic-sampling") {
       o.dynamic_sampling = parse_on_off(a, value());
-    else if (a == "--max-generate-rounds")
+      dynamic_given = true;
+    } else if (a == "--max-generate-rounds")
       o.max_generate_rounds = parse_flag_number<int64_t>(a, value());
     else if (a == "--overlong-filter")
       o.overlong_filter = parse_on_off(a, value());
@@ -313,6 +329,13 @@ int grpo_main(const std::vector<std::string>& args) {
   if (baseline.empty() && sft_seconds != 0) MT_THROW("grpo: --sft-seconds ", sft_seconds, " without --baseline sft");
   if (o.loss.kl_coef > 0 && !use_reference)
     MT_THROW("grpo: --kl-coef ", o.loss.kl_coef, " needs the reference model; drop --reference off");
+  // PPO has no group baseline: a group of equal rewards still trains the critic and has GAE advantages.
+  if (ppo && !dynamic_given) o.dynamic_sampling = false;
+  if (!ppo && (o.critic_lr != 5e-4 || o.gamma != 1.0 || o.lam != rl::GrpoOptions{}.lam ||
+               o.value_clip != rl::GrpoOptions{}.value_clip))
+    MT_THROW(
+        "grpo: --critic-lr, --gamma, --lam and --value-clip set the critic of --algorithm ppo; the algorithm "
+        "here has none");
   o.max_new_tokens = max_answer_tokens(task.hi);
   rl::validate(o);
   if (eval_n > max_eval_problems(task.hi))
@@ -342,6 +365,17 @@ int grpo_main(const std::vector<std::string>& args) {
     ro.weights = Weights::Frozen;
     reference = std::make_unique<TrainSession>(cfg, ro);
     reference->load(model_dir);
+  }
+  // PPO's critic: the policy's architecture with a scalar head (score.weight [1, D], zero) on the same body.
+  std::unique_ptr<TrainSession> critic;
+  if (ppo && baseline.empty()) {
+    ModelConfig cc = cfg;
+    cc.value_head = true;
+    cc.tie_word_embeddings = false;  // its own copy of the embedding
+    critic = std::make_unique<TrainSession>(cc, so);
+    critic->init_weights(uint64_t(seed));
+    rl::init_critic_from_policy(*critic, session);
+    critic->make_optimizer(ac, false);
   }
 
   // The KV cache: what the larger of a step's rollouts and the evaluation can hold.
@@ -395,7 +429,10 @@ int grpo_main(const std::vector<std::string>& args) {
     log_info("grpo: ", model_dir, ", task: ", task_text, "; held-out exact match before: ", before, "%; ", steps,
              " steps of ", per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ",
              o.sampling.temperature, o.dynamic_sampling ? ", dynamic sampling" : "",
-             reference ? ", reference model" : "");
+             reference ? ", reference model" : "",
+             critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
+                          ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
+                    : std::string());
     std::map<std::vector<int32_t>, Problem> problems;  // by prompt: the reward's answer key
     const rl::PromptFn draw = [&](int64_t count) {
       problems.clear();  // one round's prompts at a time
@@ -425,13 +462,18 @@ int grpo_main(const std::vector<std::string>& args) {
     for (int64_t step = 1; step <= steps; ++step) {
       rl::GrpoOptions os = o;
       os.lr = lr_at(step);
-      const rl::GrpoMetrics m = rl::grpo_step(session, engine, draw, per_step, exact, os, step, reference.get());
+      const rl::GrpoMetrics m =
+          rl::grpo_step(session, engine, draw, per_step, exact, os, step, reference.get(), critic.get());
       const double eta = elapsed() / double(step) * double(steps - step);
       log_info("grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (groups with a correct sample ",
                m.groups_correct, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
                m.groups_generated, " in ", m.generate_rounds, " rounds) loss ", m.loss, " grad norm ", m.grad_norm,
-               " kl(ref) ", m.ref_kl, " | generate ", m.generate_s, " s, log-probs ", m.logprob_s + m.ref_logprob_s,
-               " s, update ", m.update_s, " s | ETA ", std::round(eta), " s");
+               " kl(ref) ", m.ref_kl,
+               critic ? " value loss " + std::to_string(m.value_loss) + " explained variance " +
+                            std::to_string(m.explained_variance)
+                      : std::string(),
+               " | generate ", m.generate_s, " s, log-probs ", m.logprob_s + m.ref_logprob_s, " s, update ", m.update_s,
+               " s | ETA ", std::round(eta), " s");
       metrics.write(nlohmann::json{{"step", step},
                                    {"lr", os.lr},
                                    {"reward_mean", m.reward_mean},
@@ -463,6 +505,11 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"logprob_diff_mean", m.logprob_diff_mean},
                                    {"logprob_diff_max", m.logprob_diff_max},
                                    {"importance_weight_mean", m.importance_weight_mean},
+                                   {"value_loss", m.value_loss},
+                                   {"value_mean", m.value_mean},
+                                   {"explained_variance", m.explained_variance},
+                                   {"value_clip_frac", m.value_clip_frac},
+                                   {"critic_grad_norm", m.critic_grad_norm},
                                    {"rollout_tokens_per_s", m.rollout_tokens_per_s},
                                    {"train_tokens_per_s", m.train_tokens_per_s},
                                    {"time_s",
@@ -471,6 +518,8 @@ int grpo_main(const std::vector<std::string>& args) {
                                      {"logprob", m.logprob_s},
                                      {"ref_logprob", m.ref_logprob_s},
                                      {"update", m.update_s},
+                                     {"critic_values", m.critic_value_s},
+                                     {"critic_update", m.critic_update_s},
                                      {"weight_sync", m.weight_sync_s}}},
                                    {"elapsed_s", elapsed()}});
     }
