@@ -28,7 +28,8 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
                         "\"reward_std\"",
                         "\"reward_max\"",
                         "\"groups_with_reward\"",
-                        "\"groups_zero_variance\"", "\"groups_correct\"",
+                        "\"groups_zero_variance\"",
+                        "\"groups_correct\"",
                         "\"response_len_mean\"",
                         "\"response_len_max\"",
                         "\"clip_low\"",
@@ -61,6 +62,30 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-3/config.json"));
 }
 
+// --algorithm ppo: the critic's metrics on every line, 2 critic steps a step (2 epochs).
+TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
+  const std::string out = tmp_path("grpocli", "ppo");
+  ShellRun r = sh(kMoetrainBin + " grpo --device cpu --algorithm ppo --model " + kGoldens +
+                  "/tiny --steps 2 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 8 "
+                  "--epochs 2 --critic-lr 1e-3 --gamma 0.99 --lam 0.9 --value-clip 0.5 --out-dir " +
+                  out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("PPO: critic lr"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" value loss "), std::string::npos) << r.out;
+  std::ifstream f(out + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(f, line)) {
+    if (line.find("\"reward_mean\"") == std::string::npos) continue;
+    ++lines;
+    for (const char* k :
+         {"\"value_loss\"", "\"value_mean\"", "\"explained_variance\"", "\"value_clip_frac\"", "\"critic_update\""})
+      EXPECT_NE(line.find(k), std::string::npos) << k << " in " << line;
+    EXPECT_EQ(line.find("\"value_loss\":0.0,"), std::string::npos) << "no critic step: " << line;
+  }
+  EXPECT_EQ(lines, 2);
+}
+
 TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {
   ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens + "/tiny --n 1");
   EXPECT_NE(r.code, 0);
@@ -70,7 +95,13 @@ TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {
   EXPECT_NE(r.out.find("unknown argument '--algo'"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grpo --algorithm ppo-critic");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--algorithm 'ppo-critic' is unknown; use grpo or dr-grpo"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--algorithm 'ppo-critic' is unknown; use grpo, dr-grpo or ppo"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --critic-lr 1e-3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("set the critic of --algorithm ppo"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --algorithm ppo --lam 1.5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("lam 1.5; need a value in [0, 1]"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grpo --temperature 0");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("temperature 0; need a finite value > 0"), std::string::npos) << r.out;
