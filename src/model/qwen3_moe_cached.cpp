@@ -56,6 +56,9 @@ Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::
   if (par_.tp || par_.ulysses)
     MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
   if (!inference_) MT_THROW("forward_cached outside begin_inference() / end_inference()");
+  if (cfg_.value_head)
+    MT_THROW("forward_cached: a value-head model (score.weight [1, D], the RL critic) has no next-token logits to "
+             "sample from");
   const int64_t N = b.tokens.numel(), R = b.logit_rows.numel();
   MT_CHECK(b.tokens.dtype() == DType::I64 && b.tokens.dim() == 1, "CachedBatch tokens must be i64 [N], got ",
            b.tokens.desc());
