@@ -12,6 +12,7 @@
 #include "model/objective.h"
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
+#include "model/fd_check.h"
 
 using namespace mt;
 
@@ -172,33 +173,16 @@ TEST(Objective, PerTokenObjectiveGradientMatchesFiniteDifferences) {
   const LossParts lp = m.forward_backward(mb, po);
   EXPECT_NEAR(lp.objective, objective_value(m, mb, beta), 1e-4 * std::abs(lp.objective));
   const Tensor analytic = m.grads().clone();
-  double num2 = 0, den2 = 0;
-  int checked = 0;
   // Parameters after the last router (a perturbation cannot flip a routing decision); the CE test
   // above covers the rest of the backward, which the objective does not change (it only sets dhn).
-  for (const char* name : {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
-                           "model.layers.1.mlp.experts.down_proj"}) {
-    const ParamEntry* e = m.table().find(name);
-    ASSERT_NE(e, nullptr) << name;
-    for (int64_t k = 0; k < 6; ++k) {
-      const int64_t i = e->offset + (k * 7919) % e->numel;
-      float& p = m.params().data<float>()[i];
-      const float orig = p;
-      const float h = 1e-2f * std::max(1.0f, std::abs(orig));
-      p = orig + h;
-      const double up = objective_value(m, mb, beta);
-      p = orig - h;
-      const double down = objective_value(m, mb, beta);
-      p = orig;
-      const double fd = (up - down) / (2.0 * double(h)), an = analytic.data<float>()[i];
-      num2 += (fd - an) * (fd - an);
-      den2 += an * an;
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 24);
-  EXPECT_GT(den2, 0.0);
-  EXPECT_LT(std::sqrt(num2 / den2), 2e-2) << "relative L2 of analytic vs finite differences";
+  const test::FdResult fd = test::finite_difference_check(
+      m, analytic,
+      {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
+       "model.layers.1.mlp.experts.down_proj"},
+      1e-2f, [&] { return objective_value(m, mb, beta); });
+  EXPECT_EQ(fd.checked, 24);
+  EXPECT_GT(fd.analytic_norm2, 0.0);
+  EXPECT_LT(fd.rel_l2, 2e-2) << "relative L2 of analytic vs finite differences";
 }
 
 // Constant token values v = -s make L = s × CE: the same gradients as the fused path with ce_scale s.

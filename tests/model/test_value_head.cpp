@@ -11,6 +11,7 @@
 #include "model/objective.h"
 #include "model/qwen3_moe.h"
 #include "rl/value_loss.h"
+#include "model/fd_check.h"
 
 using namespace mt;
 
@@ -105,28 +106,13 @@ TEST(ValueHead, ValueLossGradientMatchesFiniteDifferences) {
       EXPECT_GT(obj.metrics().clipped, 0) << "the test should reach the clipped side";
     }
     const Tensor analytic = m.grads().clone();
-    double num2 = 0, den2 = 0;
-    for (const char* name : {"score.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
-                             "model.layers.1.mlp.experts.down_proj"}) {
-      const ParamEntry* e = m.table().find(name);
-      ASSERT_NE(e, nullptr) << name;
-      for (int64_t k = 0; k < 6; ++k) {
-        const int64_t i = e->offset + (k * 7919) % e->numel;
-        float& p = m.params().data<float>()[i];
-        const float orig = p;
-        const float h = 1e-3f * std::max(1.0f, std::abs(orig));
-        p = orig + h;
-        const double up = loss_value(m, mb, eps);
-        p = orig - h;
-        const double down = loss_value(m, mb, eps);
-        p = orig;
-        const double fd = (up - down) / (2.0 * double(h)), an = analytic.data<float>()[i];
-        num2 += (fd - an) * (fd - an);
-        den2 += an * an;
-      }
-    }
-    EXPECT_GT(den2, 0.0);
-    EXPECT_LT(std::sqrt(num2 / den2), 2e-2);
+    const test::FdResult fd = test::finite_difference_check(
+        m, analytic,
+        {"score.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
+         "model.layers.1.mlp.experts.down_proj"},
+        1e-3f, [&] { return loss_value(m, mb, eps); });
+    EXPECT_GT(fd.analytic_norm2, 0.0);
+    EXPECT_LT(fd.rel_l2, 2e-2);
   }
 }
 

@@ -24,6 +24,7 @@
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
+#include "model/fd_check.h"
 
 using namespace mt;
 using namespace mt::rl;
@@ -188,28 +189,13 @@ TEST(RlTemperature, TemperedHeadGradientMatchesFiniteDifferences) {
   plain.temperature = 1.0;
   m.forward_backward(mb, plain);
   EXPECT_GT(max_abs_diff(m.grads(), analytic), 1e-3) << "T = 1 gives other gradients";
-  double num2 = 0, den2 = 0;
-  for (const char* name : {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
-                           "model.layers.1.mlp.experts.down_proj"}) {
-    const ParamEntry* e = m.table().find(name);
-    ASSERT_NE(e, nullptr) << name;
-    for (int64_t k = 0; k < 6; ++k) {
-      const int64_t i = e->offset + (k * 7919) % e->numel;
-      float& p = m.params().data<float>()[i];
-      const float orig = p;
-      const float h = 1e-2f * std::max(1.0f, std::abs(orig));
-      p = orig + h;
-      const double up = tempered_nll(m, mb, T);
-      p = orig - h;
-      const double down = tempered_nll(m, mb, T);
-      p = orig;
-      const double fd = (up - down) / (2.0 * double(h)), an = analytic.data<float>()[i];
-      num2 += (fd - an) * (fd - an);
-      den2 += an * an;
-    }
-  }
-  EXPECT_GT(den2, 0.0);
-  EXPECT_LT(std::sqrt(num2 / den2), 2e-2) << "relative L2 of analytic vs finite differences";
+  const test::FdResult fd = test::finite_difference_check(
+      m, analytic,
+      {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
+       "model.layers.1.mlp.experts.down_proj"},
+      1e-2f, [&] { return tempered_nll(m, mb, T); });
+  EXPECT_GT(fd.analytic_norm2, 0.0);
+  EXPECT_LT(fd.rel_l2, 2e-2) << "relative L2 of analytic vs finite differences";
 }
 
 // A grpo_step at T = 0.7: the rollout/trainer mismatch stays at rounding (the head uses the same T).
