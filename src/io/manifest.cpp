@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/posix_file.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -60,16 +61,8 @@ __attribute__((target("sse4.2"))) uint32_t crc32c_sse42(const uint8_t* p, size_t
 }
 #endif
 
-[[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
-  MT_THROW(what, " '", path, "': ", std::strerror(errno));
-}
-
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using io::Fd;
+using io::throw_errno;
 
 // Size and CRC32C of a file, read in large blocks; fsyncs it when asked.
 ManifestEntry hash_file(const fs::path& file, const std::string& rel, bool sync) {

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "io/posix_file.h"
 
 namespace mt {
 
@@ -87,17 +88,8 @@ void convert_to_f32(const char* src, DType dtype, int64_t n, float* dst) {
   MT_CHECK(false, "unknown dtype ", int(dtype));
 }
 
-[[noreturn]] void throw_errno(const std::string& what, const std::string& path) {
-  MT_THROW(what, " '", path, "': ", std::strerror(errno));
-}
-
-// A file descriptor closed on scope exit (and on every error path).
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using io::Fd;
+using io::throw_errno;
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
