@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The user's commands, end to end, on a GPU (what no unit test covers: the P8 lesson). Each runs with a
+# time limit and its log's last lines are printed; logs go to OUT_DIR. Run after a build:
+# usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo ...]
+# (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+out=${2:-/tmp/gpu_e2e}
+shift 2 2>/dev/null || shift $#
+which=" ${*:-all} "
+mkdir -p "$out"
+mt="$build/moetrain"
+want() { [[ "$which" == *" all "* || "$which" == *" $1 "* ]]; }
+step() {  # step NAME LIMIT_S ARGS...: run moetrain ARGS, print the wall time and the last lines
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$mt" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc $rc, $((SECONDS - t0)) s: moetrain $*"
+  grep -v '^\s*$' "$out/$name.log" | tail -n 4 | sed 's/^/   /'
+}
+if want train; then
+  step train 300 train --device cuda --out-dir runs/demo
+fi
+if want sft; then
+  step sft 300 sft --device cuda --model tiny --tokenizer tests/assets/tokenizer/trained/tokenizer.json \
+    --data examples/chat_small.jsonl --steps 40 --seq-len 256 --lr 3e-3 --min-lr 3e-4 --warmup-steps 5 \
+    --run-dir "$out/sft"
+  step sft_resume 300 sft --device cuda --model tiny --tokenizer tests/assets/tokenizer/trained/tokenizer.json \
+    --data examples/chat_small.jsonl --steps 60 --seq-len 256 --lr 3e-3 --min-lr 3e-4 --warmup-steps 5 \
+    --run-dir "$out/sft" --resume
+fi
+if want generate; then
+  printf '{"prompt_ids": [1, 2, 3]}\n{"prompt_ids": [5, 6, 7, 8, 9]}\n' > "$out/prompts.jsonl"
+  model=$(ls -d runs/demo/checkpoint-* 2>/dev/null | sort -t- -k2 -n | tail -1)
+  [[ -n "$model" ]] && step generate 120 generate --device cuda --model "$model" --prompts "$out/prompts.jsonl" \
+    --out "$out/samples.jsonl" --n 4 --temperature 1 --max-new-tokens 16 --seed 3
+fi
+if want grpo; then
+  step grpo "${GRPO_LIMIT_S:-600}" grpo --device cuda --out-dir "$out/grpo"
+fi
+if want ppo; then
+  step ppo "${PPO_LIMIT_S:-300}" grpo --device cuda --algorithm ppo --gamma 0 --steps 60 --out-dir "$out/ppo"
+fi
