@@ -192,6 +192,11 @@ const std::vector<Field>& fields() {
        "the units it reaches (bit-identical to 0, which updates everything before the next step starts; measured "
        "slower on an H200, see bench/NOTES.md)",
        [](const TrainConfig& c) { return zero_or_one(c.optimizer_overlap); }},
+      {"deterministic", &TrainConfig::deterministic,
+       "CUDA: 1 (or a bare --deterministic) gives the same bits run to run and an exact --resume: no float atomics "
+       "(RMSNorm dw, embedding gradient, router sums in fixed-order partials), cuDNN's deterministic attention "
+       "backward; slower (docs/cuda.md). The CPU is deterministic either way",
+       [](const TrainConfig& c) { return zero_or_one(c.deterministic); }},
       {"reshard_after_forward", &TrainConfig::reshard_after_forward,
        "FSDP: 1 frees a unit's gathered weights after its forward and gathers them again for its backward; 0 keeps "
        "them (no all-gather in the backward, every unit's full weights held from forward to backward)",
@@ -342,6 +347,10 @@ void apply_args(TrainConfig& c, const std::vector<std::string>& args, bool allow
         set_from_text(c, find_field(key, "--" + key), "latest", "--" + key);  // a bare --resume
         continue;
       }
+      if (normalize_key(key) == "deterministic" && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
+        set_from_text(c, find_field(key, "--" + key), "1", "--" + key);  // a bare --deterministic
+        continue;
+      }
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
         MT_THROW("train config: --", key, " needs a value (--", key, " VALUE or --", key, "=VALUE)");
       value = args[++i];
@@ -467,8 +476,8 @@ std::string train_config_changes(const nlohmann::json& saved, const TrainConfig&
   static const std::vector<std::string> kFree = {
       "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "resume", "save_every", "keep_last",
       "log_every", "eval_every", "eval_problems", "metrics_file", "tensorboard", "threads", "dp_shard",
-      "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "reshard_after_forward", "grad_sync",
-      "comm_timeout_s", "schedule_check", "schedule_check_every", "recompute", "bad_lines"};
+      "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "deterministic", "reshard_after_forward",
+      "grad_sync", "comm_timeout_s", "schedule_check", "schedule_check_every", "recompute", "bad_lines"};
   if (!saved.is_object()) return "";
   const nlohmann::json now = nlohmann::json::parse(to_json(c));
   std::string out;

@@ -64,6 +64,7 @@ struct TrainConfig {
   int64_t sp = 1;                 // sequence parallelism (Ulysses): each sequence split over sp ranks
   double moe_capacity_factor = 0;  // > 0: per-expert capacity per rank (Megatron's rule), drops lowest weights
   int64_t optimizer_overlap = 0;          // one device, CUDA: 1 runs each unit's AdamW update beside the next forward (slower today: bench/NOTES.md)
+  int64_t deterministic = 0;              // CUDA: 1 = the same bits run to run (no float atomics, fixed sum orders; slower)
   int64_t reshard_after_forward = 1;      // FSDP: 1 frees gathered weights after each unit's forward; 0 keeps them for its backward
   std::string grad_reduce_dtype = "f32";  // FSDP gradient reduction: f32 | bf16 (bf16 on the wire, fp32 sums)
   std::string grad_sync = "every";  // FSDP gradient reduce-scatter: every micro-batch | last (full-size grads meanwhile)

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/determinism.h"
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
@@ -66,6 +67,12 @@ TrainSummary run_training(const TrainConfig& cfg) {
   validate_train_config(cfg);
   ops::set_cpu_threads(int(cfg.threads));
   Device device = resolve_device(cfg.device);
+  // Before the first op: attention plans are decided per shape under the switch (core/determinism.h).
+  // MOETRAIN_DETERMINISTIC=1 turns it on as well; the config only ever adds to it.
+  if (cfg.deterministic) set_deterministic(true);
+  if (deterministic() && device == Device::CUDA)
+    log_info("deterministic: CUDA kernels without float atomics, fixed reduction orders, deterministic attention "
+             "backward (slower; docs/cuda.md)");
   ModelConfig mc = resolve_model_config(cfg.model);
 
   // Parallel layout: with more than one rank the parameters are FSDP-sharded over dp_shard (and

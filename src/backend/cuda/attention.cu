@@ -20,6 +20,12 @@
 // the largest graph's need (growing synchronises the stream once, when a new shape is decided).
 // Packed rows (doc_start_T, several documents per row) run the reference kernels with the document
 // mask, statistics [T, H]; cuDNN's ragged (THD) layout would make them fast and is not wired up yet.
+// Deterministic mode (core/determinism.h) is part of the plan's key: its backward graph asks for
+// cuDNN's deterministic algorithm (SDPA_backward_attributes::set_deterministic_algorithm; on Hopper a
+// dP workspace of B*H*S*S*2 bytes, or from cuDNN 9.25 the ordered-dQ engine when that would pass
+// CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT, which we set to 1 GiB unless it is set already); when cuDNN
+// refuses, the reference kernels (deterministic: no atomics) take the shape, and the log line says so.
+// The forward is deterministic either way.
 #include <cudnn.h>
 
 #include <cmath>
@@ -44,6 +50,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "core/determinism.h"
 #include "core/log.h"
 
 namespace mt::cuda {
@@ -57,11 +64,12 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
 struct ShapeKey {
   int64_t B, S, H, G, Hd;
+  bool deterministic;
   auto operator<=>(const ShapeKey&) const = default;
 };
 
 std::string key_str(const ShapeKey& k) {
-  return str("B=", k.B, " S=", k.S, " H=", k.H, " G=", k.G, " Hd=", k.Hd);
+  return str("B=", k.B, " S=", k.S, " H=", k.H, " G=", k.G, " Hd=", k.Hd, k.deterministic ? " deterministic" : "");
 }
 
 const char* layout_str(StatsLayout l) {
@@ -204,6 +212,12 @@ std::shared_ptr<fe::graph::Graph> build_bwd(cudnnHandle_t h, const ShapeKey& key
                   .set_attn_scale(attention_scale(key.Hd))
                   .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                   .set_diagonal_band_right_bound(0);
+  if (key.deterministic) {
+    // From cuDNN 9.25 on Hopper, a dP workspace above this limit takes the ordered-dQ engine (linear
+    // workspace) instead; earlier versions ignore it. A value the user set is kept.
+    setenv("CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT", "1073741824", 0);
+    opts.set_deterministic_algorithm(true);
+  }
   auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
   dQ->set_output(true).set_uid(kdQ).set_dim(q_dims(key)).set_stride(q_strides(key));
   dK->set_output(true).set_uid(kdK).set_dim(kv_dims(key)).set_stride(kv_strides(key));
@@ -300,7 +314,7 @@ bool all_aligned(State& st, std::initializer_list<const Tensor*> ts) {
 AttentionPlanInfo attention_plan_info(int64_t B, int64_t S, int64_t H, int64_t G, int64_t Hd) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  const Plan& p = plan_for(st, ShapeKey{B, S, H, G, Hd});
+  const Plan& p = plan_for(st, ShapeKey{B, S, H, G, Hd, deterministic()});
   return {p.backend, p.stats, p.reason};
 }
 
@@ -314,7 +328,7 @@ void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_T
     attention_ref_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, StatsLayout::TH, doc_start_T);
     return;
   }
-  const ShapeKey key{B, S, d.H, d.G, d.Hd};
+  const ShapeKey key{B, S, d.H, d.G, d.Hd, deterministic()};
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   const Plan& p = plan_for(st, key);
@@ -345,7 +359,7 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
                       StatsLayout::TH, doc_start_T);
     return;
   }
-  const ShapeKey key{B, S, d.H, d.G, d.Hd};
+  const ShapeKey key{B, S, d.H, d.G, d.Hd, deterministic()};
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   const Plan& p = plan_for(st, key);

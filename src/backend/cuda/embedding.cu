@@ -5,12 +5,23 @@
 // Repeated ids accumulate in an unspecified order, so the table gradient can differ in its last bits
 // from run to run. Ids are not range-checked on the host, which would cost a device-to-host copy and a
 // synchronisation per call: an id outside [0, V) gives a zero output row and contributes no gradient.
+//
+// Deterministic mode (core/determinism.h): no atomics. The token positions are sorted by id (CUB's
+// stable radix sort, so equal ids keep position order), then block (sorted index i, column chunk) does
+// the work only when i starts a run of equal ids: it adds the run's rows to the table row in position
+// order, in f32, starting from the row's value, which is exactly the CPU's sequential loop, so the
+// result equals the CPU's bit for bit. Cost at T = 65,536 tokens, D = 2048: a sort of T 32-bit keys and
+// one pass over dout; an id that takes a large share of the tokens is summed by D / 256 warps alone
+// (all 65,536 tokens on one id: 268 MB through 8 warps, a few ms).
 #include <algorithm>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -82,6 +93,89 @@ __global__ void embedding_bwd_kernel(const int64_t* ids, const TG* dout, float* 
   }
 }
 
+// Sort keys: the id when it is in [0, V), else V (sorted last and skipped); values: the positions.
+__global__ void embedding_sort_prepare_kernel(const int64_t* __restrict__ ids, int64_t T, int64_t V,
+                                              uint32_t* __restrict__ keys, int32_t* __restrict__ pos) {
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < T; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t id = ids[t];
+    keys[t] = uint32_t(id >= 0 && id < V ? id : V);
+    pos[t] = int32_t(t);
+  }
+}
+
+constexpr int kSortedThreads = 32;  // one warp per (run, column chunk): a hot id still spreads over D / 256 warps
+
+// Block (i, chunk): when sorted index i starts a run of one valid id, row[id] += the run's dout rows in
+// position order (f32, starting from the row's value: the CPU's sequential sum).
+template <class TG, int VEC>
+__global__ void embedding_bwd_sorted_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ pos,
+                                            const TG* __restrict__ dout, float* __restrict__ dtable, int64_t T,
+                                            int64_t V, int64_t D) {
+  using P = Pack<TG, VEC>;
+  const int64_t i = blockIdx.x;
+  const uint32_t key = keys[i];
+  if (int64_t(key) >= V || (i > 0 && keys[i - 1] == key)) return;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= D / VEC) return;
+  // The run's end: the first sorted index past i with a larger key (keys are sorted).
+  int64_t lo = i + 1, hi = T;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (keys[mid] == key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const int64_t end = lo;
+  float* row = dtable + int64_t(key) * D + c * VEC;
+  float acc[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) acc[j] = row[j];
+#pragma unroll 4
+  for (int64_t k = i; k < end; ++k) {
+    const P g = reinterpret_cast<const P*>(dout + int64_t(pos[k]) * D)[c];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] += to_f32(g.v[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) row[j] = acc[j];
+}
+
+template <class TG>
+void embedding_bwd_deterministic(const int64_t* ids, const TG* dout, float* dtable, int64_t T, int64_t V, int64_t D) {
+  const char* op = "embedding_bwd (deterministic)";
+  MT_CHECK(T < (int64_t(1) << 31), op, ": T (", T, ") exceeds the grid size");
+  MT_CHECK(V < (int64_t(1) << 32) - 1, op, ": V (", V, ") exceeds the 32-bit sort keys");
+  static DeviceScratch keys_in_buf, keys_out_buf, pos_in_buf, pos_out_buf, cub_buf;
+  uint32_t* keys_in = keys_in_buf.as<uint32_t>(T, op);
+  uint32_t* keys_out = keys_out_buf.as<uint32_t>(T, op);
+  int32_t* pos_in = pos_in_buf.as<int32_t>(T, op);
+  int32_t* pos_out = pos_out_buf.as<int32_t>(T, op);
+  const unsigned prep_grid = unsigned(std::min<int64_t>((T + 255) / 256, 1 << 16));
+  embedding_sort_prepare_kernel<<<prep_grid, 256, 0, stream()>>>(ids, T, V, keys_in, pos_in);
+  MT_CUDA_LAUNCH_CHECK(op);
+  int end_bit = 1;
+  while (end_bit < 32 && (int64_t(1) << end_bit) <= V) ++end_bit;  // keys lie in [0, V]
+  size_t temp_bytes = 0;
+  MT_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, pos_in, pos_out, int(T), 0,
+                                                    end_bit, stream()));
+  void* temp = cub_buf.get(temp_bytes, op);
+  MT_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, pos_in, pos_out, int(T), 0,
+                                                    end_bit, stream()));
+  constexpr int kV = kVec<TG>;
+  const bool vec = D % kV == 0 && aligned16(dout);
+  const int64_t chunks = vec ? D / kV : D;
+  const int64_t col_blocks = (chunks + kSortedThreads - 1) / kSortedThreads;
+  MT_CHECK(col_blocks < 65536, op, ": D (", D, ") needs more than 65535 column blocks");
+  const dim3 grid{unsigned(T), unsigned(col_blocks)};
+  if (vec)
+    embedding_bwd_sorted_kernel<TG, kV>
+        <<<grid, kSortedThreads, 0, stream()>>>(keys_out, pos_out, dout, dtable, T, V, D);
+  else
+    embedding_bwd_sorted_kernel<TG, 1><<<grid, kSortedThreads, 0, stream()>>>(keys_out, pos_out, dout, dtable, T, V, D);
+  MT_CUDA_LAUNCH_CHECK(op);
+}
+
 // Calls f(float{}) or f(__nv_bfloat16{}) for dt (bf16 or f32, checked before).
 template <class F>
 void dispatch_float(DType dt, F&& f) {
@@ -136,6 +230,10 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
     using TG = decltype(tag);
     const auto* dout = static_cast<const TG*>(dout_TD.raw());
     float* dtable = dtable_VD.data<float>();
+    if (deterministic()) {
+      embedding_bwd_deterministic(ids_T.data<int64_t>(), dout, dtable, T, V, D);
+      return;
+    }
     constexpr int kV = kVec<TG>;
     if (D % kV == 0 && aligned16(dout))
       embedding_bwd_kernel<TG, kV><<<grid, kThreads, 0, stream()>>>(ids_T.data<int64_t>(), dout, dtable, T, V, D);

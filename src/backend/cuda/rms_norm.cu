@@ -15,6 +15,11 @@
 // Backward: dw (+=) is folded across the groups of a warp with shuffles, across the warps of a block in
 // shared memory, and across blocks with one float atomicAdd per column and block (so dw's last bits
 // depend on the order in which blocks finish).
+// Deterministic mode (core/determinism.h): the backward kernel writes dx only, and dw is two more
+// kernels: block (column chunk, row part) sums its fixed rows [part * rows_per_part, ...) of dy * xn per
+// column in row order into an f32 partial [parts, D], then one thread per column adds the parts in
+// order. The number of parts depends on N and D only, not on the GPU, so the bits are the same on any
+// GPU. Cost: x and dy are read a second time (the dw pass), plus 2 * parts * D floats of partials.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +29,8 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -97,8 +104,10 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
   using PDY = Pack<TDY, VEC>;
   using PX = Pack<TX, VEC>;
   using PDX = Pack<TDX, VEC>;
-  extern __shared__ float s_dw[];  // [D]
-  for (int d = threadIdx.x; d < D; d += blockDim.x) s_dw[d] = 0.0f;
+  extern __shared__ float s_dw[];  // [D]; unused when dw is null (deterministic mode: dx only)
+  const bool with_dw = dw != nullptr;
+  if (with_dw)
+    for (int d = threadIdx.x; d < D; d += blockDim.x) s_dw[d] = 0.0f;
   __syncthreads();
 
   const int lane = threadIdx.x % 32, lane_g = threadIdx.x % G;
@@ -148,13 +157,40 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
       for (int o = G; o < 32; o <<= 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) part[j] += __shfl_xor_sync(0xffffffffu, part[j], o);
-      if (lane < G && c < chunks)
+      if (with_dw && lane < G && c < chunks)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) atomicAdd(&s_dw[c * VEC + j], part[j]);
     }
   }
+  if (!with_dw) return;  // uniform over the block
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) atomicAdd(&dw[d], s_dw[d]);
+}
+
+// Deterministic dw, pass 1: thread (column d, part p) sums dy * (x * rstd) over rows
+// [p * rows_per_part, min(N, (p + 1) * rows_per_part)) in row order, in f32, into partial[p, d].
+// Consecutive threads read consecutive columns of a row (coalesced).
+template <class TDY, class TX>
+__global__ void rms_norm_dw_partial_kernel(const TDY* __restrict__ dy, const TX* __restrict__ x,
+                                           const float* __restrict__ rstd, float* __restrict__ partial, int64_t N,
+                                           int D, int64_t rows_per_part) {
+  const int d = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t p = blockIdx.y;
+  if (d >= D) return;
+  const int64_t r0 = p * rows_per_part, r1 = r0 + rows_per_part < N ? r0 + rows_per_part : N;
+  float acc = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) acc += to_f32(dy[r * D + d]) * (to_f32(x[r * D + d]) * rstd[r]);
+  partial[p * D + d] = acc;
+}
+
+// Deterministic dw, pass 2: dw[d] (+)= the parts of column d summed in part order (in double, rounded once).
+__global__ void rms_norm_dw_finish_kernel(const float* __restrict__ partial, int64_t parts, int D, bool accumulate,
+                                          float* __restrict__ dw) {
+  const int d = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (d >= D) return;
+  double acc = 0.0;
+  for (int64_t p = 0; p < parts; ++p) acc += double(partial[p * D + d]);
+  dw[d] = accumulate ? dw[d] + float(acc) : float(acc);
 }
 
 struct Launch {
@@ -217,6 +253,38 @@ std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_
   return {N, D};
 }
 
+// The deterministic dw's split of N rows into parts: a fixed function of (N, D) so that the bits do not
+// depend on the GPU. About 2048 blocks in all (enough to fill any current GPU), at least 32 rows a part.
+struct DwSplit {
+  int threads;
+  int64_t col_blocks, parts, rows_per_part;
+};
+DwSplit dw_split(int64_t N, int64_t D) {
+  DwSplit s;
+  s.threads = int(std::min<int64_t>(kThreads, (D + 31) / 32 * 32));
+  s.col_blocks = (D + s.threads - 1) / s.threads;
+  const int64_t max_parts = std::max<int64_t>(1, 2048 / s.col_blocks);
+  const int64_t parts_wanted = std::min<int64_t>(max_parts, (N + 31) / 32);
+  s.rows_per_part = (N + parts_wanted - 1) / parts_wanted;
+  s.parts = (N + s.rows_per_part - 1) / s.rows_per_part;
+  return s;
+}
+
+template <class TDY, class TX>
+void rms_norm_dw_deterministic(const TDY* dy, const TX* x, const float* rstd, int64_t N, int64_t D, bool accumulate,
+                               float* dw) {
+  const char* op = "rms_norm_bwd (deterministic dw)";
+  const DwSplit s = dw_split(N, D);
+  static DeviceScratch partial_buf;
+  float* partial = partial_buf.as<float>(s.parts * D, op);
+  rms_norm_dw_partial_kernel<TDY, TX><<<dim3(unsigned(s.col_blocks), unsigned(s.parts)), s.threads, 0, stream()>>>(
+      dy, x, rstd, partial, N, int(D), s.rows_per_part);
+  MT_CUDA_LAUNCH_CHECK(op);
+  rms_norm_dw_finish_kernel<<<unsigned(s.col_blocks), s.threads, 0, stream()>>>(partial, s.parts, int(D), accumulate,
+                                                                                dw);
+  MT_CUDA_LAUNCH_CHECK(op);
+}
+
 }  // namespace
 
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
@@ -246,8 +314,9 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
   check_cuda_bf16_or_f32(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
   check_cuda_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
   check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
-  // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats).
-  if (!accumulate_dw && D > 0)
+  const bool det = deterministic();
+  // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats); likewise with no rows.
+  if (!accumulate_dw && D > 0 && (!det || N == 0))
     MT_CUDA_CHECK("rms_norm_bwd", cudaMemsetAsync(dw_D.raw(), 0, size_t(D) * sizeof(float), stream()));
   if (N == 0 || D == 0) return;
   const float* w = w_D.data<float>();
@@ -266,13 +335,15 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
           // Enough blocks to fill the GPU; more would only add dw atomics.
           const int64_t blocks =
               std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
-          rms_norm_bwd_kernel<TDY, TX, TDX, G, VEC><<<unsigned(blocks), kThreads, size_t(D) * sizeof(float), stream()>>>(
-              dy, x, w, rstd_N.data<float>(), dx, dw_D.data<float>(), N, int(D));
+          rms_norm_bwd_kernel<TDY, TX, TDX, G, VEC>
+              <<<unsigned(blocks), kThreads, det ? 0 : size_t(D) * sizeof(float), stream()>>>(
+                  dy, x, w, rstd_N.data<float>(), dx, det ? nullptr : dw_D.data<float>(), N, int(D));
         });
+        MT_CUDA_LAUNCH_CHECK("rms_norm_bwd");
+        if (det) rms_norm_dw_deterministic(dy, x, rstd_N.data<float>(), N, D, accumulate_dw, dw_D.data<float>());
       });
     });
   });
-  MT_CUDA_LAUNCH_CHECK("rms_norm_bwd");
 }
 
 }  // namespace mt::cuda

@@ -13,8 +13,11 @@
 // checked on the host (that would need a synchronisation): an id outside [0, E) is skipped.
 //
 // expert_counts and prob_column_sums accumulate per block (shared-memory histogram; fp64 column sums)
-// and add to the outputs with atomics. aux_loss_value returns a host value: it copies counts and sums
-// (E values each) to the host and synchronises the stream.
+// and add to the outputs with atomics. In deterministic mode (core/determinism.h) the float sums take
+// no atomics: prob_column_sums and router_z_loss_fwd write one fp64 partial per block and a second
+// kernel adds the partials in a fixed order (the counts are integers, so their atomics are exact).
+// aux_loss_value returns a host value: it copies counts and sums (E values each) to the host and
+// synchronises the stream.
 //
 // Shapes and scalar arguments are checked by the dispatch (ops/op_checks.h); device, dtypes and this
 // backend's limits on E here.
@@ -25,6 +28,8 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/gemm.cuh"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -165,15 +170,44 @@ __global__ void expert_counts_kernel(const int32_t* __restrict__ idx, int64_t n,
     if (s_cnt[e]) atomicAdd(&counts[e], static_cast<unsigned long long>(s_cnt[e]));
 }
 
-// Block b sums rows [b*rows_per_block, ...) of each column in fp64, then adds its partial with an atomic.
+// Block b sums rows [b*rows_per_block, ...) of each column in fp64, then adds its partial with an atomic,
+// or (partial non-null: deterministic mode) stores it in partial[b, e].
 __global__ void prob_column_sums_kernel(const float* __restrict__ probs, int64_t T, int E, int64_t rows_per_block,
-                                        float* __restrict__ sums) {
+                                        float* __restrict__ sums, double* __restrict__ partial) {
   const int64_t r0 = int64_t(blockIdx.x) * rows_per_block, r1 = r0 + rows_per_block < T ? r0 + rows_per_block : T;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     double acc = 0;
     for (int64_t r = r0; r < r1; ++r) acc += probs[r * E + e];
-    atomicAdd(&sums[e], float(acc));
+    if (partial)
+      partial[int64_t(blockIdx.x) * E + e] = acc;
+    else
+      atomicAdd(&sums[e], float(acc));
   }
+}
+
+// sums[e] = f32(sums[e] + the blocks' partials of column e added in block order in fp64).
+__global__ void column_partials_finish_kernel(const double* __restrict__ partial, int64_t blocks, int E,
+                                              float* __restrict__ sums) {
+  const int e = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  double acc = 0;
+  for (int64_t b = 0; b < blocks; ++b) acc += partial[b * E + e];
+  sums[e] = float(double(sums[e]) + acc);
+}
+
+// out[0] = f32(out[0] + sum of partial[0, n)), one block of kThreads: thread i sums i, i + kThreads, ...
+// in order, then a shared-memory tree with fixed pairs. The same bits for the same partials, always.
+__global__ void fixed_order_sum_kernel(const double* __restrict__ partial, int64_t n, float* __restrict__ out) {
+  __shared__ double s[kThreads];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) acc += partial[i];
+  s[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half >>= 1) {
+    if (int(threadIdx.x) < half) s[threadIdx.x] += s[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = float(double(out[0]) + s[0]);
 }
 
 __global__ void aux_loss_bwd_kernel(const int64_t* __restrict__ counts, int64_t T, int E, int64_t N, float dloss,
@@ -187,9 +221,10 @@ __global__ void aux_loss_bwd_kernel(const int64_t* __restrict__ counts, int64_t 
   }
 }
 
-// One warp per token: lse in fp64 (as the CPU), lse^2 summed per block, one atomic per block.
+// One warp per token: lse in fp64 (as the CPU), lse^2 summed per block, one atomic per block, or
+// (partial non-null: deterministic mode) the block's sum stored in partial[block].
 __global__ void router_z_loss_fwd_kernel(const float* __restrict__ logits, float* __restrict__ lse, int64_t T, int E,
-                                         float* __restrict__ zsum) {
+                                         float* __restrict__ zsum, double* __restrict__ partial) {
   __shared__ double s_z[kWarps];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarps + warp;
@@ -211,7 +246,10 @@ __global__ void router_z_loss_fwd_kernel(const float* __restrict__ logits, float
   if (threadIdx.x == 0) {
     double acc = 0;
     for (int w = 0; w < kWarps; ++w) acc += s_z[w];
-    atomicAdd(zsum, float(acc));
+    if (partial)
+      partial[blockIdx.x] = acc;
+    else
+      atomicAdd(zsum, float(acc));
   }
 }
 
@@ -307,9 +345,19 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
   constexpr int64_t kRowsPerBlock = 32;
   const int64_t blocks = (T + kRowsPerBlock - 1) / kRowsPerBlock;
   const int threads = int(std::min<int64_t>(kThreads, (E + 31) / 32 * 32));
+  double* partial = nullptr;
+  if (deterministic()) {
+    static DeviceScratch partial_buf;
+    partial = partial_buf.as<double>(blocks * E, "prob_column_sums");
+  }
   prob_column_sums_kernel<<<unsigned(blocks), threads, 0, stream()>>>(probs_TE.data<float>(), T, int(E), kRowsPerBlock,
-                                                                      sums_E.data<float>());
+                                                                      sums_E.data<float>(), partial);
   MT_CUDA_LAUNCH_CHECK("prob_column_sums");
+  if (partial) {
+    column_partials_finish_kernel<<<blocks_for(E, threads), threads, 0, stream()>>>(partial, blocks, int(E),
+                                                                                    sums_E.data<float>());
+    MT_CUDA_LAUNCH_CHECK("prob_column_sums");
+  }
 }
 
 // Synchronises the stream: copies counts and sums (E values each) to the host and computes the CPU's
@@ -349,9 +397,18 @@ void router_z_loss_fwd(const Tensor& logits_TE, Tensor& lse_T, Tensor& zsum) {
   check_cuda(zsum, DType::F32, "router_z_loss_fwd zsum");
   const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
   if (T == 0 || E == 0) return;
+  double* partial = nullptr;
+  if (deterministic()) {
+    static DeviceScratch partial_buf;
+    partial = partial_buf.as<double>(token_blocks(T), "router_z_loss_fwd");
+  }
   router_z_loss_fwd_kernel<<<token_blocks(T), kWarps * 32, 0, stream()>>>(logits_TE.data<float>(), lse_T.data<float>(),
-                                                                          T, int(E), zsum.data<float>());
+                                                                          T, int(E), zsum.data<float>(), partial);
   MT_CUDA_LAUNCH_CHECK("router_z_loss_fwd");
+  if (partial) {
+    fixed_order_sum_kernel<<<1, kThreads, 0, stream()>>>(partial, token_blocks(T), zsum.data<float>());
+    MT_CUDA_LAUNCH_CHECK("router_z_loss_fwd");
+  }
 }
 
 void router_z_loss_bwd(const Tensor& lse_T, const Tensor& probs_TE, float scale, Tensor& dlogits_TE) {

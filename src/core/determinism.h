@@ -1,0 +1,31 @@
+// The process-wide deterministic switch (`--deterministic`, or MOETRAIN_DETERMINISTIC=1 for benches and
+// tests). Off by default: the fast kernels stay as they are. On, every CUDA op on the training path gives
+// the same bits from run to run on the same GPU model and layout: no float atomics (RMSNorm dw, the
+// embedding gradient, the router's probability and z-loss sums take fixed-order partial sums), and
+// cuDNN's SDPA backward runs its deterministic algorithm (or the reference kernels when cuDNN refuses).
+// The CPU backend is deterministic either way. docs/cuda.md, "Deterministic mode", lists what changes.
+#pragma once
+
+namespace mt {
+
+// Whether deterministic kernels are requested. Unless set_deterministic was called, this is the
+// environment's MOETRAIN_DETERMINISTIC (unset, "" or "0": off; "1": on; anything else is an error that
+// names the value), read once.
+bool deterministic();
+// Overrides the environment for the rest of the process (or until called again). Call it before the
+// first op of a run: ops that cache a per-shape choice (cuDNN attention plans) key it by the switch.
+void set_deterministic(bool on);
+
+// Sets the switch for a scope and puts the previous state back at its end (tests).
+class DeterministicScope {
+ public:
+  explicit DeterministicScope(bool on);
+  ~DeterministicScope();
+  DeterministicScope(const DeterministicScope&) = delete;
+  DeterministicScope& operator=(const DeterministicScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace mt
