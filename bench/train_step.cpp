@@ -29,7 +29,9 @@
 // ep_prepare (the expert-parallel plan, with its host syncs and counts exchange) includes
 // make_dispatch_plan, which is also listed on its own; with the EP overlap, experts_bwd includes the
 // start of the returning all-to-all (its regroup and, since a profiled op waits for the device, its
-// transfer).
+// transfer). --deterministic (or MOETRAIN_DETERMINISTIC=1): the deterministic kernels of
+// `train --deterministic` (core/determinism.h); the JSON line says which ran. Its cost on bench-4L:
+// train_step --model bench-4L with and without it on the same machine (docs/cuda.md).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +40,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "core/determinism.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
     else if (a == "--optimizer-overlap") opt_overlap = true;
     else if (a == "--no-ep-overlap") ep_overlap = false;
     else if (a == "--layers") layers = std::stoll(next());
+    else if (a == "--deterministic") set_deterministic(true);  // as MOETRAIN_DETERMINISTIC=1
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -254,6 +258,7 @@ int main(int argc, char** argv) {
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
                      {"optimizer_overlap", overlap},
                      {"ep_backward_overlap", ep_overlap},
+                     {"deterministic", deterministic()},
                      {"peak_reserved_gib", dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},
