@@ -17,8 +17,8 @@
 // depend on the order in which blocks finish).
 // Deterministic mode (core/determinism.h): the backward kernel writes dx only, and dw is two more
 // kernels: block (column chunk, row part) sums its fixed rows [part * rows_per_part, ...) of dy * xn per
-// column in row order into an f32 partial [parts, D], then one thread per column adds the parts in
-// order. The number of parts depends on N and D only, not on the GPU, so the bits are the same on any
+// column in row order into an f32 partial [parts, D], then a second kernel adds each column's parts in
+// a fixed order (fp64). The number of parts depends on N and D only, not on the GPU, so the bits are the same on any
 // GPU. Cost: x and dy are read a second time (the dw pass), plus 2 * parts * D floats of partials.
 #include <algorithm>
 #include <cmath>
@@ -179,18 +179,31 @@ __global__ void rms_norm_dw_partial_kernel(const TDY* __restrict__ dy, const TX*
   if (d >= D) return;
   const int64_t r0 = p * rows_per_part, r1 = r0 + rows_per_part < N ? r0 + rows_per_part : N;
   float acc = 0.0f;
+#pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) acc += to_f32(dy[r * D + d]) * (to_f32(x[r * D + d]) * rstd[r]);
   partial[p * D + d] = acc;
 }
 
-// Deterministic dw, pass 2: dw[d] (+)= the parts of column d summed in part order (in double, rounded once).
+constexpr int kFinishCols = 32, kFinishGroups = 8;  // pass 2's block: 32 columns x 8 groups of parts
+
+// Deterministic dw, pass 2: dw[d] (+)= the parts of column d in a fixed order, in fp64, rounded once:
+// group y (threadIdx.y) sums parts y, y + 8, y + 16, ... in order, then the 8 group sums are added in
+// order. Block (column tile of 32); many parts per column (2048 at D = 128) need the 8 groups to keep
+// enough loads in flight.
 __global__ void rms_norm_dw_finish_kernel(const float* __restrict__ partial, int64_t parts, int D, bool accumulate,
                                           float* __restrict__ dw) {
-  const int d = int(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (d >= D) return;
+  __shared__ double s_sum[kFinishGroups][kFinishCols];
+  const int d = int(blockIdx.x) * kFinishCols + int(threadIdx.x);
   double acc = 0.0;
-  for (int64_t p = 0; p < parts; ++p) acc += double(partial[p * D + d]);
-  dw[d] = accumulate ? dw[d] + float(acc) : float(acc);
+  if (d < D)
+#pragma unroll 8
+    for (int64_t p = threadIdx.y; p < parts; p += kFinishGroups) acc += double(partial[p * D + d]);
+  s_sum[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || d >= D) return;
+  double total = 0.0;
+  for (int g = 0; g < kFinishGroups; ++g) total += s_sum[g][threadIdx.x];
+  dw[d] = accumulate ? dw[d] + float(total) : float(total);
 }
 
 struct Launch {
@@ -280,8 +293,8 @@ void rms_norm_dw_deterministic(const TDY* dy, const TX* x, const float* rstd, in
   rms_norm_dw_partial_kernel<TDY, TX><<<dim3(unsigned(s.col_blocks), unsigned(s.parts)), s.threads, 0, stream()>>>(
       dy, x, rstd, partial, N, int(D), s.rows_per_part);
   MT_CUDA_LAUNCH_CHECK(op);
-  rms_norm_dw_finish_kernel<<<unsigned(s.col_blocks), s.threads, 0, stream()>>>(partial, s.parts, int(D), accumulate,
-                                                                                dw);
+  rms_norm_dw_finish_kernel<<<unsigned((D + kFinishCols - 1) / kFinishCols), dim3{kFinishCols, kFinishGroups}, 0,
+                              stream()>>>(partial, s.parts, int(D), accumulate, dw);
   MT_CUDA_LAUNCH_CHECK(op);
 }
 

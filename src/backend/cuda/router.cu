@@ -185,14 +185,24 @@ __global__ void prob_column_sums_kernel(const float* __restrict__ probs, int64_t
   }
 }
 
-// sums[e] = f32(sums[e] + the blocks' partials of column e added in block order in fp64).
+constexpr int kFinishCols = 32, kFinishGroups = 8;  // column_partials_finish's block: 32 experts x 8 groups
+
+// sums[e] = f32(sums[e] + the blocks' partials of column e in a fixed order, in fp64): group y
+// (threadIdx.y) adds blocks y, y + 8, ... in order, then the 8 group sums are added in order.
 __global__ void column_partials_finish_kernel(const double* __restrict__ partial, int64_t blocks, int E,
                                               float* __restrict__ sums) {
-  const int e = int(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (e >= E) return;
+  __shared__ double s_sum[kFinishGroups][kFinishCols];
+  const int e = int(blockIdx.x) * kFinishCols + int(threadIdx.x);
   double acc = 0;
-  for (int64_t b = 0; b < blocks; ++b) acc += partial[b * E + e];
-  sums[e] = float(double(sums[e]) + acc);
+  if (e < E)
+#pragma unroll 8
+    for (int64_t b = threadIdx.y; b < blocks; b += kFinishGroups) acc += partial[b * E + e];
+  s_sum[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || e >= E) return;
+  double total = 0;
+  for (int g = 0; g < kFinishGroups; ++g) total += s_sum[g][threadIdx.x];
+  sums[e] = float(double(sums[e]) + total);
 }
 
 // out[0] = f32(out[0] + sum of partial[0, n)), one block of kThreads: thread i sums i, i + kThreads, ...
@@ -354,8 +364,8 @@ void prob_column_sums(const Tensor& probs_TE, Tensor& sums_E) {
                                                                       sums_E.data<float>(), partial);
   MT_CUDA_LAUNCH_CHECK("prob_column_sums");
   if (partial) {
-    column_partials_finish_kernel<<<blocks_for(E, threads), threads, 0, stream()>>>(partial, blocks, int(E),
-                                                                                    sums_E.data<float>());
+    column_partials_finish_kernel<<<blocks_for(E, kFinishCols), dim3{kFinishCols, kFinishGroups}, 0, stream()>>>(
+        partial, blocks, int(E), sums_E.data<float>());
     MT_CUDA_LAUNCH_CHECK("prob_column_sums");
   }
 }
