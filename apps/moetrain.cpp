@@ -6,6 +6,7 @@
 
 #include "selftest/comm_selftest.h"
 #include "selftest/dist_selftest.h"
+#include "rl/rl_selftest.h"
 #include "launch/launch.h"
 #include "core/error.h"
 #include "data/tokenize_cli.h"
@@ -63,6 +64,8 @@ int main(int argc, char** argv) {
     if (cmd == "launch") return mt::comm::launch_main(rest);
     if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
       return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});
+    if (cmd == "_selftest" && !rest.empty() && rest[0] == "rl")  // hidden: the RL update on fixed rollouts
+      return mt::rl::rl_selftest_main({rest.begin() + 1, rest.end()});
     if (cmd == "_selftest") return mt::comm::selftest_main(rest);  // hidden: used by the tests
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);

@@ -2,12 +2,17 @@
 #include "rl/grpo.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
+#include <string>
 
+#include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "model/micro_batch.h"
+#include "parallel/fsdp.h"
 #include "rl/rollout_batch.h"
 #include "rl/shaping.h"
 #include "rl/value_loss.h"
@@ -37,198 +42,252 @@ struct UpdateMicroBatch {
   PackedRollouts critic;        // PPO: the same rows for the critic (returns, old values, weights; no replay)
 };
 
-}  // namespace
-
-void validate(const GrpoOptions& o) {
-  if (o.n < 2) MT_THROW("grpo: n = ", o.n, " samples per prompt; group advantages need n >= 2");
-  if (o.max_new_tokens < 1) MT_THROW("grpo: max_new_tokens = ", o.max_new_tokens, "; need >= 1");
-  if (!(o.sampling.temperature > 0) || !std::isfinite(o.sampling.temperature))
-    MT_THROW("grpo: temperature ", o.sampling.temperature,
-             "; need a finite value > 0 (sampled log-probs; 0 is greedy decoding, which has none)");
-  if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
-  if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
-  if (o.overlong_penalty < 0) MT_THROW("grpo: overlong_penalty ", o.overlong_penalty, "; need >= 0 (0 = off)");
-  if (o.overlong_penalty > 0 && (o.overlong_buffer < 1 || o.overlong_buffer > o.max_new_tokens))
-    MT_THROW("grpo: overlong_buffer ", o.overlong_buffer, " with max_new_tokens ", o.max_new_tokens,
-             "; the soft overlong penalty needs 1 <= buffer <= max_new_tokens");
-  if (o.epochs < 1) MT_THROW("grpo: epochs = ", o.epochs, "; need >= 1");
-  if (o.mini_batches < 1) MT_THROW("grpo: mini_batches = ", o.mini_batches, "; need >= 1");
-  if (o.micro_batch_samples < 0)
-    MT_THROW("grpo: micro_batch_samples = ", o.micro_batch_samples, "; need >= 0 (0: one)");
-  if (!(o.gamma >= 0 && o.gamma <= 1)) MT_THROW("grpo: gamma ", o.gamma, "; need a value in [0, 1]");
-  if (!(o.lam >= 0 && o.lam <= 1)) MT_THROW("grpo: lam ", o.lam, "; need a value in [0, 1]");
-  if (!std::isfinite(o.value_clip)) MT_THROW("grpo: value_clip ", o.value_clip, "; need a finite value (<= 0: off)");
-  if (!(o.critic_lr >= 0) || !std::isfinite(o.critic_lr))
-    MT_THROW("grpo: critic_lr ", o.critic_lr, "; need a finite value >= 0");
-  validate(o.loss);
-}
-
-void init_critic_from_policy(TrainSession& critic, TrainSession& policy) {
-  if (!critic.config().value_head)
-    MT_THROW("init_critic_from_policy: the critic's config has no value_head (it needs score.weight [1, D])");
-  if (critic.dist().world_size() > 1 || policy.dist().world_size() > 1)
-    MT_THROW("init_critic_from_policy: one process only (world sizes ", critic.dist().world_size(), " and ",
-             policy.dist().world_size(), ")");
-  const ParamTable& ct = critic.table();
-  const ParamTable& pt = policy.table();
-  const ParamEntry* score = ct.find("score.weight");
-  MT_CHECK(score, "a value-head table without score.weight");
-  // The body: the same entries in the same order before the head.
-  for (const ParamEntry& e : ct.entries()) {
-    if (e.name == "score.weight") continue;
-    const ParamEntry* q = pt.find(e.name);
-    if (!q || q->shape != e.shape || q->offset != e.offset)
-      MT_THROW("init_critic_from_policy: the policy's ", e.name, " ", q ? "has another shape or place" : "is missing",
-               "; the critic must be the policy's architecture with a scalar head");
+// The policy's layout, shared by its reference and critic (each rank's rows and shards must line up).
+void check_same_layout(TrainSession& policy, TrainSession& other, const char* what) {
+  for (Axis ax : {Axis::DpReplicate, Axis::DpShard, Axis::Sp, Axis::Tp, Axis::Ep}) {
+    const int a = policy.dist().mesh().size(ax), b = other.dist().mesh().size(ax);
+    if (a != b)
+      MT_THROW("grpo: the ", what, " session has ", axis_name(ax), " ", b, ", the policy ", a, "; the ", what,
+               " must be laid out like the policy");
   }
-  Tensor body = policy.master().to(Device::CPU).rows(0, score->offset);
-  Tensor cm = critic.master().to(Device::CPU);
-  cm.rows(0, score->offset).copy_from(body);
-  cm.rows(score->offset, score->numel).zero_();
-  if (critic.master().device() != Device::CPU) critic.master().copy_from(cm);  // else cm is the master itself
-  critic.refresh_compute_weights();
 }
 
-GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
-                      TrainSession* critic) {
-  if (prompts.empty()) MT_THROW("grpo: no prompts");
-  const PromptFn same = [&](int64_t count) {
-    if (count != int64_t(prompts.size()))
-      MT_THROW("grpo: ", count, " prompts asked of a fixed set of ", prompts.size());
-    return prompts;
-  };
-  return grpo_step(session, engine, same, int64_t(prompts.size()), reward, o, step, reference, critic);
-}
-
-GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompt_fn, int64_t groups,
-                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
-                      TrainSession* critic) {
-  validate(o);
+// What every entry point checks before any collective (the same on every rank).
+void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* reference, TrainSession* critic) {
   if (critic && !critic->config().value_head)
     MT_THROW("grpo: the critic session's model has an LM head; PPO's critic needs ModelConfig::value_head");
-  if (critic && critic->dist().world_size() > 1) MT_THROW("grpo_step runs on one process for now (the critic too)");
-  if (groups < 1) MT_THROW("grpo: groups = ", groups, " prompts per step; need >= 1");
-  if (o.mini_batches > groups)
-    MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups a step; a mini-batch needs a group");
   if (o.loss.kl_coef > 0 && !reference)
     MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
-  if (session.dist().world_size() > 1) MT_THROW("grpo_step runs on one process for now");
-  Qwen3MoeModel& model = session.model();
-  const int64_t K = model.config().num_experts_per_tok;
-  const int64_t n = o.n;
-  GrpoMetrics m;
+  const int sp = session.dist().mesh().size(Axis::Sp);
+  if (sp > 1)
+    MT_THROW("grpo: sp ", sp,
+             ": sequence parallelism is not supported by the RL loop yet (its log-prob forwards gather whole "
+             "rows); use dp_shard, dp_replicate, ep or tp");
+  if (reference) check_same_layout(session, *reference, "reference");
+  if (critic) check_same_layout(session, *critic, "critic");
+}
 
-  // 1. Generate, reward, keep: rounds of `groups` prompts until `groups` groups are kept.
-  std::vector<Kept> kept;
-  std::vector<double> kept_rewards;  // shaped, per kept sample
-  double r_sum = 0, r_sq = 0, len_sum = 0;
-  int64_t samples_seen = 0, drawn = 0, gen_tokens = 0;
-  const int64_t max_rounds = o.dynamic_sampling ? o.max_generate_rounds : 1;
-  while (m.groups_kept < groups && m.generate_rounds < max_rounds) {
-    auto t = Clock::now();
-    const std::vector<std::vector<int32_t>> prompts = prompt_fn(groups);
-    if (int64_t(prompts.size()) != groups)
-      MT_THROW("grpo: the prompt source gave ", prompts.size(), " prompts for ", groups, " asked");
-    std::vector<GenerateRequest> reqs;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      if (prompts[i].empty()) MT_THROW("grpo: prompt ", drawn + int64_t(i), " of step ", step, " is empty");
-      GenerateRequest r;
-      r.prompt = prompts[i];
-      r.n = n;
-      r.max_new_tokens = o.max_new_tokens;
-      r.sampling = o.sampling;
-      r.sampling.seed = mix64(o.seed ^ mix64(uint64_t(step) * 1000003 + uint64_t(drawn) + i));
-      r.stop_token_ids = o.stop_token_ids;
-      reqs.push_back(std::move(r));
+// A micro-batch of whole sequences grown to a multiple of `multiple` rows with empty rows (token 0, every
+// label -100, values 0, routed to experts 0..K-1): every data-parallel rank gets rows, and the empty ones
+// carry no target, so the loss and the gradients are those of the real rows.
+MicroBatch pad_rows(const MicroBatch& mb, int multiple, int64_t K) {
+  const int64_t B = mb.input_ids.size(0), S = mb.input_ids.size(1);
+  const int64_t Bp = (B + multiple - 1) / multiple * multiple;
+  if (Bp == B) return mb;
+  MT_CHECK(!mb.segments.defined() && !mb.plan, "pad_rows: a packed or planned micro-batch");
+  MicroBatch out;
+  out.input_ids = Tensor::zeros({Bp, S}, DType::I64);
+  out.input_ids.rows(0, B).copy_from(mb.input_ids);
+  out.labels = Tensor::empty({Bp, S}, DType::I64);
+  std::fill_n(out.labels.data<int64_t>(), Bp * S, int64_t(-100));
+  out.labels.rows(0, B).copy_from(mb.labels);
+  for (const Tensor& v : mb.token_values) {
+    Tensor t = Tensor::zeros({Bp, S});
+    t.rows(0, B).copy_from(v);
+    out.token_values.push_back(t);
+  }
+  for (const Tensor& r : mb.routing) {
+    Tensor t = Tensor::empty({Bp * S, K}, DType::I32);
+    for (int64_t i = B * S; i < Bp * S; ++i)
+      for (int64_t k = 0; k < K; ++k) t.data<int32_t>()[i * K + k] = int32_t(k);
+    t.rows(0, B * S).copy_from(r);
+    out.routing.push_back(t);
+  }
+  return out;
+}
+
+// The head's per-target rows (log-probs, entropies, values) of a micro-batch of whole sequences, every row
+// on every rank: each data-parallel rank runs the forward on its rows (under tp each rank holds a slice of
+// them), then one all-gather per tensor over the ranks with rows of their own, in rank order (dp-major, tp
+// within). Host f32 [B S], the layout of a one-process forward. Collective over the world.
+struct HeadRows {
+  Tensor logp, entropy, value;
+};
+HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOptions& po) {
+  DistContext& d = s.dist();
+  const int dp = d.dp_size();
+  const int64_t B = whole.input_ids.size(0), S = whole.input_ids.size(1);
+  const MicroBatch padded = pad_rows(whole, dp, s.config().num_experts_per_tok);
+  MicroBatch mine = padded;
+  if (dp > 1) {
+    auto [r0, rows] = dp_rows(padded.input_ids.size(0), d.dp_rank(), dp);
+    mine = micro_batch_rows(padded, r0, rows);
+  }
+  const LossParts lp = s.model().forward(mine, po);
+  comm::Communicator* rows_comm = s.parallel().tp ? d.world() : d.dp();
+  const int64_t Sp = s.model().padded_seq_len();  // S, or under tp S' >= S
+  auto full = [&](const Tensor& t) -> Tensor {
+    if (!t.defined()) return t;
+    Tensor all = t;
+    if (rows_comm && rows_comm->size() > 1) {
+      all = Tensor::empty({int64_t(rows_comm->size()) * t.numel()}, DType::F32, t.device());
+      rows_comm->all_gather(t, all)->wait();
     }
-    drawn += groups;
-    const double sync_before = engine.stats().weight_sync_seconds;
-    const std::vector<GeneratedSample> gen = engine.generate(reqs);
-    m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
-    m.generate_s += since(t);
-    ++m.generate_rounds;
-    if (int64_t(gen.size()) != groups * n)
-      MT_THROW("grpo: the engine returned ", gen.size(), " samples for ", groups, " prompts x ", n);
-    t = Clock::now();
-    std::vector<double> rewards = reward(reqs, gen);
-    m.reward_s += since(t);
-    if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
-    // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.
+    const Tensor h = all.to(Device::CPU);
+    MT_CHECK(h.numel() >= B * Sp, "forward_rows: ", h.numel(), " gathered rows for ", B, " x ", Sp);
+    Tensor out = Tensor::empty({B * S});
+    for (int64_t b = 0; b < B; ++b) std::copy_n(h.data<float>() + b * Sp, S, out.data<float>() + b * S);
+    return out;
+  };
+  return HeadRows{full(lp.logp), full(lp.entropy), full(lp.value)};
+}
+
+// The exchange of one generate round. Each rank's words: its data-parallel rank, a hash of the round's
+// prompts, its error (if any), then its samples (global prompt index, sample index, finish, tokens,
+// log-prob bits, reward bits, token reward bits, routing ids). All-gathered (lengths, then the words
+// padded to the longest) over the world, so every rank decodes the same bytes and takes the same branch:
+// an error on any rank is raised on all of them, naming the rank.
+void put_u64(std::vector<int32_t>& w, uint64_t v) {
+  w.push_back(int32_t(uint32_t(v)));
+  w.push_back(int32_t(uint32_t(v >> 32)));
+}
+uint64_t get_u64(const int32_t*& p) {
+  const uint64_t lo = uint32_t(p[0]), hi = uint32_t(p[1]);
+  p += 2;
+  return lo | (hi << 32);
+}
+
+std::vector<std::vector<int32_t>> all_gather_words(comm::Communicator& world, const std::vector<int32_t>& words) {
+  const Device dev = world.device();
+  auto on = [&](const Tensor& t) { return dev == Device::CPU ? t : t.to(dev); };
+  Tensor len = Tensor::empty({1}, DType::I64);
+  len.data<int64_t>()[0] = int64_t(words.size());
+  Tensor lens = on(Tensor::empty({world.size()}, DType::I64));
+  world.all_gather(on(len), lens)->wait();
+  const Tensor lens_h = lens.to(Device::CPU);
+  int64_t longest = 1;
+  for (int r = 0; r < world.size(); ++r) longest = std::max(longest, lens_h.data<int64_t>()[r]);
+  Tensor buf = Tensor::zeros({longest}, DType::I32);
+  std::copy(words.begin(), words.end(), buf.data<int32_t>());
+  Tensor all = on(Tensor::empty({world.size() * longest}, DType::I32));
+  world.all_gather(on(buf), all)->wait();
+  const Tensor all_h = all.to(Device::CPU);
+  std::vector<std::vector<int32_t>> out;
+  for (int r = 0; r < world.size(); ++r) {
+    const int32_t* w = all_h.data<int32_t>() + int64_t(r) * longest;
+    out.emplace_back(w, w + lens_h.data<int64_t>()[r]);
+  }
+  return out;
+}
+
+void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
+                    const std::string& error, std::vector<GeneratedSample>& gen, std::vector<double>& rewards,
+                    std::vector<std::vector<double>>& steps, bool with_steps) {
+  uint64_t hash = 0x5eed;
+  for (const std::vector<int32_t>& p : prompts) {
+    hash = mix64(hash ^ p.size());
+    for (int32_t t : p) hash = mix64(hash ^ uint32_t(t));
+  }
+  const int64_t K = cfg.num_experts_per_tok;
+  std::vector<int32_t> w{dist.dp_rank()};
+  put_u64(w, hash);
+  const std::string msg = error.substr(0, 2000);
+  w.push_back(int32_t(msg.size()));
+  for (char c : msg) w.push_back(int32_t(static_cast<unsigned char>(c)));
+  if (msg.empty()) {
+    w.push_back(int32_t(gen.size()));
     for (size_t i = 0; i < gen.size(); ++i) {
-      const double r = rewards[i];
-      if (!std::isfinite(r)) MT_THROW("grpo: reward ", r, " for sample ", i % size_t(n), " of prompt ", i / size_t(n));
-      r_sum += r;
-      r_sq += r * r;
-      m.reward_max = samples_seen + int64_t(i) == 0 ? r : std::max(m.reward_max, r);
-      const double len = double(gen[i].tokens.size());
-      len_sum += len;
-      gen_tokens += int64_t(len);
-      m.response_len_max = std::max(m.response_len_max, len);
-      m.overlong_fraction += gen[i].finish_reason == "length";
-    }
-    samples_seen += int64_t(gen.size());
-    for (int64_t g = 0; g < groups; ++g) {
-      bool any = false, correct = false;
-      for (int64_t j = 0; j < n; ++j) {
-        any = any || rewards[size_t(g * n + j)] > 0;
-        correct = correct || rewards[size_t(g * n + j)] >= o.correct_reward;
-      }
-      m.groups_with_reward += any;
-      m.groups_correct += correct;
-    }
-    // Shaping, then which groups carry a gradient.
-    if (o.overlong_penalty > 0)
-      for (size_t i = 0; i < gen.size(); ++i)
-        rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
-                                            o.overlong_penalty);
-    std::vector<std::vector<double>> steps;
-    if (o.token_reward) {
-      t = Clock::now();
-      steps = o.token_reward(reqs, gen);
-      m.reward_s += since(t);
-      if (steps.size() != gen.size())
-        MT_THROW("grpo: ", steps.size(), " token reward rows for ", gen.size(), " samples");
-      for (size_t i = 0; i < gen.size(); ++i)
-        if (steps[i].size() != gen[i].tokens.size())
-          MT_THROW("grpo: sample ", i, " has ", gen[i].tokens.size(), " tokens and ", steps[i].size(),
-                   " token rewards");
-    }
-    const std::vector<bool> constant = o.token_reward ? constant_step_groups(steps, n) : constant_groups(rewards, n);
-    for (int64_t g = 0; g < groups; ++g) {
-      m.groups_zero_variance += constant[size_t(g)];
-      if ((o.dynamic_sampling && constant[size_t(g)]) || m.groups_kept >= groups) continue;
-      ++m.groups_kept;
-      for (int64_t j = 0; j < n; ++j) {
-        const size_t i = size_t(g * n + j);
-        const GeneratedSample& x = gen[i];
-        if (x.prompt_index != g || x.sample_index != j)
-          MT_THROW("grpo: the engine's sample ", i, " is prompt ", x.prompt_index, " sample ", x.sample_index,
-                   "; expected prompt ", g, " sample ", j);
-        Kept k;
-        k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
-        k.filtered = o.overlong_filter && x.finish_reason == "length";
-        if (o.token_reward) k.step_rewards = steps[i];
-        kept.push_back(std::move(k));
-        kept_rewards.push_back(rewards[i]);
+      const GeneratedSample& g = gen[i];
+      w.insert(w.end(), {int32_t(g.prompt_index), int32_t(g.sample_index), g.finish_reason == "stop" ? 1 : 0,
+                         int32_t(g.tokens.size())});
+      w.insert(w.end(), g.tokens.begin(), g.tokens.end());
+      for (float lp : g.logprobs) w.push_back(std::bit_cast<int32_t>(lp));
+      put_u64(w, std::bit_cast<uint64_t>(rewards[i]));
+      if (with_steps)
+        for (double v : steps[i]) put_u64(w, std::bit_cast<uint64_t>(v));
+      w.push_back(int32_t(g.routing.layers()));
+      if (!g.routing.empty()) {
+        w.push_back(int32_t(g.routing.tokens()));
+        for (const Tensor& ids : g.routing.tensors())
+          w.insert(w.end(), ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
       }
     }
   }
-  m.groups_generated = m.generate_rounds * groups;
-  m.reward_mean = r_sum / double(samples_seen);
-  m.reward_std = std::sqrt(std::max(0.0, r_sq / double(samples_seen) - m.reward_mean * m.reward_mean));
-  m.response_len_mean = len_sum / double(samples_seen);
-  m.overlong_fraction /= double(samples_seen);
-  m.groups_with_reward /= double(m.groups_generated);
-  m.groups_correct /= double(m.groups_generated);
-  m.groups_zero_variance /= double(m.groups_generated);
-  m.rollout_tokens_per_s = m.generate_s > 0 ? double(gen_tokens) / m.generate_s : 0;
-  if (kept.empty()) {
-    log_info("grpo: step ", step, ": no group with differing rewards in ", m.generate_rounds,
-             " generate rounds; update skipped");
-    return m;
+  const std::vector<std::vector<int32_t>> all = all_gather_words(*dist.world(), w);
+  // Errors and disagreements first, decided from the same bytes on every rank.
+  uint64_t hash0 = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int32_t* p = all[r].data() + 1;
+    const uint64_t h = get_u64(p);
+    const int32_t len = *p++;
+    if (len > 0) {
+      std::string e;
+      for (int32_t i = 0; i < len; ++i) e.push_back(char(p[i]));
+      MT_THROW("grpo: rank ", r, " failed in its share of the round: ", e);
+    }
+    if (r == 0) hash0 = h;
+    if (h != hash0)
+      MT_THROW("grpo: rank ", r,
+               " drew other prompts than rank 0 in this round; the prompt source must give every "
+               "rank the same list (the same seed, the same position in the file)");
   }
+  // One rank per data-parallel rank (the tp ranks of a data-parallel rank hold the same share).
+  struct Row {
+    GeneratedSample g;
+    double reward;
+    std::vector<double> steps;
+  };
+  std::vector<Row> rows;
+  std::vector<bool> seen(size_t(dist.dp_size()), false);
+  for (size_t r = 0; r < all.size(); ++r) {
+    const int32_t* p = all[r].data();
+    const int32_t dp_rank = *p++;
+    p += 3;  // hash, error length 0
+    if (seen[size_t(dp_rank)]) continue;
+    seen[size_t(dp_rank)] = true;
+    const int32_t count = *p++;
+    for (int32_t s = 0; s < count; ++s) {
+      Row row;
+      row.g.prompt_index = p[0];
+      row.g.sample_index = p[1];
+      row.g.finish_reason = p[2] ? "stop" : "length";
+      const int32_t T = p[3];
+      p += 4;
+      row.g.tokens.assign(p, p + T);
+      p += T;
+      for (int32_t i = 0; i < T; ++i) row.g.logprobs.push_back(std::bit_cast<float>(p[i]));
+      p += T;
+      row.reward = std::bit_cast<double>(get_u64(p));
+      if (with_steps)
+        for (int32_t i = 0; i < T; ++i) row.steps.push_back(std::bit_cast<double>(get_u64(p)));
+      const int32_t layers = *p++;
+      if (layers > 0) {
+        const int32_t tokens = *p++;
+        std::vector<Tensor> ids;
+        for (int32_t l = 0; l < layers; ++l) {
+          Tensor t = Tensor::empty({tokens, K}, DType::I32);
+          std::copy_n(p, int64_t(tokens) * K, t.data<int32_t>());
+          p += int64_t(tokens) * K;
+          ids.push_back(t);
+        }
+        row.g.routing = RoutingRecord(layers, K, cfg.num_experts);
+        row.g.routing.append(ids, 0, tokens);
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    return a.g.prompt_index != b.g.prompt_index ? a.g.prompt_index < b.g.prompt_index
+                                                : a.g.sample_index < b.g.sample_index;
+  });
+  gen.clear();
+  rewards.clear();
+  steps.clear();
+  for (Row& r : rows) {
+    gen.push_back(std::move(r.g));
+    rewards.push_back(r.reward);
+    if (with_steps) steps.push_back(std::move(r.steps));
+  }
+}
 
+// The update on the kept samples (group-major, n each; the same on every rank): advantages, then
+// epochs x mini-batches of train_step. Fills the update's metrics.
+void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>& kept_rewards, int64_t kept_groups,
+            const GrpoOptions& o, int64_t step, TrainSession* reference, TrainSession* critic, GrpoMetrics& m) {
+  DistContext& dist = session.dist();
+  const int dp = dist.dp_size(), rank = dist.rank();
+  const int64_t K = session.config().num_experts_per_tok;
+  const int64_t n = o.n;
   // 2. Advantages, per kept group; with a critic, GAE per sample from its values.
   if (critic) {
     auto t = Clock::now();
@@ -240,7 +299,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
         ss.back().routing = RoutingRecord();  // the critic routes with its own router
       }
       const PackedRollouts p = pack_rollouts(ss, K);
-      const std::vector<std::vector<float>> v = response_values(p, critic->model().forward(p.mb, PassOptions{}).value);
+      const std::vector<std::vector<float>> v = response_values(p, forward_rows(*critic, p.mb, PassOptions{}).value);
       for (size_t k = 0; k < ss.size(); ++k) {
         Kept& x = kept[c0 + k];
         x.values.assign(v[k].begin(), v[k].end());
@@ -292,7 +351,6 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
 
   // 3. Mini-batches of whole groups, micro-batches of samples; each packed once, and the old (and
   //    reference) log-probs computed before the first epoch.
-  const int64_t kept_groups = m.groups_kept;
   const int64_t mini = std::min(o.mini_batches, kept_groups);
   std::vector<std::vector<UpdateMicroBatch>> minis;
   minis.resize(static_cast<size_t>(mini));
@@ -324,14 +382,14 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       }
       u.p = pack_rollouts(ss, K);
       auto t = Clock::now();
-      const LossParts lp = model.forward(u.p.mb, po);
+      const HeadRows lp = forward_rows(session, u.p.mb, po);
       const std::vector<std::vector<float>> old = response_values(u.p, lp.logp);
       const std::vector<std::vector<float>> ent = response_values(u.p, lp.entropy);
       m.logprob_s += since(t);
       std::vector<std::vector<float>> ref;
       if (reference) {
         t = Clock::now();
-        ref = response_values(u.p, reference->model().forward(u.p.mb, ref_po).logp);
+        ref = response_values(u.p, forward_rows(*reference, u.p.mb, ref_po).logp);
         m.ref_logprob_s += since(t);
       }
       std::vector<std::vector<float>> adv_t, w_t;
@@ -390,7 +448,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   // 4. The update: epochs x mini-batches optimizer steps, each over its micro-batches.
   auto t = Clock::now();
   int64_t total_mbs = 0, done_mbs = 0, train_tokens = 0, clip_low = 0, clip_high = 0, trained = 0;
-  double approx_kl = 0;
+  int64_t c_tokens = 0, c_clipped = 0;  // the critic's
+  double approx_kl = 0, pg_sum = 0, kl_sum = 0;
   for (const auto& mb : minis) total_mbs += int64_t(mb.size());
   total_mbs *= o.epochs;
   auto last_line = Clock::now();
@@ -398,7 +457,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     for (const std::vector<UpdateMicroBatch>& mb : minis) {
       std::vector<MicroBatch> batches;
       for (const UpdateMicroBatch& u : mb) {
-        batches.push_back(u.p.mb);
+        batches.push_back(pad_rows(u.p.mb, dp, K));
         train_tokens += u.p.mb.input_ids.numel();
       }
       PolicyObjective obj(o.loss);
@@ -408,7 +467,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       so.temperature = o.sampling.temperature;
       so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
         ++done_mbs;
-        if (o.progress_every_s > 0 && since(last_line) >= o.progress_every_s && done_mbs < total_mbs) {
+        if (o.progress_every_s > 0 && rank == 0 && since(last_line) >= o.progress_every_s && done_mbs < total_mbs) {
           const double el = since(t);
           log_info("grpo: step ", step, " update: micro-batch ", done_mbs, "/", total_mbs, " (epoch ", e + 1, "/",
                    o.epochs, "), ", el, " s, ETA ", std::round(el / double(done_mbs) * double(total_mbs - done_mbs)),
@@ -423,8 +482,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       m.grad_norm += r.opt.grad_norm;
       m.grad_norm_max = std::max(m.grad_norm_max, r.opt.grad_norm);
       const PolicyMetrics& pm = obj.metrics();
-      m.policy_loss += pm.pg_loss;
-      m.kl_loss += pm.kl_loss;
+      pg_sum += pm.pg_loss;
+      kl_sum += pm.kl_loss;
       clip_low += pm.clipped_low;
       clip_high += pm.clipped_high;
       approx_kl += pm.approx_kl;
@@ -434,11 +493,11 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   // 5. PPO: the critic's update on the returns, the same epochs and mini-batches.
   if (critic) {
     const auto tc = Clock::now();
-    int64_t c_updates = 0, c_tokens = 0, c_clipped = 0;
+    int64_t c_updates = 0;
     for (int64_t e = 0; e < o.epochs; ++e)
       for (const std::vector<UpdateMicroBatch>& mb : minis) {
         std::vector<MicroBatch> batches;
-        for (const UpdateMicroBatch& u : mb) batches.push_back(u.critic.mb);
+        for (const UpdateMicroBatch& u : mb) batches.push_back(pad_rows(u.critic.mb, dp, K));
         ValueLossObjective vobj(o.value_clip);
         StepOptions so;
         so.lr = o.critic_lr;
@@ -452,19 +511,329 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       }
     m.value_loss /= double(c_updates);
     m.critic_grad_norm /= double(c_updates);
-    m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
     m.critic_update_s = since(tc);
   }
+  // The objectives' own metrics are sums over this rank's rows: one all-gather after the update adds them
+  // up over the ranks (every rank holds rows of its own; train_step reduced the loss and the norms).
+  if (dist.distributed()) {
+    const std::vector<double> all =
+        comm::all_gather_doubles(*dist.world(), {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl,
+                                                 double(trained), double(c_tokens), double(c_clipped)});
+    pg_sum = kl_sum = approx_kl = 0;
+    clip_low = clip_high = trained = c_tokens = c_clipped = 0;
+    for (size_t k = 0; k < all.size(); k += 8) {
+      pg_sum += all[k];
+      kl_sum += all[k + 1];
+      clip_low += int64_t(all[k + 2]);
+      clip_high += int64_t(all[k + 3]);
+      approx_kl += all[k + 4];
+      trained += int64_t(all[k + 5]);
+      c_tokens += int64_t(all[k + 6]);
+      c_clipped += int64_t(all[k + 7]);
+    }
+  }
+  m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
   m.train_tokens_per_s = m.update_s > 0 ? double(train_tokens) / m.update_s : 0;
   m.loss /= double(m.updates);
   m.grad_norm /= double(m.updates);
-  m.policy_loss /= double(m.updates);
-  m.kl_loss /= double(m.updates);
+  m.policy_loss = pg_sum / double(m.updates);
+  m.kl_loss = kl_sum / double(m.updates);
   if (trained > 0) {
     m.clip_low = double(clip_low) / double(trained);
     m.clip_high = double(clip_high) / double(trained);
     m.approx_kl = approx_kl / double(trained);
   }
+}
+
+}  // namespace
+
+void validate(const GrpoOptions& o) {
+  if (o.n < 2) MT_THROW("grpo: n = ", o.n, " samples per prompt; group advantages need n >= 2");
+  if (o.max_new_tokens < 1) MT_THROW("grpo: max_new_tokens = ", o.max_new_tokens, "; need >= 1");
+  if (!(o.sampling.temperature > 0) || !std::isfinite(o.sampling.temperature))
+    MT_THROW("grpo: temperature ", o.sampling.temperature,
+             "; need a finite value > 0 (sampled log-probs; 0 is greedy decoding, which has none)");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
+  if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
+  if (o.overlong_penalty < 0) MT_THROW("grpo: overlong_penalty ", o.overlong_penalty, "; need >= 0 (0 = off)");
+  if (o.overlong_penalty > 0 && (o.overlong_buffer < 1 || o.overlong_buffer > o.max_new_tokens))
+    MT_THROW("grpo: overlong_buffer ", o.overlong_buffer, " with max_new_tokens ", o.max_new_tokens,
+             "; the soft overlong penalty needs 1 <= buffer <= max_new_tokens");
+  if (o.epochs < 1) MT_THROW("grpo: epochs = ", o.epochs, "; need >= 1");
+  if (o.mini_batches < 1) MT_THROW("grpo: mini_batches = ", o.mini_batches, "; need >= 1");
+  if (o.micro_batch_samples < 0)
+    MT_THROW("grpo: micro_batch_samples = ", o.micro_batch_samples, "; need >= 0 (0: one)");
+  if (!(o.gamma >= 0 && o.gamma <= 1)) MT_THROW("grpo: gamma ", o.gamma, "; need a value in [0, 1]");
+  if (!(o.lam >= 0 && o.lam <= 1)) MT_THROW("grpo: lam ", o.lam, "; need a value in [0, 1]");
+  if (!std::isfinite(o.value_clip)) MT_THROW("grpo: value_clip ", o.value_clip, "; need a finite value (<= 0: off)");
+  if (!(o.critic_lr >= 0) || !std::isfinite(o.critic_lr))
+    MT_THROW("grpo: critic_lr ", o.critic_lr, "; need a finite value >= 0");
+  validate(o.loss);
+}
+
+void init_critic_from_policy(TrainSession& critic, TrainSession& policy) {
+  if (!critic.config().value_head)
+    MT_THROW("init_critic_from_policy: the critic's config has no value_head (it needs score.weight [1, D])");
+  check_same_layout(policy, critic, "critic");
+  const ParamTable& ct = critic.table();
+  const ParamTable& pt = policy.table();
+  const ParamEntry* score = ct.find("score.weight");
+  MT_CHECK(score, "a value-head table without score.weight");
+  // The body: the same entries in the same order before the head.
+  for (const ParamEntry& e : ct.entries()) {
+    if (e.name == "score.weight") continue;
+    const ParamEntry* q = pt.find(e.name);
+    if (!q || q->shape != e.shape || q->offset != e.offset)
+      MT_THROW("init_critic_from_policy: the policy's ", e.name, " ", q ? "has another shape or place" : "is missing",
+               "; the critic must be the policy's architecture with a scalar head");
+  }
+  // Shard by shard: each rank's pieces of the critic's flat layout (global ranges), the body's elements
+  // taken from the policy's pieces on this rank (the same layout holds them), the head's zeroed.
+  const int64_t body_end = score->offset, head_end = score->offset + score->numel;
+  const Tensor pm = policy.master().to(Device::CPU);
+  Tensor cm = critic.master().to(Device::CPU);
+  const std::vector<FlatRange> pp = policy.parallel().pieces(pt);
+  for (const FlatRange& c : critic.parallel().pieces(ct)) {
+    const int64_t b = c.begin, e = std::min(c.end, body_end);
+    int64_t copied = 0;
+    for (const FlatRange& q : pp) {
+      const int64_t lo = std::max(b, q.begin), hi = std::min(e, q.end);
+      if (lo >= hi) continue;
+      cm.rows(c.dst_offset + lo - c.begin, hi - lo).copy_from(pm.rows(q.dst_offset + lo - q.begin, hi - lo));
+      copied += hi - lo;
+    }
+    if (b < e && copied != e - b)
+      MT_THROW("init_critic_from_policy: rank ", critic.dist().rank(), " holds the critic's elements [", b, ", ", e,
+               ") but only ", copied, " of them in its policy shard; the two sessions' shards differ");
+    const int64_t h0 = std::max(c.begin, score->offset), h1 = std::min(c.end, head_end);
+    if (h0 < h1) cm.rows(c.dst_offset + h0 - c.begin, h1 - h0).zero_();
+  }
+  if (critic.master().device() != Device::CPU) critic.master().copy_from(cm);  // else cm is the master itself
+  critic.refresh_compute_weights();
+}
+
+GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
+                      TrainSession* critic) {
+  if (prompts.empty()) MT_THROW("grpo: no prompts");
+  const PromptFn same = [&](int64_t count) {
+    if (count != int64_t(prompts.size()))
+      MT_THROW("grpo: ", count, " prompts asked of a fixed set of ", prompts.size());
+    return prompts;
+  };
+  return grpo_step(session, engine, same, int64_t(prompts.size()), reward, o, step, reference, critic);
+}
+
+GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompt_fn, int64_t groups,
+                      const RewardFn& reward, const GrpoOptions& o, int64_t step, TrainSession* reference,
+                      TrainSession* critic) {
+  validate(o);
+  if (groups < 1) MT_THROW("grpo: groups = ", groups, " prompts per step; need >= 1");
+  if (o.mini_batches > groups)
+    MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups a step; a mini-batch needs a group");
+  check_sessions(session, o, reference, critic);
+  DistContext& dist = session.dist();
+  const int tp = dist.mesh().size(Axis::Tp), dp = dist.dp_size(), dp_rank = dist.dp_rank();
+  if (tp > 1)
+    MT_THROW("grpo: generation under tp ", tp,
+             " is not supported yet (the engine's forward_cached runs on one device, under FSDP/HSDP and ep); "
+             "grpo_update trains under tp on given rollouts");
+  if (groups % dp != 0)
+    MT_THROW("grpo: groups = ", groups, " prompts per step cannot be split evenly over ", dp,
+             " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dp);
+  const ModelConfig& cfg = session.config();
+  const int64_t n = o.n;
+  GrpoMetrics m;
+
+  // 1. Generate, reward, keep: rounds of `groups` prompts until `groups` groups are kept. Each rank
+  //    generates its share; after the exchange every rank holds the whole round.
+  std::vector<Kept> kept;
+  std::vector<double> kept_rewards;  // shaped, per kept sample
+  double r_sum = 0, r_sq = 0, len_sum = 0;
+  int64_t samples_seen = 0, drawn = 0, gen_tokens = 0;
+  const int64_t max_rounds = o.dynamic_sampling ? o.max_generate_rounds : 1;
+  const int64_t g0 = int64_t(dp_rank) * (groups / dp), g1 = g0 + groups / dp;  // this rank's groups
+  while (m.groups_kept < groups && m.generate_rounds < max_rounds) {
+    auto t = Clock::now();
+    const std::vector<std::vector<int32_t>> prompts = prompt_fn(groups);
+    if (int64_t(prompts.size()) != groups)
+      MT_THROW("grpo: the prompt source gave ", prompts.size(), " prompts for ", groups, " asked");
+    // Every prompt checked on every rank, so a bad one stops all ranks before any collective.
+    std::vector<GenerateRequest> reqs;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (prompts[i].empty()) MT_THROW("grpo: prompt ", drawn + int64_t(i), " of step ", step, " is empty");
+      for (int32_t tok : prompts[i])
+        if (tok < 0 || tok >= cfg.vocab_size)
+          MT_THROW("grpo: prompt ", drawn + int64_t(i), " of step ", step, " has token ", tok,
+                   " outside the vocabulary [0, ", cfg.vocab_size, ")");
+      if (int64_t(prompts[i].size()) + o.max_new_tokens > cfg.max_position_embeddings)
+        MT_THROW("grpo: prompt ", drawn + int64_t(i), " of step ", step, " (", prompts[i].size(),
+                 " tokens) + max_new_tokens ", o.max_new_tokens, " exceeds max_position_embeddings ",
+                 cfg.max_position_embeddings);
+      GenerateRequest r;
+      r.prompt = prompts[i];
+      r.n = n;
+      r.max_new_tokens = o.max_new_tokens;
+      r.sampling = o.sampling;
+      r.sampling.seed = mix64(o.seed ^ mix64(uint64_t(step) * 1000003 + uint64_t(drawn) + i));
+      r.stop_token_ids = o.stop_token_ids;
+      reqs.push_back(std::move(r));
+    }
+    drawn += groups;
+    const std::vector<GenerateRequest> mine(reqs.begin() + g0, reqs.begin() + g1);
+    const double sync_before = engine.stats().weight_sync_seconds;
+    std::vector<GeneratedSample> gen = engine.generate(mine);  // collective under FSDP and ep
+    m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
+    m.generate_s += since(t);
+    ++m.generate_rounds;
+    // This rank's rewards. A failure here becomes every rank's error at the exchange (no rank waits).
+    t = Clock::now();
+    std::vector<double> rewards;
+    std::vector<std::vector<double>> steps;
+    std::string error;
+    try {
+      if (int64_t(gen.size()) != (g1 - g0) * n)
+        MT_THROW("grpo: the engine returned ", gen.size(), " samples for ", g1 - g0, " prompts x ", n);
+      rewards = reward(mine, gen);
+      if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
+      for (size_t i = 0; i < gen.size(); ++i)
+        if (!std::isfinite(rewards[i]))
+          MT_THROW("grpo: reward ", rewards[i], " for sample ", i % size_t(n), " of prompt ",
+                   g0 + int64_t(i / size_t(n)));
+      if (o.token_reward) {
+        steps = o.token_reward(mine, gen);
+        if (steps.size() != gen.size())
+          MT_THROW("grpo: ", steps.size(), " token reward rows for ", gen.size(), " samples");
+        for (size_t i = 0; i < gen.size(); ++i)
+          if (steps[i].size() != gen[i].tokens.size())
+            MT_THROW("grpo: sample ", i % size_t(n), " of prompt ", g0 + int64_t(i / size_t(n)), " has ",
+                     gen[i].tokens.size(), " tokens and ", steps[i].size(), " token rewards");
+      }
+    } catch (const std::exception& e) {
+      if (!dist.distributed()) throw;
+      error = e.what();
+    }
+    m.reward_s += since(t);
+    for (GeneratedSample& x : gen) x.prompt_index += g0;
+    if (dist.distributed()) exchange_round(dist, cfg, prompts, error, gen, rewards, steps, o.token_reward != nullptr);
+    // From here on every rank holds the whole round: what follows is the same computation everywhere.
+    // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.
+    for (size_t i = 0; i < gen.size(); ++i) {
+      const double r = rewards[i];
+      r_sum += r;
+      r_sq += r * r;
+      m.reward_max = samples_seen + int64_t(i) == 0 ? r : std::max(m.reward_max, r);
+      const double len = double(gen[i].tokens.size());
+      len_sum += len;
+      gen_tokens += int64_t(len);
+      m.response_len_max = std::max(m.response_len_max, len);
+      m.overlong_fraction += gen[i].finish_reason == "length";
+    }
+    samples_seen += int64_t(gen.size());
+    for (int64_t g = 0; g < groups; ++g) {
+      bool any = false, correct = false;
+      for (int64_t j = 0; j < n; ++j) {
+        any = any || rewards[size_t(g * n + j)] > 0;
+        correct = correct || rewards[size_t(g * n + j)] >= o.correct_reward;
+      }
+      m.groups_with_reward += any;
+      m.groups_correct += correct;
+    }
+    // Shaping, then which groups carry a gradient.
+    if (o.overlong_penalty > 0)
+      for (size_t i = 0; i < gen.size(); ++i)
+        rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
+                                            o.overlong_penalty);
+    const std::vector<bool> constant = o.token_reward ? constant_step_groups(steps, n) : constant_groups(rewards, n);
+    for (int64_t g = 0; g < groups; ++g) {
+      m.groups_zero_variance += constant[size_t(g)];
+      if ((o.dynamic_sampling && constant[size_t(g)]) || m.groups_kept >= groups) continue;
+      ++m.groups_kept;
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t i = size_t(g * n + j);
+        const GeneratedSample& x = gen[i];
+        if (x.prompt_index != g || x.sample_index != j)
+          MT_THROW("grpo: the engine's sample ", i, " is prompt ", x.prompt_index, " sample ", x.sample_index,
+                   "; expected prompt ", g, " sample ", j);
+        Kept k;
+        k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
+        k.filtered = o.overlong_filter && x.finish_reason == "length";
+        if (o.token_reward) k.step_rewards = steps[i];
+        kept.push_back(std::move(k));
+        kept_rewards.push_back(rewards[i]);
+      }
+    }
+  }
+  m.groups_generated = m.generate_rounds * groups;
+  m.reward_mean = r_sum / double(samples_seen);
+  m.reward_std = std::sqrt(std::max(0.0, r_sq / double(samples_seen) - m.reward_mean * m.reward_mean));
+  m.response_len_mean = len_sum / double(samples_seen);
+  m.overlong_fraction /= double(samples_seen);
+  m.groups_with_reward /= double(m.groups_generated);
+  m.groups_correct /= double(m.groups_generated);
+  m.groups_zero_variance /= double(m.groups_generated);
+  m.rollout_tokens_per_s = m.generate_s > 0 ? double(gen_tokens) / m.generate_s : 0;
+  if (kept.empty()) {
+    if (dist.rank() == 0)
+      log_info("grpo: step ", step, ": no group with differing rewards in ", m.generate_rounds,
+               " generate rounds; update skipped");
+    return m;
+  }
+  update(session, kept, kept_rewards, m.groups_kept, o, step, reference, critic, m);
+  return m;
+}
+
+GrpoMetrics grpo_update(TrainSession& session, const RolloutGroups& r, const GrpoOptions& o, int64_t step,
+                        TrainSession* reference, TrainSession* critic) {
+  validate(o);
+  check_sessions(session, o, reference, critic);
+  const size_t N = r.samples.size(), n = size_t(o.n);
+  if (N == 0 || N % n != 0)
+    MT_THROW("grpo_update: ", N, " samples; need whole groups of n = ", o.n, " (a positive multiple of n)");
+  if (r.rewards.size() != N) MT_THROW("grpo_update: ", r.rewards.size(), " rewards for ", N, " samples");
+  if (!r.token_rewards.empty() && r.token_rewards.size() != N)
+    MT_THROW("grpo_update: ", r.token_rewards.size(), " token reward rows for ", N, " samples");
+  if (!r.truncated.empty() && r.truncated.size() != N)
+    MT_THROW("grpo_update: ", r.truncated.size(), " truncated flags for ", N, " samples");
+  if (o.token_reward == nullptr && !r.token_rewards.empty())
+    MT_THROW(
+        "grpo_update: token rewards given but GrpoOptions::token_reward is unset (process advantages need it "
+        "set; its function is not called here)");
+  if (o.token_reward != nullptr && r.token_rewards.empty())
+    MT_THROW("grpo_update: GrpoOptions::token_reward is set but the rollouts carry no token rewards");
+  const int tp = session.dist().mesh().size(Axis::Tp);
+  if (tp > 1 && o.replay_routing)
+    for (const RolloutSample& s : r.samples)
+      if (!s.routing.empty())
+        MT_THROW("grpo_update: routing replay under tp ", tp,
+                 " is not supported (the model's tensor-parallel layers route for themselves); set "
+                 "replay_routing false or drop the samples' routing records");
+  const int64_t groups = int64_t(N / n);
+  if (o.mini_batches > groups)
+    MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups; a mini-batch needs a group");
+  std::vector<Kept> kept;
+  std::vector<double> rewards;
+  for (size_t i = 0; i < N; ++i) {
+    Kept k;
+    k.s = r.samples[i];
+    if (!o.replay_routing) k.s.routing = RoutingRecord();
+    if (k.s.response.empty() || k.s.logprobs.size() != k.s.response.size())
+      MT_THROW("grpo_update: sample ", i, " has ", k.s.response.size(), " response tokens and ", k.s.logprobs.size(),
+               " log-probs; need as many, at least one");
+    if (!std::isfinite(r.rewards[i])) MT_THROW("grpo_update: reward ", r.rewards[i], " for sample ", i);
+    if (!r.token_rewards.empty()) {
+      if (r.token_rewards[i].size() != k.s.response.size())
+        MT_THROW("grpo_update: sample ", i, " has ", k.s.response.size(), " tokens and ", r.token_rewards[i].size(),
+                 " token rewards");
+      k.step_rewards = r.token_rewards[i];
+    }
+    k.filtered = o.overlong_filter && !r.truncated.empty() && r.truncated[i];
+    kept.push_back(std::move(k));
+    rewards.push_back(r.rewards[i]);
+  }
+  GrpoMetrics m;
+  m.groups_kept = groups;
+  update(session, kept, rewards, groups, o, step, reference, critic, m);
   return m;
 }
 

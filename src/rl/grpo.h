@@ -1,23 +1,34 @@
-// One GRPO step on one process (P10's loop): prompts -> n samples each through the engine (the
-// session's weights, no copy) -> the caller's rewards (+ DAPO's soft overlong penalty) -> dynamic
-// sampling (groups whose rewards are all equal dropped and more prompts drawn, up to a cap on generate
-// rounds) -> group-relative advantages -> the trainer's old log-probs (and the frozen reference's) with
-// the recorded routing replayed, once, before the first epoch -> `epochs` passes over `mini_batches`
-// mini-batches, each one optimizer step through TrainSession::train_step over its micro-batches
-// (gradient accumulation) with PolicyObjective -> the engine reads the new weights at its next call.
+// One GRPO step (P10's loop): prompts -> n samples each through the engine (the session's weights, no
+// copy) -> the caller's rewards (+ DAPO's soft overlong penalty) -> dynamic sampling (groups whose rewards
+// are all equal dropped and more prompts drawn, up to a cap on generate rounds) -> group-relative
+// advantages -> the trainer's old log-probs (and the frozen reference's) with the recorded routing
+// replayed, once, before the first epoch -> `epochs` passes over `mini_batches` mini-batches, each one
+// optimizer step through TrainSession::train_step over its micro-batches (gradient accumulation) with
+// PolicyObjective -> the engine reads the new weights at its next call.
 // Sampling at temperature T: the trainer's head divides the logits by the same T
 // (PassOptions::temperature), so the ratios compare the same distributions. docs/rl.md "One step".
 // PPO (a critic session given): the critic's values of the rollout tokens before the update, GAE(gamma,
 // lambda) advantages (whitened over the step) and returns from token rewards, the policy update as above
 // with those per-token advantages, then the critic's own update (its AdamW, lr critic_lr) on the returns
 // with the clipped value loss, over the same epochs and mini-batches. docs/rl.md "PPO with a critic".
-// Not yet: several ranks (each would generate its own prompts).
+//
+// Several ranks (docs/rl.md "Several ranks"): every rank draws the same global prompt list and
+// generates and rewards its data-parallel share (whole groups, so group statistics stay local to the
+// data); one all-gather of the round's samples and rewards then gives every rank the same global round,
+// and everything after it (metrics, dynamic sampling's decision, advantages, the mini- and micro-batches
+// and their normalisers) is computed from identical data on every rank, the world-size-1 code. The
+// update hands train_step global micro-batches (padded with empty rows to a multiple of the data-parallel
+// size); the log-prob and value forwards run on each rank's rows and are all-gathered. So the same
+// rollouts give the same loss and gradients under every layout, and no rank can take a branch another
+// does not. Layouts: FSDP, HSDP and ep generate and train; tp trains (grpo_update) but the engine cannot
+// generate under it yet; sp is refused.
 #pragma once
 #include <functional>
 #include <vector>
 
 #include "rl/advantages.h"
 #include "rl/policy_loss.h"
+#include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
@@ -105,17 +116,38 @@ using RewardFn =
 using PromptFn = std::function<std::vector<std::vector<int32_t>>(int64_t count)>;
 
 // `step` seeds the draws (each prompt's seed mixes it with the prompt's index in the step). `groups`
-// prompts per round and wanted in the update. The session needs an optimizer; the engine must record
+// prompts per round and wanted in the update. Several ranks: `prompts(groups)` must return the same list on
+// every rank (the same seed, the same file position); each data-parallel rank generates its contiguous
+// share of groups / dp prompts (groups must divide by dp) and calls `reward` on its own samples only (with
+// its share of the requests); the engine must step in lockstep over the ep group
+// (EngineOptions::lockstep = dist().ep()). The session needs an optimizer; the engine must record
 // routing when replay_routing. `reference`: a frozen session (SessionOptions::weights = Frozen) with the
 // initial weights, needed when loss.kl_coef > 0, else optional (then ref_kl is reported). `critic`: a
 // value-head session (ModelConfig::value_head) with an optimizer: PPO with GAE instead of group advantages.
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompts, int64_t groups,
                       const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr,
                       TrainSession* critic = nullptr);
-// PPO's critic from the policy: every weight but the head copied from `policy` (the same architecture,
-// one process each), the scalar head score.weight set to zero (values start at 0), the compute copy
-// refreshed. Errors name what differs (a critic without value_head, other shapes, several ranks).
+// PPO's critic from the policy: every weight but the head copied from `policy` (the same architecture),
+// the scalar head score.weight set to zero (values start at 0), the compute copy
+// refreshed. Several ranks: both sessions in the same layout; each rank copies its own shard. Errors name
+// what differs (a critic without value_head, other shapes, other layouts).
 void init_critic_from_policy(TrainSession& critic, TrainSession& policy);
+
+// The rollouts of a step, as the update takes them: whole groups of n samples, group-major (the n samples
+// of the first group, then the next), the same on every rank.
+struct RolloutGroups {
+  std::vector<RolloutSample> samples;  // prompt, response, the engine's log-probs, routing (empty: no replay)
+  std::vector<double> rewards;         // one per sample (shaped)
+  std::vector<std::vector<double>> token_rewards;  // empty, or one per response token of every sample
+  std::vector<bool> truncated;                     // empty, or one per sample: cut at max_new_tokens (overlong_filter)
+};
+
+// The update half of grpo_step on given rollouts (advantages, old/reference log-probs, critic values,
+// epochs x mini-batches of train_step): what the layout tests hold to one process, and where a caller with
+// its own rollouts enters. Collective over the world; every rank must pass the same rollouts. Runs under
+// FSDP, HSDP, ep and tp (sp: an error). The generation metrics stay 0.
+GrpoMetrics grpo_update(TrainSession& session, const RolloutGroups& rollouts, const GrpoOptions& opt, int64_t step,
+                        TrainSession* reference = nullptr, TrainSession* critic = nullptr);
 
 // The same prompts every round (tests, fixed prompt sets).
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,

@@ -52,7 +52,8 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
     : config_(global),
       device_(opt.device),
       recompute_(opt.recompute),
-      dist_(DistContext::create(opt.device, opt.dist)),
+      own_dist_(opt.shared_dist ? nullptr : DistContext::create(opt.device, opt.dist)),
+      dist_(opt.shared_dist ? opt.shared_dist : own_dist_.get()),
       table_(global),
       pm_(make_parallel_model(*dist_, global, table_, opt.device, with_weights(opt.fsdp, opt.weights),
                               opt.moe_capacity_factor)) {

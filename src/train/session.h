@@ -36,6 +36,10 @@ struct SessionOptions {
   ModelOptions model;                     // score_before_experts, prefetch depth, EP overlap
   // Frozen: weights only (a generator, a reference model): no gradients, and make_optimizer refuses.
   Weights weights = Weights::Trainable;
+  // Run on another session's distributed context (its mesh and communicators; `dist` is then unused)
+  // instead of creating one: a second model in the same ranks (RL's reference and critic), since a process
+  // rendezvouses once. That session must outlive this one; every rank creates its sessions in one order.
+  DistContext* shared_dist = nullptr;
 };
 
 class TokenObjective;  // model/objective.h
@@ -134,7 +138,8 @@ class TrainSession {
   ModelConfig config_;
   Device device_;
   Recompute recompute_;
-  std::unique_ptr<DistContext> dist_;
+  std::unique_ptr<DistContext> own_dist_;  // null on a shared context (SessionOptions::shared_dist)
+  DistContext* dist_ = nullptr;
   ParamTable table_;
   ParallelModel pm_;
   std::unique_ptr<Qwen3MoeModel> model_;

@@ -1,0 +1,201 @@
+// `moetrain _selftest rl` (rl_selftest.h).
+#include "rl/rl_selftest.h"
+
+#include <cmath>
+#include <memory>
+
+#include "core/cli_args.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "io/safetensors.h"
+#include "model/hf_checkpoint.h"
+#include "model/params.h"
+#include "rl/grpo.h"
+#include "train/session.h"
+
+namespace mt::rl {
+
+namespace {
+
+const char* kUsage =
+    "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
+    "[--groups G] [--n N]\n"
+    "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
+    "       [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N]";
+
+// Rollouts of `groups` prompts x n samples: prompts of 2..5 and responses of 1..6 random tokens, the
+// engine's log-probs around log(1/V) (ratios on both sides of the clip range), rewards in {0, 0.5, 1} with
+// no group all equal, and a routing record of K distinct random experts per token and sparse layer.
+RolloutGroups synthetic_rollouts(const ModelConfig& cfg, int64_t groups, int64_t n, uint64_t seed, bool routing) {
+  Rng rng(seed);
+  const int64_t V = cfg.vocab_size, K = cfg.num_experts_per_tok, E = cfg.num_experts;
+  int64_t layers = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) layers += E > 0 && cfg.is_sparse_layer(l) ? 1 : 0;
+  RolloutGroups r;
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<int32_t> prompt(size_t(2 + rng.randint(0, 4)));
+    for (int32_t& t : prompt) t = int32_t(rng.randint(0, V));
+    for (int64_t j = 0; j < n; ++j) {
+      RolloutSample s;
+      s.prompt = prompt;
+      s.response.resize(size_t(1 + rng.randint(0, 6)));
+      for (int32_t& t : s.response) t = int32_t(rng.randint(0, V));
+      for (size_t t = 0; t < s.response.size(); ++t)
+        s.logprobs.push_back(float(-std::log(double(V)) + rng.uniform() * 0.8 - 0.4));
+      if (routing && layers > 0) {
+        const int64_t T = int64_t(prompt.size() + s.response.size()) - 1;
+        std::vector<Tensor> ids;
+        for (int64_t l = 0; l < layers; ++l) {
+          Tensor t = Tensor::empty({T, K}, DType::I32);
+          for (int64_t i = 0; i < T; ++i) {
+            // K distinct experts: a random start and stride 1 modulo E.
+            const int64_t e0 = rng.randint(0, E);
+            for (int64_t k = 0; k < K; ++k) t.data<int32_t>()[i * K + k] = int32_t((e0 + k) % E);
+          }
+          ids.push_back(t);
+        }
+        s.routing = RoutingRecord(layers, K, E);
+        s.routing.append(ids, 0, T);
+      }
+      r.samples.push_back(std::move(s));
+      r.rewards.push_back(j == 0 ? 1.0 : j == 1 ? 0.0 : 0.5 * double(rng.randint(0, 3)));
+    }
+  }
+  return r;
+}
+
+// Every tensor of the session's global table, gathered (gradients or values), into `out` with a prefix.
+void gather_all(TrainSession& s, const std::string& prefix, NamedTensors& grads_out, NamedTensors& params_out) {
+  for (const ParamEntry& e : s.table().entries()) {
+    for (bool grads : {true, false}) {
+      Tensor t = s.fsdp() ? s.parallel().gather_param_host(e, grads)
+                          : view_at(grads ? s.grads() : s.master(), e.offset, e.shape).to(Device::CPU).clone();
+      (grads ? grads_out : params_out).emplace_back((grads ? "grad." : "param.") + prefix + e.name, t);
+    }
+  }
+}
+
+Tensor scalar(double v) {
+  Tensor t = Tensor::empty({1});
+  t.data<float>()[0] = float(v);
+  return t;
+}
+
+}  // namespace
+
+int rl_selftest_main(const std::vector<std::string>& args) {
+  std::string model_dir, out_path, params_path, algorithm = "grpo";
+  int64_t groups = 4, n = 4, micro = 3, minis = 2, epochs = 1;
+  double kl_coef = 0.05, lr = 1e-3;
+  bool replay = true;
+  uint64_t seed = 5;
+  SessionOptions so;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) MT_THROW(a, " needs a value; ", kUsage);
+      return args[++i];
+    };
+    if (a == "--model")
+      model_dir = value();
+    else if (a == "--out")
+      out_path = value();
+    else if (a == "--params-out")
+      params_path = value();
+    else if (a == "--algorithm")
+      algorithm = value();
+    else if (a == "--groups")
+      groups = parse_flag_number<int64_t>(a, value());
+    else if (a == "--n")
+      n = parse_flag_number<int64_t>(a, value());
+    else if (a == "--micro-batch-samples")
+      micro = parse_flag_number<int64_t>(a, value());
+    else if (a == "--mini-batches")
+      minis = parse_flag_number<int64_t>(a, value());
+    else if (a == "--epochs")
+      epochs = parse_flag_number<int64_t>(a, value());
+    else if (a == "--kl-coef")
+      kl_coef = parse_flag_number<double>(a, value());
+    else if (a == "--lr")
+      lr = parse_flag_number<double>(a, value());
+    else if (a == "--no-replay")
+      replay = false;
+    else if (a == "--seed")
+      seed = parse_flag_number<uint64_t>(a, value());
+    else if (a == "--dp-shard")
+      so.dist.mesh.dp_shard = parse_flag_number<int>(a, value());
+    else if (a == "--dp-replicate")
+      so.dist.mesh.dp_replicate = parse_flag_number<int>(a, value());
+    else if (a == "--ep")
+      so.dist.mesh.ep = parse_flag_number<int>(a, value());
+    else if (a == "--tp")
+      so.dist.mesh.tp = parse_flag_number<int>(a, value());
+    else
+      MT_THROW("_selftest rl: unknown argument '", a, "'; ", kUsage);
+  }
+  if (model_dir.empty() || out_path.empty()) MT_THROW("_selftest rl: --model and --out are required; ", kUsage);
+  if (algorithm != "grpo" && algorithm != "ppo")
+    MT_THROW("_selftest rl: unknown --algorithm '", algorithm, "'; allowed: grpo, ppo");
+  const ModelConfig cfg = load_model_config(model_dir);
+  TrainSession policy(cfg, so);
+  policy.load(model_dir);
+  AdamWConfig ac;
+  ac.weight_decay = 0;
+  policy.make_optimizer(ac, false);
+  std::unique_ptr<TrainSession> reference, critic;
+  if (kl_coef > 0) {
+    SessionOptions ro = so;
+    ro.weights = Weights::Frozen;
+    ro.shared_dist = &policy.dist();
+    reference = std::make_unique<TrainSession>(cfg, ro);
+    reference->load(model_dir);
+  }
+  if (algorithm == "ppo") {
+    ModelConfig cc = cfg;
+    cc.value_head = true;
+    cc.tie_word_embeddings = false;
+    SessionOptions co = so;
+    co.shared_dist = &policy.dist();
+    critic = std::make_unique<TrainSession>(cc, co);
+    critic->init_weights(seed);
+    init_critic_from_policy(*critic, policy);
+    critic->make_optimizer(ac, false);
+  }
+  GrpoOptions o;
+  o.n = n;
+  o.sampling.temperature = 0.9f;  // the tempered head
+  o.lr = lr;
+  o.critic_lr = lr;
+  o.micro_batch_samples = micro;
+  o.mini_batches = minis;
+  o.epochs = epochs;
+  o.replay_routing = replay;
+  o.loss.kl_coef = kl_coef;
+  o.loss.clip_high = 0.28;
+  o.max_new_tokens = 6;
+  const RolloutGroups r = synthetic_rollouts(cfg, groups, n, seed, replay);
+  const GrpoMetrics m = grpo_update(policy, r, o, 1, reference.get(), critic.get());
+  NamedTensors out{{"loss", scalar(m.loss)},
+                   {"policy_loss", scalar(m.policy_loss)},
+                   {"grad_norm", scalar(m.grad_norm)},
+                   {"entropy", scalar(m.entropy)},
+                   {"advantage_std", scalar(m.advantage_std)}};
+  if (critic) {
+    out.emplace_back("value_loss", scalar(m.value_loss));
+    out.emplace_back("critic_grad_norm", scalar(m.critic_grad_norm));
+  }
+  NamedTensors params;
+  gather_all(policy, "", out, params);
+  if (critic) gather_all(*critic, "critic.", out, params);
+  if (policy.dist().rank() == 0) {
+    write_safetensors(out_path, out);
+    if (!params_path.empty()) write_safetensors(params_path, params);
+    std::printf("rl selftest: %s, %lld updates of %lld micro-batches, loss %.6f, grad norm %.6f, clip %.3f/%.3f\n",
+                algorithm.c_str(), (long long)m.updates, (long long)m.micro_batches, m.loss, m.grad_norm, m.clip_low,
+                m.clip_high);
+  }
+  return 0;
+}
+
+}  // namespace mt::rl
