@@ -12,6 +12,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/params.h"
 #include "rl/grpo.h"
+#include "rollout/engine.h"
 #include "train/session.h"
 
 namespace mt::rl {
@@ -22,7 +23,7 @@ const char* kUsage =
     "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
     "[--groups G] [--n N]\n"
     "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
-    "       [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N]";
+    "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N]";
 
 // Rollouts of `groups` prompts x n samples: prompts of 2..5 and responses of 1..6 random tokens, the
 // engine's log-probs around log(1/V) (ratios on both sides of the clip range), rewards in {0, 0.5, 1} with
@@ -88,7 +89,7 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   std::string model_dir, out_path, params_path, algorithm = "grpo";
   int64_t groups = 4, n = 4, micro = 3, minis = 2, epochs = 1;
   double kl_coef = 0.05, lr = 1e-3;
-  bool replay = true;
+  bool replay = true, generate = false;
   uint64_t seed = 5;
   SessionOptions so;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -121,6 +122,8 @@ int rl_selftest_main(const std::vector<std::string>& args) {
       lr = parse_flag_number<double>(a, value());
     else if (a == "--no-replay")
       replay = false;
+    else if (a == "--generate")
+      generate = true;
     else if (a == "--seed")
       seed = parse_flag_number<uint64_t>(a, value());
     else if (a == "--dp-shard")
@@ -174,8 +177,33 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   o.loss.kl_coef = kl_coef;
   o.loss.clip_high = 0.28;
   o.max_new_tokens = 6;
-  const RolloutGroups r = synthetic_rollouts(cfg, groups, n, seed, replay);
-  const GrpoMetrics m = grpo_update(policy, r, o, 1, reference.get(), critic.get());
+  GrpoMetrics m;
+  if (generate) {
+    // The whole step: the engine samples from the fixed prompts on every data-parallel rank's share,
+    // rewarded by the share of even tokens, with dynamic sampling (rounds decided from the whole round).
+    RolloutGroups fixed = synthetic_rollouts(cfg, groups, 1, seed, false);
+    std::vector<std::vector<int32_t>> prompts;
+    for (const RolloutSample& s : fixed.samples) prompts.push_back(s.prompt);
+    o.dynamic_sampling = true;
+    o.max_generate_rounds = 2;
+    EngineOptions eo;
+    eo.record_routing = replay;
+    eo.lockstep = policy.dist().ep();
+    eo.kv_cache_bytes = int64_t(64) << 20;
+    RolloutEngine engine(policy.model(), eo);
+    const RewardFn even = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+      std::vector<double> r;
+      for (const GeneratedSample& x : g) {
+        double k = 0;
+        for (int32_t t : x.tokens) k += t % 2 == 0;
+        r.push_back(k / double(x.tokens.size()));
+      }
+      return r;
+    };
+    m = grpo_step(policy, engine, prompts, even, o, 1, reference.get(), critic.get());
+  } else {
+    m = grpo_update(policy, synthetic_rollouts(cfg, groups, n, seed, replay), o, 1, reference.get(), critic.get());
+  }
   NamedTensors out{{"loss", scalar(m.loss)},
                    {"policy_loss", scalar(m.policy_loss)},
                    {"grad_norm", scalar(m.grad_norm)},
@@ -191,9 +219,11 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   if (policy.dist().rank() == 0) {
     write_safetensors(out_path, out);
     if (!params_path.empty()) write_safetensors(params_path, params);
-    std::printf("rl selftest: %s, %lld updates of %lld micro-batches, loss %.6f, grad norm %.6f, clip %.3f/%.3f\n",
-                algorithm.c_str(), (long long)m.updates, (long long)m.micro_batches, m.loss, m.grad_norm, m.clip_low,
-                m.clip_high);
+    std::printf(
+        "rl selftest: %s, reward %.4f, %lld rounds, %lld groups kept, %lld updates of %lld micro-batches, loss %.6f, "
+        "grad norm %.6f, clip %.3f/%.3f\n",
+        algorithm.c_str(), m.reward_mean, (long long)m.generate_rounds, (long long)m.groups_kept, (long long)m.updates,
+        (long long)m.micro_batches, m.loss, m.grad_norm, m.clip_low, m.clip_high);
   }
   return 0;
 }

@@ -73,3 +73,13 @@ TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("routing replay under tp 2 is not supported"), std::string::npos) << r.out;
 }
+
+// The whole step with generation: each data-parallel rank samples its share of the fixed prompts (seeds
+// by global prompt index), rewards it, and the exchange gives every rank the whole round; dynamic
+// sampling decides from it. The engine's logits under the layout equal one process's to rounding, so
+// the same tokens are drawn (measured: the same reward, loss and gradients) and the update follows.
+TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEp) {
+  MT_SKIP_WITHOUT_GLOO();
+  expect_layout_equal("--generate --mini-batches 1", "--dp-shard 2", "step");
+  expect_layout_equal("--generate --mini-batches 1", "--ep 2", "step");
+}
