@@ -1,22 +1,42 @@
-// moetrain grpo: GRPO (rl/grpo.h) on the built-in addition task (docs/rl.md "moetrain grpo"). Starts
-// from the demo checkpoint (training it first when it is absent), on problems longer than the demo was
-// trained on; by default each answer token is rewarded (1 for a right digit) and credited against the
-// group's samples at the same position (--advantage position; the sample-level rewards and GRPO's
-// outcome advantages are options); evaluates greedy exact match on held-out problems of the task before
-// and after, writes per-step
-// metrics (JSONL) and the final checkpoint, and ends with
-// `grpo: exact-match <before>% -> <after>% on <n> held-out problems`. Every option is checked before
-// any work starts. `--baseline sft` spends the same wall time on supervised fine-tuning instead (the
-// right answers of problems from the same distribution, cross-entropy through the same train_step):
-// the comparison the docs quote. One process for now.
+// moetrain grpo: GRPO (rl/grpo.h) on the built-in addition task or on the user's prompt files
+// (docs/rl.md "moetrain grpo", "Prompt files"), with checkpoints a run can resume from exactly
+// ("Checkpoints and resume").
+//
+// The built-in task starts from the demo checkpoint (training it first when it is absent), on problems
+// longer than the demo was trained on; by default each answer token is rewarded (1 for a right digit) and
+// credited against the group's samples at the same position (--advantage position; the sample-level
+// rewards and GRPO's outcome advantages are options); it evaluates greedy exact match on held-out
+// problems before and after and ends with `grpo: exact-match <before>% -> <after>% on <n> held-out
+// problems`. `--baseline sft` spends the same wall time on supervised fine-tuning instead (the right
+// answers of problems from the same distribution, cross-entropy through the same train_step): the
+// comparison the docs quote.
+//
+// `--prompts FILE.jsonl` trains on the user's prompts instead (rollout/prompts.h reads them: prompt_ids,
+// prompt or messages, plus answer and free metadata), drawn by a seeded sampler in shuffled epochs, with
+// an exact-match, math or external-program reward (rl/rewards.h) on the decoded responses; with
+// `--eval-prompts` it ends `grpo: <reward> <before> -> <after> on <n> held-out prompts`.
+//
+// Checkpoints (train/checkpoint.h): RUN_DIR/checkpoint-N holds the HF weights, the policy's f32 masters
+// and AdamW moments, the critic's (PPO) in critic/, and train_state.json (step, optimizer counters, the
+// prompt sampler's position or the task's draw count, the reference model's directory and fingerprint,
+// the evaluation before training), under a manifest; `--resume` continues from the newest one that
+// verifies, and on the CPU equals the run that never stopped, bit for bit. Every option and every prompt
+// is checked before any work starts. One process for now.
 #include "rl/grpo_cli.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "core/cli_args.h"
@@ -24,8 +44,13 @@
 #include "core/log.h"
 #include "data/char_tokenizer.h"
 #include "data/synthetic.h"
+#include "data/tokenizer.h"
+#include "io/manifest.h"
 #include "model/hf_checkpoint.h"
 #include "rl/grpo.h"
+#include "rl/rewards.h"
+#include "rollout/prompts.h"
+#include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/session.h"
 #include "train/trainer.h"
@@ -34,14 +59,30 @@ namespace mt {
 
 namespace {
 
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using rl::exact_match_reward;
+using rl::math_reward;
+using rl::RewardBatch;
+using rl::RewardProgram;
+using rl::RewardProgramOptions;
+using rl::RewardRequest;
+
 const char* kUsage =
     "usage: moetrain grpo [options]\n"
     "  --model DIR               start from this HF checkpoint (default runs/demo/checkpoint-2500, trained when "
     "absent)\n"
+    "  --prompts FILE.jsonl      train on these prompts instead of the built-in task: lines with \"prompt_ids\",\n"
+    "                            \"prompt\" (text) or \"messages\" (chat), plus \"answer\" and any metadata\n"
+    "                            (text needs DIR/tokenizer.json); drawn in shuffled epochs (--seed)\n"
+    "  --eval-prompts FILE.jsonl held-out prompts: greedy reward before and after (with --prompts)\n"
+    "  --max-new-tokens N        response length limit with --prompts (default 256)\n"
+    "  --reward-timeout S, --reward-on-error zero|stop   a reward program's batch deadline (default 60) and\n"
+    "                            what a failed sample does (default zero: reward 0, logged)\n"
     "  --steps N                 GRPO steps (default 500)\n"
     "  --prompts-per-step P      groups per step (default 16)\n"
     "  --n G                     samples per prompt (>= 2, default 8)\n"
-    "  --min-digits D            operands have D..max digits (default 1)\n"
+    "  --min-digits D            built-in task: operands have D..max digits (default 1)\n"
     "  --max-digits D            (default 4; the demo is trained on 1..3)\n"
     "  --longest on|off          on: at least one operand has max digits (default on)\n"
     "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages) (default grpo)\n"
@@ -52,11 +93,13 @@ const char* kUsage =
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
-    "  --reward digits|prefix|exact   the share of answer positions right, of the answer right before the first\n"
-    "                            mistake, or 1/0 for an exact answer (default digits)\n"
+    "  --reward R                built-in task: digits|prefix|exact, the share of answer positions right, of the\n"
+    "                            answer right before the first mistake, or 1/0 for an exact answer (default\n"
+    "                            digits); --prompts: exact (default) | math | program:\"CMD ARGS\" (JSON lines\n"
+    "                            {prompt, response, metadata} in, a number or {\"reward\": x} out)\n"
     "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
     "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
-    "                            against the group's same position (default position)\n"
+    "                            against the group's same position (default position; outcome with --prompts)\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
@@ -65,9 +108,14 @@ const char* kUsage =
     "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
     "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty (default off)\n"
     "  --epochs E, --mini-batches M, --micro-batch-samples S   the update (defaults 1, 1, 0 = one)\n"
-    "  --eval-problems N         held-out problems (default 200)\n"
+    "  --eval-problems N         built-in task: held-out problems (default 200)\n"
     "  --baseline sft --sft-seconds S   instead of GRPO, S seconds of SFT on the task's problems (the comparison)\n"
-    "  --device cpu|cuda|auto, --out-dir DIR (runs/grpo), --seed S (1)";
+    "  --run-dir DIR             checkpoints and metrics (default runs/grpo; --out-dir is the same)\n"
+    "  --save-every N            a checkpoint every N steps (default 0: only at the end), --keep-last K (0: all)\n"
+    "  --max-steps N             stop after step N (<= --steps), saving, as train does\n"
+    "  --resume [CKPT_DIR]       continue from the newest checkpoint of the run dir whose manifest verifies\n"
+    "                            (or from CKPT_DIR); the same options as the run that saved it\n"
+    "  --device cpu|cuda|auto, --seed S (1)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 
@@ -175,15 +223,217 @@ MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows) {
   return MicroBatch{ids, labels};
 }
 
+// ---- Prompt files --------------------------------------------------------------------------------
+
+enum class FileReward { Exact, Math, Program };
+
+// A prompt file and what its rewards need. The answers are read (and checked) once, before any work.
+struct PromptFile {
+  std::string path;
+  std::vector<Prompt> prompts;
+  std::vector<std::string> answers;              // text answers (with a tokenizer)
+  std::vector<std::vector<int32_t>> answer_ids;  // token-id answers (exact match without a tokenizer)
+};
+
+PromptFile load_prompt_file(const std::string& path, const ModelConfig& cfg, int64_t max_new_tokens,
+                            const Tokenizer* tok, FileReward reward) {
+  const int64_t room = cfg.max_position_embeddings - max_new_tokens;
+  if (room < 1)
+    MT_THROW("grpo: --max-new-tokens ", max_new_tokens, " leaves no room for a prompt in the model's ",
+             cfg.max_position_embeddings, " positions");
+  PromptFile f;
+  f.path = path;
+  f.prompts = read_prompts(path, cfg.vocab_size, room, tok);  // errors name the line (and the tokenizer's absence)
+  const bool needs_answer = reward != FileReward::Program;
+  for (const Prompt& p : f.prompts) {
+    const std::string where = path + ":" + std::to_string(p.line);
+    auto it = p.meta.find("answer");
+    if (it == p.meta.end()) {
+      if (needs_answer)
+        MT_THROW(where, ": no \"answer\"; the ", reward == FileReward::Exact ? "exact" : "math",
+                 " reward compares the response with it (add \"answer\" or use --reward program:CMD)");
+      f.answers.emplace_back();
+      f.answer_ids.emplace_back();
+      continue;
+    }
+    const json& a = *it;
+    std::vector<int32_t> ids;
+    std::string text;
+    if (a.is_string())
+      text = a.get<std::string>();
+    else if (a.is_number())
+      text = a.dump();
+    else if (a.is_array() && !tok && reward == FileReward::Exact) {
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (!a[i].is_number_integer() || a[i].get<int64_t>() < 0 || a[i].get<int64_t>() >= cfg.vocab_size)
+          MT_THROW(where, ": answer[", i, "] is ", a[i].dump(), ", not a token id in [0, ", cfg.vocab_size, ")");
+        ids.push_back(int32_t(a[i].get<int64_t>()));
+      }
+    } else if (needs_answer) {
+      MT_THROW(
+          where, ": \"answer\" is ", a.dump().substr(0, 80), "; ",
+          tok ? "use a string or a number" : "without a tokenizer, exact match compares token ids: use a list of ids");
+    }
+    if (needs_answer && !tok && ids.empty())
+      MT_THROW(where, ": \"answer\" is ", a.dump().substr(0, 80),
+               "; the model directory has no tokenizer.json, so responses have no text: exact match then "
+               "compares token ids (give \"answer\" as a list of ids), and math needs the tokenizer");
+    f.answers.push_back(std::move(text));
+    f.answer_ids.push_back(std::move(ids));
+  }
+  return f;
+}
+
+// Prompts drawn in epochs, each a permutation of the file seeded by (seed, epoch): the position (prompts
+// drawn so far) is the whole state a checkpoint needs.
+class PromptSampler {
+ public:
+  PromptSampler(int64_t size, uint64_t seed) : size_(size), seed_(seed) {}
+  int64_t next() {
+    const int64_t epoch = pos_ / size_;
+    if (epoch != epoch_) {
+      order_.resize(size_t(size_));
+      for (int64_t i = 0; i < size_; ++i) order_[size_t(i)] = i;
+      Rng rng{mix64(seed_ ^ mix64(uint64_t(epoch) + 0x70726f6d7074ull))};
+      for (int64_t i = size_ - 1; i > 0; --i) std::swap(order_[size_t(i)], order_[size_t(rng.randint(0, i + 1))]);
+      epoch_ = epoch;
+    }
+    return order_[size_t(pos_++ % size_)];
+  }
+  int64_t position() const { return pos_; }
+  void set_position(int64_t p) { pos_ = p; }
+
+ private:
+  int64_t size_;
+  uint64_t seed_;
+  int64_t pos_ = 0, epoch_ = -1;
+  std::vector<int64_t> order_;
+};
+
+// The response without its final stop token (the EOS or a stop token, which the engine includes).
+std::vector<int32_t> response_ids(const GeneratedSample& g) {
+  std::vector<int32_t> ids = g.tokens;
+  if (g.finish_reason == "stop" && !ids.empty()) ids.pop_back();
+  return ids;
+}
+
+std::string decode_text(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::vector<uint32_t> u;  // ids the tokenizer lacks (a padded vocabulary) have no text
+  for (int32_t t : ids)
+    if (t >= 0 && uint32_t(t) < tok.vocab_size()) u.push_back(uint32_t(t));
+  return tok.decode(u, true);
+}
+
+// The rewards of a prompt file's samples: `which[k]` is the file index of the round's prompt k.
+struct FileRewarder {
+  FileReward kind = FileReward::Exact;
+  const Tokenizer* tok = nullptr;
+  RewardProgram* program = nullptr;
+
+  std::vector<double> operator()(const PromptFile& f, const std::vector<int64_t>& which,
+                                 const std::vector<GeneratedSample>& gen) const {
+    std::vector<double> r(gen.size(), 0.0);
+    std::vector<RewardRequest> reqs;
+    for (size_t i = 0; i < gen.size(); ++i) {
+      const int64_t k = which.at(size_t(gen[i].prompt_index));
+      const Prompt& p = f.prompts[size_t(k)];
+      const std::vector<int32_t> ids = response_ids(gen[i]);
+      if (kind == FileReward::Exact && !tok) {
+        r[i] = ids == f.answer_ids[size_t(k)] ? 1.0 : 0.0;
+      } else if (kind == FileReward::Exact) {
+        r[i] = exact_match_reward(decode_text(*tok, ids), f.answers[size_t(k)]);
+      } else if (kind == FileReward::Math) {
+        r[i] = math_reward(decode_text(*tok, ids), f.answers[size_t(k)]);
+      } else {
+        RewardRequest q;
+        auto pt = p.meta.find("prompt");
+        q.prompt = pt != p.meta.end() && pt->is_string()
+                       ? pt->get<std::string>()
+                       : (tok ? tok->decode(std::vector<uint32_t>(p.ids.begin(), p.ids.end())) : json(p.ids).dump());
+        q.response = tok ? decode_text(*tok, ids) : json(ids).dump();
+        q.metadata = p.meta;
+        reqs.push_back(std::move(q));
+      }
+    }
+    if (kind == FileReward::Program) {
+      const RewardBatch b = program->score(reqs);
+      r = b.rewards;
+    }
+    return r;
+  }
+};
+
+// ---- Checkpoints ---------------------------------------------------------------------------------
+
+// The reference model's files as they were: name, size and modification time of every regular file in
+// its directory (cheap at any model size; a file rewritten in place changes its mtime).
+json model_fingerprint(const std::string& dir) {
+  json files = json::array();
+  std::vector<fs::path> paths;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->is_regular_file()) paths.push_back(it->path());
+  if (ec) MT_THROW("grpo: cannot list the model directory ", dir, ": ", ec.message());
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& p : paths) {
+    struct stat sb {};
+    if (::stat(p.c_str(), &sb) != 0) MT_THROW("grpo: cannot stat ", p.string(), ": ", std::strerror(errno));
+    files.push_back({{"name", p.filename().string()},
+                     {"size", int64_t(sb.st_size)},
+                     {"mtime_ns", int64_t(sb.st_mtim.tv_sec) * 1000000000 + int64_t(sb.st_mtim.tv_nsec)}});
+  }
+  return files;
+}
+
+// "" when `now` equals `saved`, else what changed (the first difference).
+std::string fingerprint_change(const json& saved, const json& now) {
+  std::map<std::string, json> a, b;
+  for (const json& e : saved) a[e.at("name").get<std::string>()] = e;
+  for (const json& e : now) b[e.at("name").get<std::string>()] = e;
+  for (const auto& [name, e] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return name + " is gone";
+    if (it->second.at("size") != e.at("size"))
+      return str(name, " has ", it->second.at("size").get<int64_t>(), " bytes, it had ", e.at("size").get<int64_t>());
+    if (it->second.at("mtime_ns") != e.at("mtime_ns")) return name + " was modified (its mtime changed)";
+  }
+  for (const auto& [name, e] : b)
+    if (!a.count(name)) return name + " is new";
+  return "";
+}
+
+// The command line a checkpoint records (less the options that may change between a save and its resume).
+json recorded_args(const std::vector<std::string>& args) {
+  json out = json::array();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device") {
+      ++i;
+      continue;
+    }
+    if (a == "--resume") {
+      if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+      continue;
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
 }  // namespace
 
 int grpo_main(const std::vector<std::string>& args) {
-  std::string model_dir = kDemoModel, device_name = "auto", out_dir = "runs/grpo", baseline;
-  int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5;
-  double sft_seconds = 0;
+  std::string model_dir = kDemoModel, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
+  std::string prompts_path, eval_prompts_path, resume;
+  int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
+  int64_t save_every = 0, keep_last = 0, max_steps = 0;
+  double sft_seconds = 0, reward_timeout = 60;
+  bool reward_stop = false, model_given = false;
   Task task;
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
+  std::string advantage_given;
+  std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
   bool process = true, per_position = true;
   bool ppo = false, dynamic_given = false;
   rl::GrpoOptions o;
@@ -203,19 +453,34 @@ int grpo_main(const std::vector<std::string>& args) {
     if (a == "--help" || a == "-h") {
       std::printf("%s\n", kUsage);
       return 0;
-    } else if (a == "--model")
+    } else if (a == "--model") {
       model_dir = value();
-    else if (a == "--steps")
+      model_given = true;
+    } else if (a == "--prompts")
+      prompts_path = value();
+    else if (a == "--eval-prompts")
+      eval_prompts_path = value();
+    else if (a == "--max-new-tokens")
+      max_new_tokens = parse_flag_number<int64_t>(a, value());
+    else if (a == "--reward-timeout")
+      reward_timeout = parse_flag_number<double>(a, value());
+    else if (a == "--reward-on-error") {
+      const std::string v = value();
+      if (v != "zero" && v != "stop") MT_THROW("grpo: --reward-on-error '", v, "'; use zero or stop");
+      reward_stop = v == "stop";
+    } else if (a == "--steps")
       steps = parse_flag_number<int64_t>(a, value());
     else if (a == "--prompts-per-step")
       per_step = parse_flag_number<int64_t>(a, value());
     else if (a == "--n")
       o.n = parse_flag_number<int64_t>(a, value());
-    else if (a == "--min-digits")
+    else if (a == "--min-digits") {
       task.lo = parse_flag_number<int>(a, value());
-    else if (a == "--max-digits")
+      task_flags.push_back(a);
+    } else if (a == "--max-digits") {
       task.hi = parse_flag_number<int>(a, value());
-    else if (a == "--algorithm") {
+      task_flags.push_back(a);
+    } else if (a == "--algorithm") {
       const std::string v = value();
       if (v == "grpo")
         o.normalize_std = true;
@@ -235,18 +500,12 @@ int grpo_main(const std::vector<std::string>& args) {
       o.value_clip = parse_flag_number<double>(a, value());
     } else if (a == "--longest") {
       task.longest = parse_on_off(a, value());
+      task_flags.push_back(a);
     } else if (a == "--reward") {
-      const std::string v = value();
-      if (v == "exact")
-        reward_kind = Reward::Exact;
-      else if (v == "prefix")
-        reward_kind = Reward::Prefix;
-      else if (v == "digits")
-        reward_kind = Reward::Digits;
-      else
-        MT_THROW("grpo: --reward '", v, "' is unknown; use digits, prefix or exact");
+      reward_spec = value();
     } else if (a == "--advantage") {
       const std::string v = value();
+      advantage_given = v;
       if (v == "outcome")
         process = false;
       else if (v == "process")
@@ -296,28 +555,43 @@ int grpo_main(const std::vector<std::string>& args) {
       o.mini_batches = parse_flag_number<int64_t>(a, value());
     else if (a == "--micro-batch-samples")
       o.micro_batch_samples = parse_flag_number<int64_t>(a, value());
-    else if (a == "--eval-problems")
+    else if (a == "--eval-problems") {
       eval_n = parse_flag_number<int64_t>(a, value());
-    else if (a == "--baseline") {
+      task_flags.push_back(a);
+    } else if (a == "--baseline") {
       baseline = value();
       if (baseline != "sft") MT_THROW("grpo: --baseline '", baseline, "' is unknown; use sft");
     } else if (a == "--sft-seconds")
       sft_seconds = parse_flag_number<double>(a, value());
     else if (a == "--device")
       device_name = value();
-    else if (a == "--out-dir")
-      out_dir = value();
+    else if (a == "--out-dir" || a == "--run-dir")
+      run_dir = value();
+    else if (a == "--save-every")
+      save_every = parse_flag_number<int64_t>(a, value());
+    else if (a == "--keep-last")
+      keep_last = parse_flag_number<int64_t>(a, value());
+    else if (a == "--max-steps")
+      max_steps = parse_flag_number<int64_t>(a, value());
+    else if (a == "--resume")
+      resume = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0 ? args[++i] : std::string("latest");
     else if (a == "--seed")
       seed = parse_flag_number<int64_t>(a, value());
     else
       MT_THROW("grpo: unknown argument '", a, "'; ", kUsage);
   }
   // Every check before any work.
+  const bool from_file = !prompts_path.empty();
   if (o.n < 2) MT_THROW("grpo: --n ", o.n, " samples per prompt; group advantages need at least 2");
   if (steps < 1) MT_THROW("grpo: --steps ", steps, "; need >= 1");
   if (per_step < 1) MT_THROW("grpo: --prompts-per-step ", per_step, "; need >= 1");
   if (eval_n < 1) MT_THROW("grpo: --eval-problems ", eval_n, "; need >= 1");
   if (warmup < 0) MT_THROW("grpo: --warmup-steps ", warmup, "; need >= 0");
+  if (save_every < 0) MT_THROW("grpo: --save-every ", save_every, "; need >= 0 (0: only at the end)");
+  if (keep_last < 0) MT_THROW("grpo: --keep-last ", keep_last, "; need >= 0 (0: keep all)");
+  if (max_steps < 0 || max_steps > steps)
+    MT_THROW("grpo: --max-steps ", max_steps, "; need 1..--steps (", steps, "), or 0 for --steps");
+  if (!(reward_timeout > 0)) MT_THROW("grpo: --reward-timeout ", reward_timeout, "; need seconds > 0");
   if (task.lo < 1 || task.hi > kMaxAdditionDigits || task.lo > task.hi)
     MT_THROW("grpo: --min-digits ", task.lo, " and --max-digits ", task.hi,
              "; need 1 <= min <= max <= ", kMaxAdditionDigits);
@@ -327,6 +601,8 @@ int grpo_main(const std::vector<std::string>& args) {
   if (!baseline.empty() && !(sft_seconds > 0))
     MT_THROW("grpo: --baseline sft needs --sft-seconds S > 0 (the wall time of the run it is compared with)");
   if (baseline.empty() && sft_seconds != 0) MT_THROW("grpo: --sft-seconds ", sft_seconds, " without --baseline sft");
+  if (!baseline.empty() && (!resume.empty() || save_every > 0 || max_steps > 0))
+    MT_THROW("grpo: --baseline sft runs for a wall time; --resume, --save-every and --max-steps are for GRPO runs");
   if (o.loss.kl_coef > 0 && !use_reference)
     MT_THROW("grpo: --kl-coef ", o.loss.kl_coef, " needs the reference model; drop --reference off");
   // PPO has no group baseline: a group of equal rewards still trains the critic and has GAE advantages.
@@ -336,28 +612,167 @@ int grpo_main(const std::vector<std::string>& args) {
     MT_THROW(
         "grpo: --critic-lr, --gamma, --lam and --value-clip set the critic of --algorithm ppo; the algorithm "
         "here has none");
-  o.max_new_tokens = max_answer_tokens(task.hi);
+  // The reward: the built-in task's kinds, or a prompt file's.
+  FileReward file_reward = FileReward::Exact;
+  std::string program_cmd;
+  if (from_file) {
+    if (!task_flags.empty())
+      MT_THROW("grpo: ", task_flags.front(), " sets the built-in addition task; with --prompts the prompts come from ",
+               prompts_path);
+    if (!baseline.empty()) MT_THROW("grpo: --baseline sft compares on the built-in task; drop --prompts");
+    if (reward_spec.empty() || reward_spec == "exact")
+      file_reward = FileReward::Exact;
+    else if (reward_spec == "math")
+      file_reward = FileReward::Math;
+    else if (reward_spec.rfind("program:", 0) == 0) {
+      file_reward = FileReward::Program;
+      program_cmd = reward_spec.substr(8);
+      if (program_cmd.find_first_not_of(" \t") == std::string::npos)
+        MT_THROW("grpo: --reward program: needs a command, e.g. --reward program:\"python3 score.py\"");
+    } else
+      MT_THROW("grpo: --reward '", reward_spec, "' is unknown with --prompts; use exact, math or program:CMD");
+    if (!advantage_given.empty() && advantage_given != "outcome")
+      MT_THROW("grpo: --advantage ", advantage_given,
+               " needs per-token rewards, which only the built-in task has; with --prompts use outcome");
+    process = false;
+    if (max_new_tokens == -1) max_new_tokens = 256;
+    if (max_new_tokens < 1) MT_THROW("grpo: --max-new-tokens ", max_new_tokens, "; need >= 1");
+  } else {
+    if (!eval_prompts_path.empty()) MT_THROW("grpo: --eval-prompts needs --prompts (the training prompts)");
+    if (max_new_tokens != -1)
+      MT_THROW(
+          "grpo: --max-new-tokens sets the response length of --prompts; the built-in task's comes from "
+          "--max-digits");
+    if (reward_spec.empty() || reward_spec == "digits")
+      reward_kind = Reward::Digits;
+    else if (reward_spec == "exact")
+      reward_kind = Reward::Exact;
+    else if (reward_spec == "prefix")
+      reward_kind = Reward::Prefix;
+    else if (reward_spec == "math" || reward_spec.rfind("program:", 0) == 0)
+      MT_THROW("grpo: --reward ", reward_spec, " scores the responses to a prompt file; give it with --prompts FILE");
+    else
+      MT_THROW("grpo: --reward '", reward_spec, "' is unknown; use digits, prefix or exact");
+  }
+  o.max_new_tokens = from_file ? max_new_tokens : max_answer_tokens(task.hi);
   rl::validate(o);
-  if (eval_n > max_eval_problems(task.hi))
+  if (!from_file && eval_n > max_eval_problems(task.hi))
     MT_THROW("grpo: --eval-problems ", eval_n, " > the ", max_eval_problems(task.hi), " held-out pairs of the task");
   const Device device = resolve_device(device_name);
-  if (!std::filesystem::exists(model_dir + "/config.json")) {
-    if (model_dir != kDemoModel) MT_THROW("grpo: --model ", model_dir, " has no config.json");
+
+  // Resume: the newest checkpoint of the run dir that verifies (train/checkpoint.h).
+  std::string resume_dir;
+  json state;
+  if (!resume.empty()) {
+    const ResumePoint rp = find_resume_checkpoint(run_dir, resume);
+    for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
+    if (rp.dir.empty() && !rp.rejected.empty()) {
+      std::string all;
+      for (const std::string& r : rp.rejected) all += "; " + r;
+      MT_THROW("grpo: resume: no checkpoint in ", run_dir, " can be resumed from", all,
+               " (remove them or drop --resume to start over)");
+    }
+    if (rp.dir.empty())
+      log_info("grpo: resume: no checkpoint in ", run_dir, " yet; starting from step 0");
+    else {
+      resume_dir = rp.dir;
+      state = read_train_state(resume_dir);
+      if (state.value("format", std::string()) != "moetrain-grpo-state-1")
+        MT_THROW("grpo: resume: ", resume_dir, " holds a '", state.value("format", std::string("?")),
+                 "' state, not a grpo run's (moetrain-grpo-state-1)");
+      const std::string saved_model = state.at("model_dir").get<std::string>();
+      if (!model_given)
+        model_dir = saved_model;
+      else if (fs::weakly_canonical(model_dir) != fs::weakly_canonical(saved_model))
+        MT_THROW("grpo: resume: --model ", model_dir, ", but the run being resumed started from ", saved_model,
+                 " (its reference model); drop --model or give that directory");
+      if (state.at("mode").get<std::string>() != (from_file ? "prompts" : "task"))
+        MT_THROW("grpo: resume: ", resume_dir, " is a ",
+                 state.at("mode").get<std::string>() == "prompts" ? "run on --prompts; give the same --prompts"
+                                                                  : "run on the built-in task; drop --prompts");
+      if (state.contains("critic") != ppo)
+        MT_THROW("grpo: resume: ", resume_dir,
+                 ppo ? " has no critic: it was not an --algorithm ppo run"
+                     : " holds a critic: resume it with --algorithm ppo");
+      if (state.value("args", json::array()) != recorded_args(args))
+        log_info("grpo: resume: warning: the options differ from the saved run's (", state["args"].dump(), " -> ",
+                 recorded_args(args).dump(), ")");
+    }
+  }
+  const bool resuming = !resume_dir.empty();
+  const int64_t start_step = resuming ? state.at("step").get<int64_t>() : 0;
+  const int64_t stop = max_steps > 0 ? max_steps : steps;
+  if (start_step >= stop)
+    MT_THROW("grpo: resume: checkpoint ", resume_dir, " is at step ", start_step,
+             ", which is not before the end of this run (", max_steps > 0 ? "--max-steps " : "--steps ", stop,
+             "); raise --steps or --max-steps");
+
+  if (!fs::exists(model_dir + "/config.json")) {
+    if (model_dir != kDemoModel || from_file) MT_THROW("grpo: --model ", model_dir, " has no config.json");
     log_info("grpo: ", model_dir, " is absent: training the demo model first (moetrain train)");
     TrainConfig tc;
     tc.device = device_name;
     run_training(tc);
   }
+  // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
+  const json fingerprint = resuming ? state.at("model_fingerprint") : model_fingerprint(model_dir);
+  if (resuming) {
+    const std::string why = fingerprint_change(fingerprint, model_fingerprint(model_dir));
+    if (!why.empty())
+      MT_THROW("grpo: resume: the initial model ", model_dir, " changed since the run started (", why,
+               "); it is the reference and the start of the run, so it must stay as it was");
+  }
   const ModelConfig cfg = load_model_config(model_dir);
-  if (cfg.vocab_size < CharTokenizer().vocab_size())
+  if (!from_file && cfg.vocab_size < CharTokenizer().vocab_size())
     MT_THROW("grpo: ", model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
              CharTokenizer().vocab_size());
+  // Prompt files, their answers and the reward program: checked before any weight is read.
+  std::optional<Tokenizer> tokenizer;
+  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  PromptFile train_file, eval_file;
+  std::unique_ptr<RewardProgram> program;
+  FileRewarder rewarder;
+  if (from_file) {
+    if (fs::exists(tokenizer_path)) tokenizer = Tokenizer::from_file(tokenizer_path);
+    const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
+    if (!tok && file_reward == FileReward::Math)
+      MT_THROW("grpo: --reward math reads the response's text, and ", model_dir,
+               " has no tokenizer.json to decode it; add the tokenizer or use exact (token ids)");
+    train_file = load_prompt_file(prompts_path, cfg, o.max_new_tokens, tok, file_reward);
+    if (!eval_prompts_path.empty())
+      eval_file = load_prompt_file(eval_prompts_path, cfg, o.max_new_tokens, tok, file_reward);
+    if (file_reward == FileReward::Program) {
+      RewardProgramOptions po;
+      po.command = program_cmd;
+      po.timeout_s = reward_timeout;
+      po.stop_on_error = reward_stop;
+      program = std::make_unique<RewardProgram>(po);  // an error naming a missing or non-executable program
+    }
+    rewarder.kind = file_reward;
+    rewarder.tok = tok;
+    rewarder.program = program.get();
+    // Stops: the model's EOS (the engine's own), and the chat template's ends when the tokenizer has them.
+    if (tok)
+      for (const char* s : {"<|im_end|>", "<|endoftext|>"}) {
+        const int64_t id = tok->token_to_id(s);
+        if (id >= 0 && id < cfg.vocab_size && id != cfg.eos_token_id) o.stop_token_ids.push_back(int32_t(id));
+      }
+    log_info("grpo: ", train_file.prompts.size(), " prompts from ", prompts_path,
+             eval_file.prompts.empty() ? std::string()
+                                       : str(", ", eval_file.prompts.size(), " held-out from ", eval_prompts_path),
+             "; reward ",
+             file_reward == FileReward::Exact  ? (tok ? "exact match (text)" : "exact match (token ids)")
+             : file_reward == FileReward::Math ? "math"
+                                               : "program: " + program_cmd,
+             tok ? "; tokenizer " + tokenizer_path : std::string("; no tokenizer"));
+  }
+
   SessionOptions so;
   so.device = device;
   TrainSession session(cfg, so);
-  session.load(model_dir);
   AdamWConfig ac;
   ac.weight_decay = 0;
+  if (!resuming) session.load(model_dir);
   session.make_optimizer(ac, false);
   std::unique_ptr<TrainSession> reference;
   if (use_reference && baseline.empty()) {
@@ -373,39 +788,177 @@ int grpo_main(const std::vector<std::string>& args) {
     cc.value_head = true;
     cc.tie_word_embeddings = false;  // its own copy of the embedding
     critic = std::make_unique<TrainSession>(cc, so);
-    critic->init_weights(uint64_t(seed));
-    rl::init_critic_from_policy(*critic, session);
     critic->make_optimizer(ac, false);
+    if (!resuming) {
+      critic->init_weights(uint64_t(seed));
+      rl::init_critic_from_policy(*critic, session);
+    }
+  }
+  if (resuming) {
+    // The policy's masters and moments, the critic's, the counters: the state the run stopped with.
+    const auto t = std::chrono::steady_clock::now();
+    AdamW& opt = session.optimizer();
+    load_train_state_shards(resume_dir, session.table().total(), session.parallel().pieces(session.table()),
+                            session.master(), opt.exp_avg(), opt.exp_avg_sq());
+    session.refresh_compute_weights();
+    opt.set_state(state.at("optimizer_steps").get<int64_t>(), state.at("skipped_steps").get<int64_t>());
+    session.set_steps_done(state.value("session_steps", start_step));
+    if (critic) {
+      const json& cs = state.at("critic");
+      const std::string cdir = (fs::path(resume_dir) / cs.at("dir").get<std::string>()).string();
+      AdamW& copt = critic->optimizer();
+      load_train_state_shards(cdir, critic->table().total(), critic->parallel().pieces(critic->table()),
+                              critic->master(), copt.exp_avg(), copt.exp_avg_sq());
+      critic->refresh_compute_weights();
+      copt.set_state(cs.at("optimizer_steps").get<int64_t>(), cs.at("skipped_steps").get<int64_t>());
+      critic->set_steps_done(cs.value("session_steps", start_step));
+    }
+    log_info("grpo: resume: step ", start_step, " from ", resume_dir, "; policy", critic ? " and critic" : "",
+             " weights, AdamW moments and counters, ",
+             from_file ? str("prompt sampler position ", state.at("prompt_position").get<int64_t>())
+                       : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
+             " restored in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
   }
 
   // The KV cache: what the larger of a step's rollouts and the evaluation can hold.
+  int64_t longest_prompt = max_problem_tokens(task.hi), eval_count = eval_n;
+  if (from_file) {
+    longest_prompt = 1;
+    for (const PromptFile* f : {&train_file, &eval_file})
+      for (const Prompt& p : f->prompts) longest_prompt = std::max<int64_t>(longest_prompt, int64_t(p.ids.size()));
+    eval_count = std::max<int64_t>(1, std::min<int64_t>(int64_t(eval_file.prompts.size()), 256));
+  }
   GenerateRequest sizing;
-  sizing.prompt.assign(size_t(max_problem_tokens(task.hi)), 0);
+  sizing.prompt.assign(size_t(longest_prompt), 0);
   sizing.max_new_tokens = o.max_new_tokens;
   sizing.n = o.n;
   EngineOptions eo;
   eo.record_routing = true;
-  eo.max_running = std::max<int64_t>(per_step * o.n, eval_n);
+  eo.max_running = std::max<int64_t>(per_step * o.n, eval_count);
   GenerateRequest eval_sizing = sizing;
   eval_sizing.n = 1;
   eo.kv_cache_bytes =
       std::max(RolloutEngine::kv_bytes_needed(session.model(), std::vector<GenerateRequest>(size_t(per_step), sizing),
                                               eo.block_size),
                RolloutEngine::kv_bytes_needed(
-                   session.model(), std::vector<GenerateRequest>(size_t(eval_n), eval_sizing), eo.block_size));
+                   session.model(), std::vector<GenerateRequest>(size_t(eval_count), eval_sizing), eo.block_size));
   RolloutEngine engine(session.model(), eo);
 
-  const std::vector<Problem> eval = task.eval(eval_n, uint64_t(seed) + 7);
-  const double before = exact_match(engine, eval, task.hi);
-  const std::string task_text = "addition, operands of " + std::to_string(task.lo) + ".." + std::to_string(task.hi) +
-                                " digits" + (task.longest ? ", at least one of " + std::to_string(task.hi) : "");
-  std::filesystem::create_directories(out_dir);
-  MetricsWriter metrics(out_dir + "/metrics.jsonl", true);  // and a TensorBoard event file beside it
+  // Evaluation: greedy, on the held-out problems of the task or the --eval-prompts file.
+  const std::vector<Problem> eval = from_file ? std::vector<Problem>() : task.eval(eval_n, uint64_t(seed) + 7);
+  const bool file_accuracy = file_reward != FileReward::Program;
+  auto evaluate = [&]() -> double {
+    if (!from_file) return exact_match(engine, eval, task.hi);
+    std::vector<GenerateRequest> reqs;
+    std::vector<int64_t> which;
+    for (size_t k = 0; k < eval_file.prompts.size(); ++k) {
+      GenerateRequest r;
+      r.prompt = eval_file.prompts[k].ids;
+      r.sampling.temperature = 0;
+      r.max_new_tokens = o.max_new_tokens;
+      r.stop_token_ids = o.stop_token_ids;
+      reqs.push_back(std::move(r));
+      which.push_back(int64_t(k));
+    }
+    const std::vector<double> r = rewarder(eval_file, which, engine.generate(reqs));
+    double sum = 0;
+    for (double x : r) sum += file_accuracy ? (x >= 1.0 ? 1.0 : 0.0) : x;
+    return (file_accuracy ? 100.0 : 1.0) * sum / double(r.size());
+  };
+  const bool has_eval = !from_file || !eval_file.prompts.empty();
+  double before = 0;
+  if (resuming && state.contains("eval_before"))
+    before = state["eval_before"].get<double>();  // of the initial model, measured when the run started
+  else if (has_eval)
+    before = evaluate();
+  const std::string task_text = from_file ? prompts_path
+                                          : "addition, operands of " + std::to_string(task.lo) + ".." +
+                                                std::to_string(task.hi) + " digits" +
+                                                (task.longest ? ", at least one of " + std::to_string(task.hi) : "");
+  const std::string eval_name = !from_file                         ? "exact-match"
+                                : file_reward == FileReward::Exact ? "exact-match"
+                                : file_reward == FileReward::Math  ? "math"
+                                                                   : "program-reward";
+  auto shown = [&](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, !from_file || file_accuracy ? "%.1f%%" : "%.4f", v);
+    return std::string(b);
+  };
+  std::filesystem::create_directories(run_dir);
+  MetricsWriter metrics(run_dir + "/metrics.jsonl", true, true,
+                        resuming ? start_step : -1);  // and a TensorBoard event file beside it
   Rng rng{uint64_t(seed)};
+  PromptSampler sampler(std::max<int64_t>(1, int64_t(train_file.prompts.size())), mix64(uint64_t(seed)));
+  int64_t problems_drawn = 0;  // the task's draws from rng: a resumed run replays them
+  if (resuming) {
+    if (from_file)
+      sampler.set_position(state.at("prompt_position").get<int64_t>());
+    else
+      for (const int64_t n = state.at("problems_drawn").get<int64_t>(); problems_drawn < n; ++problems_drawn)
+        task.train(rng);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   auto lr_at = [&](int64_t step) { return warmup > 0 ? o.lr * std::min(1.0, double(step) / double(warmup)) : o.lr; };
-  int64_t steps_done = steps;
+
+  // A checkpoint: the HF weights (a model directory: config, safetensors, tokenizer.json), the policy's and
+  // the critic's training state and train_state.json, committed by manifest and rename.
+  auto save = [&](int64_t step) {
+    const auto t = std::chrono::steady_clock::now();
+    const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
+    begin_checkpoint(dir);
+    save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
+    if (fs::exists(tokenizer_path))
+      fs::copy_file(tokenizer_path, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    debug_kill_while_saving(step);
+    AdamW& opt = session.optimizer();
+    save_train_state_shard(dir, 0, session.master(), opt.exp_avg(), opt.exp_avg_sq(),
+                           session.parallel().pieces(session.table()));
+    const json layout = {{"world_size", 1}};
+    json st;
+    st["format"] = "moetrain-grpo-state-1";
+    st["step"] = step;
+    st["session_steps"] = session.steps_done();
+    st["optimizer_steps"] = opt.steps_taken();
+    st["skipped_steps"] = opt.steps_skipped();
+    st["flat_numel"] = session.table().total();
+    st["layout"] = layout;
+    st["mode"] = from_file ? "prompts" : baseline.empty() ? "task" : "sft-baseline";
+    if (from_file) {
+      st["prompt_position"] = sampler.position();
+      st["prompts"] = {{"file", prompts_path}, {"count", train_file.prompts.size()}};
+    } else {
+      st["problems_drawn"] = problems_drawn;
+    }
+    st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
+    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"next_lr", lr_at(step + 1)}};
+    st["model_dir"] = model_dir;
+    st["model_fingerprint"] = fingerprint;
+    if (has_eval) st["eval_before"] = before;
+    if (critic) {
+      const std::string cdir = (fs::path(dir) / "critic").string();
+      AdamW& copt = critic->optimizer();
+      save_train_state_shard(cdir, 0, critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
+                             critic->parallel().pieces(critic->table()));
+      write_file_atomic(
+          (fs::path(cdir) / kTrainStateFile).string(),
+          json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}.dump(
+              2) +
+              "\n");
+      st["critic"] = {{"dir", "critic"},
+                      {"optimizer_steps", copt.steps_taken()},
+                      {"skipped_steps", copt.steps_skipped()},
+                      {"session_steps", critic->steps_done()}};
+    }
+    st["args"] = recorded_args(args);
+    write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
+    commit_checkpoint(dir, final_dir);
+    for (const std::string& r : prune_checkpoints(run_dir, keep_last)) log_info("grpo: removed ", r);
+    log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
+             ", manifest) in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
+  };
+
+  int64_t steps_done = stop;
   if (!baseline.empty()) {
     // The comparison: SFT for the wall time of the GRPO run it is compared with.
     const double budget = sft_seconds;
@@ -426,45 +979,55 @@ int grpo_main(const std::vector<std::string>& args) {
     }
     steps_done = step;
   } else {
-    log_info("grpo: ", model_dir, ", task: ", task_text, "; held-out exact match before: ", before, "%; ", steps,
-             " steps of ", per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ",
-             o.sampling.temperature, o.dynamic_sampling ? ", dynamic sampling" : "",
-             reference ? ", reference model" : "",
+    log_info("grpo: ", model_dir, ", ", from_file ? "prompts: " : "task: ", task_text,
+             has_eval ? "; held-out " + eval_name + " before: " + shown(before) : std::string("; no evaluation"), "; ",
+             resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
+             per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ", o.sampling.temperature,
+             o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
                     : std::string());
-    std::map<std::vector<int32_t>, Problem> problems;  // by prompt: the reward's answer key
+    // One round's prompts at a time: the reward's answer key, by the round's prompt index.
+    std::vector<Problem> round_problems;
+    std::vector<int64_t> round_prompts;
     const rl::PromptFn draw = [&](int64_t count) {
-      problems.clear();  // one round's prompts at a time
       std::vector<std::vector<int32_t>> prompts;
+      round_problems.clear();
+      round_prompts.clear();
       for (int64_t i = 0; i < count; ++i) {
-        const Problem p = task.train(rng);
-        prompts.push_back(ids32(p.prompt_ids));
-        problems[prompts.back()] = p;
+        if (from_file) {
+          round_prompts.push_back(sampler.next());
+          prompts.push_back(train_file.prompts[size_t(round_prompts.back())].ids);
+        } else {
+          round_problems.push_back(task.train(rng));
+          ++problems_drawn;
+          prompts.push_back(ids32(round_problems.back().prompt_ids));
+        }
       }
       return prompts;
     };
-    const rl::RewardFn exact = [&](const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& g) {
+    const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+      if (from_file) return rewarder(train_file, round_prompts, g);
       std::vector<double> r;
       for (const GeneratedSample& x : g)
-        r.push_back(answer_reward(problems.at(reqs[size_t(x.prompt_index)].prompt), x.tokens, reward_kind));
+        r.push_back(answer_reward(round_problems.at(size_t(x.prompt_index)), x.tokens, reward_kind));
       return r;
     };
     if (process)
-      o.token_reward = [&](const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& g) {
+      o.token_reward = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
         std::vector<std::vector<double>> r;
         for (const GeneratedSample& x : g)
-          r.push_back(answer_token_rewards(problems.at(reqs[size_t(x.prompt_index)].prompt), x.tokens));
+          r.push_back(answer_token_rewards(round_problems.at(size_t(x.prompt_index)), x.tokens));
         return r;
       };
     o.per_position = per_position;
     o.seed = uint64_t(seed);
-    for (int64_t step = 1; step <= steps; ++step) {
+    for (int64_t step = start_step + 1; step <= stop; ++step) {
       rl::GrpoOptions os = o;
       os.lr = lr_at(step);
       const rl::GrpoMetrics m =
-          rl::grpo_step(session, engine, draw, per_step, exact, os, step, reference.get(), critic.get());
-      const double eta = elapsed() / double(step) * double(steps - step);
+          rl::grpo_step(session, engine, draw, per_step, reward_fn, os, step, reference.get(), critic.get());
+      const double eta = elapsed() / double(step - start_step) * double(stop - step);
       log_info("grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (groups with a correct sample ",
                m.groups_correct, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
                m.groups_generated, " in ", m.generate_rounds, " rounds) loss ", m.loss, " grad norm ", m.grad_norm,
@@ -522,13 +1085,22 @@ int grpo_main(const std::vector<std::string>& args) {
                                      {"critic_update", m.critic_update_s},
                                      {"weight_sync", m.weight_sync_s}}},
                                    {"elapsed_s", elapsed()}});
+      // The checkpoint first: whatever the evaluation meets, the weights are on disk.
+      if (save_every > 0 && step % save_every == 0 && step < stop) save(step);
     }
   }
-  const double after = exact_match(engine, eval, task.hi);
-  const std::string dir = out_dir + "/checkpoint-" + std::to_string(steps_done);
-  save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
-  log_info("grpo: saved ", dir, " (", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT", ")");
-  std::printf("grpo: exact-match %.1f%% -> %.1f%% on %lld held-out problems\n", before, after, (long long)eval_n);
+  save(steps_done);
+  log_info("grpo: ", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT");
+  if (!has_eval) {
+    std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
+    return 0;
+  }
+  const double after = evaluate();
+  if (from_file)
+    std::printf("grpo: %s %s -> %s on %lld held-out prompts\n", eval_name.c_str(), shown(before).c_str(),
+                shown(after).c_str(), (long long)eval_file.prompts.size());
+  else
+    std::printf("grpo: exact-match %.1f%% -> %.1f%% on %lld held-out problems\n", before, after, (long long)eval_n);
   return 0;
 }
 
