@@ -739,6 +739,11 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW("grpo: --reward math reads the response's text, and ", model_dir,
                " has no tokenizer.json to decode it; add the tokenizer or use exact (token ids)");
     train_file = load_prompt_file(prompts_path, cfg, o.max_new_tokens, tok, file_reward);
+    if (resuming && state.contains("prompts") &&
+        state["prompts"].value("count", int64_t(-1)) != int64_t(train_file.prompts.size()))
+      log_info("grpo: resume: warning: ", prompts_path, " has ", train_file.prompts.size(),
+               " prompts, the saved run's file had ", state["prompts"].value("count", int64_t(-1)),
+               ": the sampler's order from here differs from the run that stopped");
     if (!eval_prompts_path.empty())
       eval_file = load_prompt_file(eval_prompts_path, cfg, o.max_new_tokens, tok, file_reward);
     if (file_reward == FileReward::Program) {

@@ -59,12 +59,10 @@ void expect_same_run(const std::string& a, const std::string& b, int64_t steps, 
   for (const auto& j : sa) moved = moved || j.at("grad_norm").get<double>() > 0;
   EXPECT_TRUE(moved);
   const std::string ck = "/checkpoint-" + std::to_string(steps);
-  EXPECT_EQ(read_bytes(a + ck + "/model.safetensors"), read_bytes(b + ck + "/model.safetensors"));
-  EXPECT_EQ(read_bytes(a + ck + "/train_state/rank-0.safetensors"),
-            read_bytes(b + ck + "/train_state/rank-0.safetensors"));
-  if (critic)
-    EXPECT_EQ(read_bytes(a + ck + "/critic/train_state/rank-0.safetensors"),
-              read_bytes(b + ck + "/critic/train_state/rank-0.safetensors"));
+  std::vector<std::string> files = {"/model.safetensors", "/train_state/rank-0.safetensors"};
+  if (critic) files.push_back("/critic/train_state/rank-0.safetensors");
+  for (const std::string& f : files)
+    EXPECT_TRUE(read_bytes(a + ck + f) == read_bytes(b + ck + f)) << a + ck + f << " and " << b + ck + f << " differ";
 }
 
 }  // namespace
