@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/micro_batch.h"
+#include "model/params.h"
 #include "parallel/fsdp.h"
 #include "rl/rollout_batch.h"
 #include "rl/shaping.h"
@@ -571,6 +572,26 @@ void validate(const GrpoOptions& o) {
   validate(o.loss);
 }
 
+TpGenerator::TpGenerator(TrainSession& policy)
+    : policy_(policy), model_(policy.config(), policy.device(), nullptr, Weights::Frozen) {
+  if (policy.config().value_head) MT_THROW("TpGenerator: a value-head model has no next-token logits to sample from");
+  refresh();
+}
+
+double TpGenerator::refresh() {
+  const auto t = Clock::now();
+  Tensor& flat = model_.params();
+  const bool sharded = policy_.fsdp() != nullptr;
+  const Tensor host = sharded ? Tensor() : policy_.master().to(Device::CPU);
+  for (const ParamEntry& e : policy_.table().entries()) {
+    const Tensor full =
+        sharded ? policy_.parallel().gather_param_host(e, /*grads=*/false) : view_at(host, e.offset, e.shape);
+    view_at(flat, e.offset, e.shape).copy_from(flat.device() == Device::CPU ? full : full.to(flat.device()));
+  }
+  model_.refresh_compute_weights();
+  return since(t);
+}
+
 void init_critic_from_policy(TrainSession& critic, TrainSession& policy) {
   if (!critic.config().value_head)
     MT_THROW("init_critic_from_policy: the critic's config has no value_head (it needs score.weight [1, D])");
@@ -634,10 +655,13 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   check_sessions(session, o, reference, critic);
   DistContext& dist = session.dist();
   const int tp = dist.mesh().size(Axis::Tp), dp = dist.dp_size(), dp_rank = dist.dp_rank();
-  if (tp > 1)
+  if (tp > 1 && !o.before_generate)
     MT_THROW("grpo: generation under tp ", tp,
-             " is not supported yet (the engine's forward_cached runs on one device, under FSDP/HSDP and ep); "
-             "grpo_update trains under tp on given rollouts");
+             " needs a one-device generator copy (the engine's forward_cached cannot run on tp shards): build the "
+             "engine on TpGenerator(session).model() and set GrpoOptions::before_generate to its refresh");
+  if (tp > 1 && o.replay_routing)
+    MT_THROW("grpo: routing replay under tp ", tp,
+             " is not supported (the model's tensor-parallel layers route for themselves); set replay_routing false");
   if (groups % dp != 0)
     MT_THROW("grpo: groups = ", groups, " prompts per step cannot be split evenly over ", dp,
              " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dp);
@@ -681,6 +705,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     }
     drawn += groups;
     const std::vector<GenerateRequest> mine(reqs.begin() + g0, reqs.begin() + g1);
+    if (o.before_generate) m.weight_sync_s += o.before_generate();
     const double sync_before = engine.stats().weight_sync_seconds;
     std::vector<GeneratedSample> gen = engine.generate(mine);  // collective under FSDP and ep
     m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;

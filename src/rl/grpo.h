@@ -20,8 +20,7 @@
 // update hands train_step global micro-batches (padded with empty rows to a multiple of the data-parallel
 // size); the log-prob and value forwards run on each rank's rows and are all-gathered. So the same
 // rollouts give the same loss and gradients under every layout, and no rank can take a branch another
-// does not. Layouts: FSDP, HSDP and ep generate and train; tp trains (grpo_update) but the engine cannot
-// generate under it yet; sp is refused.
+// does not. Layouts: FSDP, HSDP, ep and tp (generating on a TpGenerator copy); sp is refused.
 #pragma once
 #include <functional>
 #include <vector>
@@ -77,6 +76,9 @@ struct GrpoOptions {
   double gamma = 1.0, lam = 0.95, value_clip = 0.2, critic_lr = 1e-4;
   // During the update, a progress line (micro-batch k/K, ETA) at most this often (seconds; 0: never).
   double progress_every_s = 0;
+  // Called on every rank before each generate round, its seconds added to weight_sync_s: the refresh of a
+  // generator copy (TpGenerator::refresh), which generation under tp needs.
+  std::function<double()> before_generate;
 };
 void validate(const GrpoOptions& o);  // errors name the field, its value and what is allowed
 
@@ -127,6 +129,22 @@ using PromptFn = std::function<std::vector<std::vector<int32_t>>(int64_t count)>
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const PromptFn& prompts, int64_t groups,
                       const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr,
                       TrainSession* critic = nullptr);
+// Generation under tensor parallelism: the engine runs on one device, so every rank keeps a one-device
+// copy of the full weights (frozen, the global layout) and refresh() gathers them from the policy's shards
+// (every tensor, collective over the world) before a rollout phase; every rank of a tp group then generates
+// the same share, and grpo_step's exchange keeps one copy of it. Build the engine on model() (no lockstep:
+// the copy holds every expert), set GrpoOptions::before_generate to refresh, replay_routing false (the
+// tp model cannot replay). Costs a full copy of the weights per rank: a first version.
+class TpGenerator {
+ public:
+  explicit TpGenerator(TrainSession& policy);
+  Qwen3MoeModel& model() { return model_; }
+  double refresh();  // seconds; collective
+ private:
+  TrainSession& policy_;
+  Qwen3MoeModel model_;
+};
+
 // PPO's critic from the policy: every weight but the head copied from `policy` (the same architecture),
 // the scalar head score.weight set to zero (values start at 0), the compute copy
 // refreshed. Several ranks: both sessions in the same layout; each rank copies its own shard. Errors name

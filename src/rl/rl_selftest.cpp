@@ -188,9 +188,16 @@ int rl_selftest_main(const std::vector<std::string>& args) {
     o.max_generate_rounds = 2;
     EngineOptions eo;
     eo.record_routing = replay;
-    eo.lockstep = policy.dist().ep();
     eo.kv_cache_bytes = int64_t(64) << 20;
-    RolloutEngine engine(policy.model(), eo);
+    // Under tp the engine runs on a one-device copy refreshed before each round; else on the policy.
+    std::unique_ptr<TpGenerator> copy;
+    if (policy.dist().mesh().size(Axis::Tp) > 1) {
+      copy = std::make_unique<TpGenerator>(policy);
+      o.before_generate = [&copy] { return copy->refresh(); };
+    } else {
+      eo.lockstep = policy.dist().ep();
+    }
+    RolloutEngine engine(copy ? copy->model() : policy.model(), eo);
     const RewardFn even = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
       std::vector<double> r;
       for (const GeneratedSample& x : g) {

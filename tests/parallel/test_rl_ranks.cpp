@@ -78,8 +78,10 @@ TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
 // by global prompt index), rewards it, and the exchange gives every rank the whole round; dynamic
 // sampling decides from it. The engine's logits under the layout equal one process's to rounding, so
 // the same tokens are drawn (measured: the same reward, loss and gradients) and the update follows.
-TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEp) {
+TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEpTp) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--generate --mini-batches 1", "--dp-shard 2", "step");
   expect_layout_equal("--generate --mini-batches 1", "--ep 2", "step");
+  // Under tp every rank generates on its TpGenerator copy (the full weights gathered before the round).
+  expect_layout_equal("--generate --no-replay --mini-batches 1", "--tp 2", "step_noreplay");
 }
