@@ -10,6 +10,7 @@
 //                 [--temperature 1] [--kv-cache-fraction 0.9] [--block-size 16] [--max-step-tokens 8192]
 //                 [--max-running 256] [--device cuda|cpu] [--layers N] [--record-routing] [--profile]
 // --record-routing: the engine keeps every token's experts (as RL does, for routing replay).
+// Decode steps run as CUDA graphs unless MOETRAIN_CUDA_GRAPHS=0 (graph_steps, graph_captures in the line).
 // --profile: a second generate call of the same requests with per-op timing (every op waits for the
 // device before and after it), printed as a second JSON line: milliseconds per engine step by op, and
 // what the ops do not cover (the host's batch building, copies, sampling's wait).
@@ -158,6 +159,9 @@ int main(int argc, char** argv) {
                      {"sample_s", st.sample_seconds - before.sample_seconds},
                      {"prefill_tokens", st.prefill_tokens - before.prefill_tokens},
                      {"block_copies", st.block_copies - before.block_copies},
+                     {"graph_steps", st.graph_steps - before.graph_steps},
+                     {"graph_captures", st.graph_captures - before.graph_captures},
+                     {"graph_capture_s", st.graph_capture_seconds - before.graph_capture_seconds},
                      {"kv_blocks", st.num_blocks},
                      {"block_size", eo.block_size}};
     std::printf("%s\n", j.dump().c_str());

@@ -1,5 +1,7 @@
 #include "core/arena.h"
 
+#include "core/cuda_graph.h"
+
 namespace mt {
 
 Arena::Arena(size_t bytes, Device device) : device_(device) {
@@ -10,6 +12,7 @@ void Arena::add_block(size_t bytes) {
   bytes = (bytes + kAlign - 1) / kAlign * kAlign;
   Device dev = device_;
   void* p = device_mem::alloc(dev, bytes);
+  if (dev == Device::CUDA) cuda_graph::bump_epoch();  // graphs captured over the old blocks are stale
   blocks_.push_back({std::shared_ptr<void>(p, [dev](void* q) { device_mem::free(dev, q); }), bytes});
 }
 

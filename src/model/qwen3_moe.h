@@ -218,6 +218,20 @@ class Qwen3MoeModel {
   // the same number of times, with N = 0 tokens when it has none). Tensor and sequence parallelism are
   // refused.
   Tensor forward_cached(const CachedBatch& batch, KvCache& cache, std::vector<Tensor>* routing_out = nullptr);
+  // forward_cached on inputs already on the model's device, writing the logits into logits_RV (f32 [R, V]) and,
+  // with routing_into (one i32 [>= N, K] tensor per sparse layer, on the device), each sparse layer's expert ids
+  // into its rows 0..N. It allocates nothing but from the model's arenas and launches no host synchronisation:
+  // what a CUDA graph of a decode step captures (rollout/engine.cpp), when capturable_cached() says so.
+  void forward_cached_into(const CachedBatch& device_batch, KvCache& cache, Tensor& logits_RV,
+                           std::vector<Tensor>* routing_into);
+  // Resets the activation arenas now, merging their blocks (a capture must find them settled: a merge
+  // inside it would allocate).
+  void settle_arenas() {
+    keep_.reset();
+    work_.reset();
+  }
+  // CUDA, one process's weights (no expert parallelism, whose exchange plans live on the host).
+  bool capturable_cached() const { return device_ == Device::CUDA && !par_.dispatcher && !par_.tp && !par_.ulysses; }
   // The inference layout: every unit's compute weights acquired (under FSDP: all-gathered once, the
   // experts over their expert-shard group; with ep > 1 each rank keeps its own experts) and the fp32
   // gains refreshed, held until end_inference(). A rollout phase's weight sync: call it after each
@@ -249,6 +263,9 @@ class Qwen3MoeModel {
   double last_backward_seconds() const { return backward_s_; }
 
  private:
+  // forward_cached's body (routing_into: copy into the caller's tensors instead of appending clones).
+  void cached_pass(const CachedBatch& device_batch, KvCache& cache, Tensor& logits_out,
+                   std::vector<Tensor>* routing_out, bool routing_into);
   struct LayerActs;
   LossParts run(const MicroBatch& mb, const PassOptions& opt, bool backward);
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);

@@ -53,6 +53,28 @@ void Qwen3MoeModel::end_inference() {
 }
 
 Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::vector<Tensor>* routing_out) {
+  auto dev = [&](const Tensor& t) { return device_ == Device::CPU ? t : t.to(device_); };
+  CachedBatch d{dev(b.tokens), dev(b.positions), dev(b.seq), dev(b.slots), dev(b.block_table), dev(b.logit_rows)};
+  Tensor logits = Tensor::empty({b.logit_rows.numel(), cfg_.vocab_size}, DType::F32, device_);
+  if (routing_out) routing_out->clear();
+  cached_pass(d, cache, logits, routing_out, false);
+  return logits;
+}
+
+void Qwen3MoeModel::forward_cached_into(const CachedBatch& b, KvCache& cache, Tensor& logits_RV,
+                                        std::vector<Tensor>* routing_into) {
+  for (const Tensor* t : {&b.tokens, &b.positions, &b.seq, &b.slots, &b.block_table, &b.logit_rows})
+    MT_CHECK(t->device() == device_, "forward_cached_into: the batch's tensors must be on the model's device, got ",
+             t->desc());
+  MT_CHECK(logits_RV.device() == device_ && logits_RV.dtype() == DType::F32 && logits_RV.dim() == 2 &&
+               logits_RV.size(0) == b.logit_rows.numel() && logits_RV.size(1) == cfg_.vocab_size,
+           "forward_cached_into: logits_RV must be f32 [", b.logit_rows.numel(), ", ", cfg_.vocab_size,
+           "] on the model's device, got ", logits_RV.desc());
+  cached_pass(b, cache, logits_RV, routing_into, true);
+}
+
+void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& logits_out,
+                                std::vector<Tensor>* routing_out, bool routing_into) {
   if (par_.tp || par_.ulysses)
     MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
   if (!inference_) MT_THROW("forward_cached outside begin_inference() / end_inference()");
@@ -67,15 +89,12 @@ Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::
   if (int64_t(cache.k.size()) != cfg_.num_hidden_layers)
     MT_THROW("forward_cached: the cache has ", cache.k.size(), " layers, the model ", cfg_.num_hidden_layers);
   const int64_t D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
-                Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts, L = cfg_.num_hidden_layers,
-                V = cfg_.vocab_size;
+                Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts, L = cfg_.num_hidden_layers;
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
-  auto dev = [&](const Tensor& t) { return device_ == Device::CPU ? t : t.to(device_); };
-  const Tensor tokens = dev(b.tokens), pos = dev(b.positions), seq = dev(b.seq), slots = dev(b.slots),
-               table = dev(b.block_table), rows = dev(b.logit_rows);
+  const Tensor &tokens = b.tokens, &pos = b.positions, &seq = b.seq, &slots = b.slots, &table = b.block_table,
+               &rows = b.logit_rows;
   keep_.reset();
   work_.reset();
-  if (routing_out) routing_out->clear();
   acquire(plan_->embed);
   // The f32 residual stream in three buffers reused by every layer: x in, h1 after attention, y out.
   Tensor x = keep_.alloc({N, D}, DType::F32), h1 = keep_.alloc({N, D}, DType::F32), y = keep_.alloc({N, D}, DType::F32);
@@ -114,7 +133,15 @@ Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::
       Tensor bias_E;
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, probs, idx, wts, bias_E.defined() ? &bias_E : nullptr);
-      if (routing_out) routing_out->push_back(idx.clone());  // the arena is reused by the next layer
+      if (routing_out && routing_into) {  // into the caller's buffers (a graph's static memory)
+        const int64_t si = sparse_index(l);
+        MT_CHECK(si < int64_t(routing_out->size()) && (*routing_out)[size_t(si)].size(0) >= N,
+                 "forward_cached_into: routing_into needs an i32 [>= ", N, ", ", K, "] tensor per sparse layer");
+        Tensor dst = (*routing_out)[size_t(si)].rows(0, N);
+        ops::copy_cast(idx, dst);
+      } else if (routing_out) {
+        routing_out->push_back(idx.clone());  // the arena is reused by the next layer
+      }
       if (par_.dispatcher) {  // expert parallelism: the tokens travel to their experts' ranks and back
         const moe::DispatchPlan pl = par_.dispatcher->prepare(idx, wts);
         const Tensor xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xn2, wts)
@@ -153,11 +180,9 @@ Tensor Qwen3MoeModel::forward_cached(const CachedBatch& b, KvCache& cache, std::
   ops::rms_norm_fwd(x, w_.norm, eps, hn, rstd);
   Tensor hr = work_.alloc({R, D}, act_);
   ops::embedding_fwd(rows, hn, hr);  // the rows whose logits are wanted (a gather)
-  Tensor logits = Tensor::empty({R, V}, DType::F32, device_);
-  ops::linear_fwd(hr, w_.lm_head, logits);
+  ops::linear_fwd(hr, w_.lm_head, logits_out);
   release(plan_->head);
   if (cfg_.tie_word_embeddings) release(plan_->embed);
-  return logits;
 }
 
 }  // namespace mt

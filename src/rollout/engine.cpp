@@ -3,11 +3,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
+#include <map>
 #include <memory>
 
+#include "core/cuda_graph.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "ops/ops.h"
+#include "ops/profile.h"
 
 namespace mt {
 
@@ -26,6 +31,36 @@ struct Seq {
   std::string reason;
 };
 
+// The batch a decode step is padded to for its CUDA graph: 1, 2, 4, 8, multiples of 8 to 64, of 32 to
+// 512, of 128 beyond (at most 1/8 of a large batch is padding; few graphs per call).
+int64_t decode_bucket(int64_t n) {
+  if (n <= 8) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return b;
+  }
+  const int64_t step = n <= 64 ? 8 : n <= 512 ? 32 : 128;
+  return (n + step - 1) / step * step;
+}
+
+// A generate call's decode graphs: device inputs and outputs at fixed addresses, sized for the largest
+// bucket the call can reach, and one graph per bucket. Rows past a step's batch are padding: token 0 at
+// position 0 of the cache's scratch block (which no sequence owns), whose key and value it writes first.
+struct DecodeGraphs {
+  int64_t max_b = 0, width = 0;  // buffer rows, block-table width
+  CachedBatch in;                // device tensors of max_b rows
+  Tensor logits;                 // f32 [max_b, V]
+  std::vector<Tensor> routing;   // per sparse layer, i32 [max_b, K]
+  std::map<int64_t, cuda_graph::Graph> graphs;
+};
+
+bool graphs_env_on() {
+  const char* v = std::getenv("MOETRAIN_CUDA_GRAPHS");
+  if (!v || !*v || std::string(v) == "1") return true;
+  if (std::string(v) == "0") return false;
+  MT_THROW("MOETRAIN_CUDA_GRAPHS='", v, "': use 1 (decode steps as CUDA graphs, the default) or 0");
+}
+
 }  // namespace
 
 RolloutEngine::RolloutEngine(Qwen3MoeModel& model, const EngineOptions& opt)
@@ -41,7 +76,7 @@ RolloutEngine::RolloutEngine(Qwen3MoeModel& model, const EngineOptions& opt)
   if (opt_.max_step_tokens < 1 || opt_.max_running < 1)
     MT_THROW("engine: max_step_tokens (", opt_.max_step_tokens, ") and max_running (", opt_.max_running,
              ") must be >= 1");
-  cache_ = KvCache::allocate(model.config(), model.device(), blocks_.num_blocks(), opt.block_size);
+  cache_ = KvCache::allocate(model.config(), model.device(), blocks_.num_blocks() + 1, opt.block_size);
   stats_.num_blocks = blocks_.num_blocks();
 }
 
@@ -102,6 +137,14 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     return d.to(Device::CPU).data<float>()[0] > 0.0f;
   };
   const bool record = opt_.record_routing;
+  DecodeGraphs dg;
+  const bool use_graphs = opt_.cuda_graphs && graphs_off_.empty() && model_.capturable_cached() &&
+                          !ops::op_profiling() && graphs_env_on();
+  if (use_graphs) {
+    for (const GenerateRequest& r : requests)
+      dg.width = std::max(dg.width, (int64_t(r.prompt.size()) + r.max_new_tokens + opt_.block_size - 1) / opt_.block_size);
+    dg.max_b = decode_bucket(std::min(opt_.max_running, total));
+  }
   std::deque<int64_t> waiting;
   for (size_t i = 0; i < requests.size(); ++i) waiting.push_back(int64_t(i));
   std::vector<std::unique_ptr<Seq>> running, finished;
@@ -168,28 +211,88 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
                " KV blocks available)");
     stats_.decode_tokens += int64_t(running.size());
 
-    CachedBatch b;
     const int64_t N = int64_t(tok.size()), B = int64_t(tables.size());
     size_t M = 1;
     for (const auto* t : tables) M = std::max(M, t->size());
-    b.tokens = Tensor::empty({N}, DType::I64);
-    b.positions = Tensor::empty({N}, DType::I32);
-    b.seq = Tensor::empty({N}, DType::I32);
-    b.slots = Tensor::empty({N}, DType::I32);
-    for (int64_t i = 0; i < N; ++i) {
-      b.tokens.data<int64_t>()[i] = tok[size_t(i)];
-      b.positions.data<int32_t>()[i] = int32_t(pos[size_t(i)]);
-      b.seq.data<int32_t>()[i] = int32_t(seq_row[size_t(i)]);
-      b.slots.data<int32_t>()[i] = int32_t(slot[size_t(i)]);
-    }
-    b.block_table = Tensor::zeros({B, int64_t(M)}, DType::I32);
-    for (int64_t r = 0; r < B; ++r)
-      std::copy(tables[size_t(r)]->begin(), tables[size_t(r)]->end(), b.block_table.data<int32_t>() + r * int64_t(M));
-    b.logit_rows = Tensor::empty({int64_t(logit_rows.size())}, DType::I64);
-    std::copy(logit_rows.begin(), logit_rows.end(), b.logit_rows.data<int64_t>());
-    auto tf = Clock::now();
     std::vector<Tensor> routing;
-    const Tensor logits = model_.forward_cached(b, cache_, record ? &routing : nullptr);
+    Tensor logits;
+    auto tf = Clock::now();
+    if (use_graphs && graphs_off_.empty() && admitted.empty() && N > 0 && int64_t(M) <= dg.width) {
+      // A decode step: N sequences, one token each, padded to the bucket; its graph replayed (captured first).
+      const int64_t Bk = decode_bucket(N);
+      if (!dg.logits.defined()) {
+        const Device d = model_.device();
+        dg.in = CachedBatch{Tensor::empty({dg.max_b}, DType::I64, d),          Tensor::empty({dg.max_b}, DType::I32, d),
+                            Tensor::empty({dg.max_b}, DType::I32, d),          Tensor::empty({dg.max_b}, DType::I32, d),
+                            Tensor::empty({dg.max_b, dg.width}, DType::I32, d), Tensor::empty({dg.max_b}, DType::I64, d)};
+        dg.logits = Tensor::empty({dg.max_b, c.vocab_size}, DType::F32, d);
+        if (record)
+          for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+            if (c.is_sparse_layer(l)) dg.routing.push_back(Tensor::empty({dg.max_b, c.num_experts_per_tok}, DType::I32, d));
+      }
+      Tensor h_tok = Tensor::zeros({Bk}, DType::I64), h_pos = Tensor::zeros({Bk}, DType::I32),
+             h_seq = Tensor::empty({Bk}, DType::I32), h_slot = Tensor::empty({Bk}, DType::I32),
+             h_table = Tensor::zeros({Bk, dg.width}, DType::I32), h_rows = Tensor::empty({Bk}, DType::I64);
+      const int32_t scratch_slot = int32_t(blocks_.num_blocks() * opt_.block_size);
+      for (int64_t i = 0; i < Bk; ++i) {
+        const bool real = i < N;
+        h_tok.data<int64_t>()[i] = real ? tok[size_t(i)] : 0;
+        h_pos.data<int32_t>()[i] = real ? int32_t(pos[size_t(i)]) : 0;
+        h_seq.data<int32_t>()[i] = int32_t(i);
+        h_slot.data<int32_t>()[i] = real ? int32_t(slot[size_t(i)]) : scratch_slot;
+        h_rows.data<int64_t>()[i] = i;
+        int32_t* trow = h_table.data<int32_t>() + i * dg.width;
+        if (real) std::copy(tables[size_t(i)]->begin(), tables[size_t(i)]->end(), trow);
+        else std::fill(trow, trow + dg.width, int32_t(blocks_.num_blocks()));  // reads only its own key, just written
+      }
+      CachedBatch in{dg.in.tokens.rows(0, Bk), dg.in.positions.rows(0, Bk), dg.in.seq.rows(0, Bk),
+                     dg.in.slots.rows(0, Bk),  dg.in.block_table.rows(0, Bk), dg.in.logit_rows.rows(0, Bk)};
+      in.tokens.copy_from(h_tok);  // ordered after the previous step's kernels (the compute stream blocks)
+      in.positions.copy_from(h_pos);
+      in.seq.copy_from(h_seq);
+      in.slots.copy_from(h_slot);
+      in.block_table.copy_from(h_table);
+      in.logit_rows.copy_from(h_rows);
+      Tensor out = dg.logits.rows(0, Bk);
+      std::vector<Tensor>* rec = record && !dg.routing.empty() ? &dg.routing : nullptr;
+      cuda_graph::Graph& g = dg.graphs[Bk];
+      if (!g.empty() && g.captured_epoch() == cuda_graph::epoch()) {
+        g.replay();
+        ++stats_.graph_steps;
+      } else {
+        model_.forward_cached_into(in, cache_, out, rec);  // this step's results; it also grows what the graph needs
+        model_.settle_arenas();  // their blocks merged now, so the capture allocates nothing
+        const auto tc = Clock::now();
+        std::string why;
+        if (g.capture([&] { model_.forward_cached_into(in, cache_, out, rec); }, &why)) {
+          ++stats_.graph_captures;
+        } else {
+          graphs_off_ = why;
+          log_info("engine: decode steps run without CUDA graphs from here on: ", why);
+        }
+        stats_.graph_capture_seconds += since(tc);
+      }
+      logits = dg.logits.rows(0, N);
+      for (const Tensor& t : dg.routing) routing.push_back(t.rows(0, N));
+    } else {
+      CachedBatch b;
+      b.tokens = Tensor::empty({N}, DType::I64);
+      b.positions = Tensor::empty({N}, DType::I32);
+      b.seq = Tensor::empty({N}, DType::I32);
+      b.slots = Tensor::empty({N}, DType::I32);
+      for (int64_t i = 0; i < N; ++i) {
+        b.tokens.data<int64_t>()[i] = tok[size_t(i)];
+        b.positions.data<int32_t>()[i] = int32_t(pos[size_t(i)]);
+        b.seq.data<int32_t>()[i] = int32_t(seq_row[size_t(i)]);
+        b.slots.data<int32_t>()[i] = int32_t(slot[size_t(i)]);
+      }
+      b.block_table = Tensor::zeros({B, int64_t(M)}, DType::I32);
+      for (int64_t r = 0; r < B; ++r)
+        std::copy(tables[size_t(r)]->begin(), tables[size_t(r)]->end(), b.block_table.data<int32_t>() + r * int64_t(M));
+      b.logit_rows = Tensor::empty({int64_t(logit_rows.size())}, DType::I64);
+      std::copy(logit_rows.begin(), logit_rows.end(), b.logit_rows.data<int64_t>());
+      logits = model_.forward_cached(b, cache_, record ? &routing : nullptr);
+    }
     stats_.forward_seconds += since(tf);
     ++stats_.steps;
 

@@ -64,6 +64,12 @@ struct EngineOptions {
   // all-reduce of a flag per step), since each forward exchanges tokens with all of them. Null: the
   // rank steps alone (one device, or data parallelism without ep).
   comm::Communicator* lockstep = nullptr;
+  // Decode steps (every running sequence's next token, no prompt) as CUDA graphs, one per batch bucket
+  // (the batch padded up to 1, 2, 4, 8, then multiples of 8 to 64, of 32 to 512, of 128 beyond): captured
+  // at a bucket's first decode step of a generate call and replayed after. Only where the model can be
+  // captured (Qwen3MoeModel::capturable_cached: CUDA, no expert parallelism) and op profiling is off;
+  // MOETRAIN_CUDA_GRAPHS=0 turns them off too. docs/rollout.md "CUDA graphs".
+  bool cuda_graphs = true;
 };
 
 struct EngineStats {
@@ -71,6 +77,8 @@ struct EngineStats {
   int64_t idle_steps = 0;  // expert parallelism: steps this rank ran with no tokens for its group's sake
   double seconds = 0, forward_seconds = 0, sample_seconds = 0;
   double weight_sync_seconds = 0;  // Qwen3MoeModel::begin_inference: the inference layout's gathers
+  int64_t graph_steps = 0, graph_captures = 0;  // decode steps replayed from a CUDA graph; graphs captured
+  double graph_capture_seconds = 0;
 };
 
 class RolloutEngine {
@@ -95,8 +103,9 @@ class RolloutEngine {
   Qwen3MoeModel& model_;
   EngineOptions opt_;
   KvBlockManager blocks_;
-  KvCache cache_;
+  KvCache cache_;  // one block more than blocks_ hands out: the scratch block padded graph rows write to
   EngineStats stats_;
+  std::string graphs_off_;  // why decode graphs failed to capture once (then not tried again); empty: fine
 };
 
 }  // namespace mt

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backend/cuda/gemm.cuh"
+#include "core/cuda_graph.h"
 
 namespace mt::cuda {
 
@@ -185,6 +186,7 @@ void* DeviceScratch::get(size_t bytes, const char* op) {
     bytes_ = 0;
     MT_CUDA_CHECK(op, cudaMalloc(&p_, bytes));
     bytes_ = bytes;
+    cuda_graph::bump_epoch();  // graphs captured over the old buffer are stale
   }
   return p_;
 }
