@@ -39,6 +39,7 @@
 #include <optional>
 #include <set>
 
+#include "comm/dist_env.h"
 #include "core/cli_args.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -115,7 +116,9 @@ const char* kUsage =
     "  --max-steps N             stop after step N (<= --steps), saving, as train does\n"
     "  --resume [CKPT_DIR]       continue from the newest checkpoint of the run dir whose manifest verifies\n"
     "                            (or from CKPT_DIR); the same options as the run that saved it\n"
-    "  --device cpu|cuda|auto, --seed S (1)";
+    "  --device cpu|cuda|auto, --seed S (1)\n"
+    "  --dp-shard N, --dp-replicate N, --ep N, --tp N   the layout under moetrain launch (docs/rl.md \"Several\n"
+    "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 
@@ -427,6 +430,7 @@ int grpo_main(const std::vector<std::string>& args) {
   std::string prompts_path, eval_prompts_path, resume;
   int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
+  MeshSpec mesh;  // under moetrain launch
   double sft_seconds = 0, reward_timeout = 60;
   bool reward_stop = false, model_given = false;
   Task task;
@@ -575,6 +579,14 @@ int grpo_main(const std::vector<std::string>& args) {
       max_steps = parse_flag_number<int64_t>(a, value());
     else if (a == "--resume")
       resume = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0 ? args[++i] : std::string("latest");
+    else if (a == "--dp-shard")
+      mesh.dp_shard = parse_flag_number<int>(a, value());
+    else if (a == "--dp-replicate")
+      mesh.dp_replicate = parse_flag_number<int>(a, value());
+    else if (a == "--ep")
+      mesh.ep = parse_flag_number<int>(a, value());
+    else if (a == "--tp")
+      mesh.tp = parse_flag_number<int>(a, value());
     else if (a == "--seed")
       seed = parse_flag_number<int64_t>(a, value());
     else
@@ -709,6 +721,8 @@ int grpo_main(const std::vector<std::string>& args) {
 
   if (!fs::exists(model_dir + "/config.json")) {
     if (model_dir != kDemoModel || from_file) MT_THROW("grpo: --model ", model_dir, " has no config.json");
+    if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
+      MT_THROW("grpo: ", model_dir, " is absent; under moetrain launch train it first (moetrain train)");
     log_info("grpo: ", model_dir, " is absent: training the demo model first (moetrain train)");
     TrainConfig tc;
     tc.device = device_name;
@@ -774,7 +788,15 @@ int grpo_main(const std::vector<std::string>& args) {
 
   SessionOptions so;
   so.device = device;
+  so.dist.mesh = mesh;
   TrainSession session(cfg, so);
+  DistContext& dist = session.dist();
+  const bool lead = dist.rank() == 0;
+  if (per_step % dist.dp_size() != 0)
+    MT_THROW("grpo: --prompts-per-step ", per_step, " cannot be split evenly over ", dist.dp_size(),
+             " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dist.dp_size());
+  // The reference and the critic run on the policy's distributed context, laid out like it.
+  so.shared_dist = &dist;
   AdamWConfig ac;
   ac.weight_decay = 0;
   if (!resuming) session.load(model_dir);
@@ -839,20 +861,32 @@ int grpo_main(const std::vector<std::string>& args) {
   sizing.n = o.n;
   EngineOptions eo;
   eo.record_routing = true;
+  // Under tp the engine runs on a one-device copy of the weights, refreshed before each round and each
+  // evaluation (rl::TpGenerator; no routing replay); else on the policy, ep ranks in lockstep.
+  std::unique_ptr<rl::TpGenerator> tp_copy;
+  if (dist.mesh().size(Axis::Tp) > 1) {
+    tp_copy = std::make_unique<rl::TpGenerator>(session);
+    o.before_generate = [&tp_copy] { return tp_copy->refresh(); };
+    o.replay_routing = false;
+    eo.record_routing = false;
+  } else {
+    eo.lockstep = dist.ep();
+  }
+  Qwen3MoeModel& gen_model = tp_copy ? tp_copy->model() : session.model();
   eo.max_running = std::max<int64_t>(per_step * o.n, eval_count);
   GenerateRequest eval_sizing = sizing;
   eval_sizing.n = 1;
-  eo.kv_cache_bytes =
-      std::max(RolloutEngine::kv_bytes_needed(session.model(), std::vector<GenerateRequest>(size_t(per_step), sizing),
-                                              eo.block_size),
-               RolloutEngine::kv_bytes_needed(
-                   session.model(), std::vector<GenerateRequest>(size_t(eval_count), eval_sizing), eo.block_size));
-  RolloutEngine engine(session.model(), eo);
+  eo.kv_cache_bytes = std::max(
+      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(per_step), sizing), eo.block_size),
+      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(eval_count), eval_sizing),
+                                     eo.block_size));
+  RolloutEngine engine(gen_model, eo);
 
   // Evaluation: greedy, on the held-out problems of the task or the --eval-prompts file.
   const std::vector<Problem> eval = from_file ? std::vector<Problem>() : task.eval(eval_n, uint64_t(seed) + 7);
   const bool file_accuracy = file_reward != FileReward::Program;
   auto evaluate = [&]() -> double {
+    if (tp_copy) tp_copy->refresh();  // every rank evaluates every problem (the same collectives)
     if (!from_file) return exact_match(engine, eval, task.hi);
     std::vector<GenerateRequest> reqs;
     std::vector<int64_t> which;
@@ -874,8 +908,14 @@ int grpo_main(const std::vector<std::string>& args) {
   double before = 0;
   if (resuming && state.contains("eval_before"))
     before = state["eval_before"].get<double>();  // of the initial model, measured when the run started
-  else if (has_eval)
+  else if (has_eval) {
+    if (resuming)
+      log_info(
+          "grpo: resume: warning: the saved run recorded no evaluation before training; \"before\" is "
+          "measured now, at step ",
+          start_step);
     before = evaluate();
+  }
   const std::string task_text = from_file ? prompts_path
                                           : "addition, operands of " + std::to_string(task.lo) + ".." +
                                                 std::to_string(task.hi) + " digits" +
@@ -890,7 +930,7 @@ int grpo_main(const std::vector<std::string>& args) {
     return std::string(b);
   };
   std::filesystem::create_directories(run_dir);
-  MetricsWriter metrics(run_dir + "/metrics.jsonl", true, true,
+  MetricsWriter metrics(run_dir + "/metrics.jsonl", lead, true,
                         resuming ? start_step : -1);  // and a TensorBoard event file beside it
   Rng rng{uint64_t(seed)};
   PromptSampler sampler(std::max<int64_t>(1, int64_t(train_file.prompts.size())), mix64(uint64_t(seed)));
@@ -911,15 +951,26 @@ int grpo_main(const std::vector<std::string>& args) {
   auto save = [&](int64_t step) {
     const auto t = std::chrono::steady_clock::now();
     const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
-    begin_checkpoint(dir);
-    save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
-    if (fs::exists(tokenizer_path))
+    if (lead) begin_checkpoint(dir);
+    if (dist.distributed()) dist.world()->barrier();  // the directory exists before any rank writes into it
+    if (session.fsdp())
+      save_sharded_hf_checkpoint(
+          dir, cfg, session.table(),
+          [&session](const ParamEntry& e) { return session.parallel().gather_param_host(e, false); }, lead);
+    else
+      save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
+    if (lead && fs::exists(tokenizer_path))
       fs::copy_file(tokenizer_path, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
     debug_kill_while_saving(step);
     AdamW& opt = session.optimizer();
-    save_train_state_shard(dir, 0, session.master(), opt.exp_avg(), opt.exp_avg_sq(),
+    save_train_state_shard(dir, dist.rank(), session.master(), opt.exp_avg(), opt.exp_avg_sq(),
                            session.parallel().pieces(session.table()));
-    const json layout = {{"world_size", 1}};
+    const DeviceMesh& dm = dist.mesh();
+    const json layout = {{"world_size", dist.world_size()},
+                         {"dp_replicate", dm.size(Axis::DpReplicate)},
+                         {"dp_shard", dm.size(Axis::DpShard)},
+                         {"ep", dm.size(Axis::Ep)},
+                         {"tp", dm.size(Axis::Tp)}};
     json st;
     st["format"] = "moetrain-grpo-state-1";
     st["step"] = step;
@@ -943,22 +994,26 @@ int grpo_main(const std::vector<std::string>& args) {
     if (critic) {
       const std::string cdir = (fs::path(dir) / "critic").string();
       AdamW& copt = critic->optimizer();
-      save_train_state_shard(cdir, 0, critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
+      save_train_state_shard(cdir, dist.rank(), critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
                              critic->parallel().pieces(critic->table()));
-      write_file_atomic(
-          (fs::path(cdir) / kTrainStateFile).string(),
-          json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}.dump(
-              2) +
-              "\n");
+      if (lead)
+        write_file_atomic(
+            (fs::path(cdir) / kTrainStateFile).string(),
+            json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}
+                    .dump(2) +
+                "\n");
       st["critic"] = {{"dir", "critic"},
                       {"optimizer_steps", copt.steps_taken()},
                       {"skipped_steps", copt.steps_skipped()},
                       {"session_steps", critic->steps_done()}};
     }
     st["args"] = recorded_args(args);
-    write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
-    commit_checkpoint(dir, final_dir);
-    for (const std::string& r : prune_checkpoints(run_dir, keep_last)) log_info("grpo: removed ", r);
+    if (lead) write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
+    if (dist.distributed()) dist.world()->barrier();  // every shard is on disk
+    if (lead) {
+      commit_checkpoint(dir, final_dir);
+      for (const std::string& r : prune_checkpoints(run_dir, keep_last)) log_info("grpo: removed ", r);
+    }
     log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
              ", manifest) in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
   };
@@ -1097,10 +1152,11 @@ int grpo_main(const std::vector<std::string>& args) {
   save(steps_done);
   log_info("grpo: ", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT");
   if (!has_eval) {
-    std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
+    if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
     return 0;
   }
   const double after = evaluate();
+  if (!lead) return 0;
   if (from_file)
     std::printf("grpo: %s %s -> %s on %lld held-out prompts\n", eval_name.c_str(), shown(before).c_str(),
                 shown(after).c_str(), (long long)eval_file.prompts.size());
