@@ -711,7 +711,9 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
     m.generate_s += since(t);
     ++m.generate_rounds;
-    // This rank's rewards. A failure here becomes every rank's error at the exchange (no rank waits).
+    // This rank's rewards, on its samples indexed into the round's whole list (prompt_index, reqs). A
+    // failure here becomes every rank's error at the exchange (no rank waits).
+    for (GeneratedSample& x : gen) x.prompt_index += g0;
     t = Clock::now();
     std::vector<double> rewards;
     std::vector<std::vector<double>> steps;
@@ -719,14 +721,14 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     try {
       if (int64_t(gen.size()) != (g1 - g0) * n)
         MT_THROW("grpo: the engine returned ", gen.size(), " samples for ", g1 - g0, " prompts x ", n);
-      rewards = reward(mine, gen);
+      rewards = reward(reqs, gen);
       if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
       for (size_t i = 0; i < gen.size(); ++i)
         if (!std::isfinite(rewards[i]))
           MT_THROW("grpo: reward ", rewards[i], " for sample ", i % size_t(n), " of prompt ",
                    g0 + int64_t(i / size_t(n)));
       if (o.token_reward) {
-        steps = o.token_reward(mine, gen);
+        steps = o.token_reward(reqs, gen);
         if (steps.size() != gen.size())
           MT_THROW("grpo: ", steps.size(), " token reward rows for ", gen.size(), " samples");
         for (size_t i = 0; i < gen.size(); ++i)
@@ -739,7 +741,6 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       error = e.what();
     }
     m.reward_s += since(t);
-    for (GeneratedSample& x : gen) x.prompt_index += g0;
     if (dist.distributed()) exchange_round(dist, cfg, prompts, error, gen, rewards, steps, o.token_reward != nullptr);
     // From here on every rank holds the whole round: what follows is the same computation everywhere.
     // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.

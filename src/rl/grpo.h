@@ -120,8 +120,9 @@ using PromptFn = std::function<std::vector<std::vector<int32_t>>(int64_t count)>
 // `step` seeds the draws (each prompt's seed mixes it with the prompt's index in the step). `groups`
 // prompts per round and wanted in the update. Several ranks: `prompts(groups)` must return the same list on
 // every rank (the same seed, the same file position); each data-parallel rank generates its contiguous
-// share of groups / dp prompts (groups must divide by dp) and calls `reward` on its own samples only (with
-// its share of the requests); the engine must step in lockstep over the ep group
+// share of groups / dp prompts (groups must divide by dp) and calls `reward` (and token_reward) on its own
+// samples only: the requests are the round's whole list and each sample's prompt_index indexes it, as in
+// one process; the engine must step in lockstep over the ep group
 // (EngineOptions::lockstep = dist().ep()). The session needs an optimizer; the engine must record
 // routing when replay_routing. `reference`: a frozen session (SessionOptions::weights = Frozen) with the
 // initial weights, needed when loss.kl_coef > 0, else optional (then ref_kl is reported). `critic`: a

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #include "io/safetensors.h"
 #include "parallel/equivalence_util.h"
@@ -84,4 +86,50 @@ TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEpTp) {
   expect_layout_equal("--generate --mini-batches 1", "--ep 2", "step");
   // Under tp every rank generates on its TpGenerator copy (the full weights gathered before the round).
   expect_layout_equal("--generate --no-replay --mini-batches 1", "--tp 2", "step_noreplay");
+}
+
+// `moetrain grpo` under launch: token-id prompts rewarded by a program (the share of '1' characters in
+// the response's token list, so groups differ), 2 steps; under dp_shard 2, ep 2 and tp 2 each step's
+// reward equals one process's and the loss and grad norm follow (after the first AdamW step they drift by
+// rounding only), rank 0 alone writes metrics.jsonl and the summary line, and the sharded checkpoint is
+// committed.
+TEST(RlRanks, GrpoCommandUnderLaunchFollowsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string dir = tmp_path("rl_ranks", "cli");
+  {
+    std::ofstream f(dir + ".jsonl");
+    f << "{\"prompt_ids\": [1, 2, 3]}\n{\"prompt_ids\": [7, 8]}\n{\"prompt_ids\": [5, 9, 4, 4]}\n"
+         "{\"prompt_ids\": [11, 3]}\n";
+    std::ofstream p(dir + ".py");
+    p << "import json, sys\nfor line in sys.stdin:\n    r = json.loads(line)['response']\n"
+         "    print(r.count('1') / (1 + len(r)), flush=True)\n";
+  }
+  const std::string args = " grpo --device cpu --model " + kGoldens + "/tiny --prompts " + dir +
+                           ".jsonl --reward 'program:python3 " + dir +
+                           ".py' --prompts-per-step 2 --n 4 --steps 2 --max-new-tokens 4 --temperature 1 "
+                           "--dynamic-sampling off --run-dir ";
+  ShellRun r = sh(kMoetrainBin + args + dir + "_one");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<nlohmann::json> one = read_step_metrics(dir + "_one/metrics.jsonl");
+  ASSERT_EQ(one.size(), 2u);
+  double reward_sum = 0;
+  for (const auto& j : one) reward_sum += j["reward_mean"].get<double>();
+  EXPECT_GT(reward_sum, 0) << "the test needs rewards to train on";
+  for (const std::string layout : {"--dp-shard 2", "--ep 2", "--tp 2"}) {
+    const std::string run = dir + "_" + layout.substr(2, 2);
+    r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + args + run + " " + layout);
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
+    const std::vector<nlohmann::json> got = read_step_metrics(run + "/metrics.jsonl");
+    ASSERT_EQ(got.size(), 2u) << layout << ": one writer";
+    for (size_t s = 0; s < 2; ++s) {
+      EXPECT_EQ(got[s]["reward_mean"].get<double>(), one[s]["reward_mean"].get<double>()) << layout << " step " << s;
+      for (const char* k : {"loss", "grad_norm"})
+        EXPECT_NEAR(got[s][k].get<double>(), one[s][k].get<double>(), 1e-4 * (1 + std::abs(one[s][k].get<double>())))
+            << layout << " step " << s << " " << k;
+    }
+    EXPECT_NE(r.out.find("[rank 0] grpo: 2 steps done"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("[rank 1] grpo: 2 steps done"), std::string::npos) << r.out;
+    EXPECT_TRUE(std::filesystem::exists(run + "/checkpoint-2/manifest.json")) << layout;
+    EXPECT_TRUE(std::filesystem::exists(run + "/checkpoint-2/model.safetensors")) << layout;
+  }
 }
