@@ -30,7 +30,7 @@ static const char* kUsage =
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N] [--temperature T] [--n N] ...\n"
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
-    "          GRPO on the built-in addition task from the demo checkpoint (one process; see grpo --help)\n"
+    "          GRPO on the built-in addition task from the demo checkpoint (see grpo --help; under launch: --dp-shard, --ep, --tp)\n"
     "  convert --from RUN_DIR/checkpoint-N --to DIR [--dtype bf16|f32] [--max-shard-size SIZE] [--tokenizer PATH]\n"
     "          export a checkpoint as a Hugging Face model directory (config, generation config, shards, tokenizer)\n"
     "  plot    RUN_DIR [--out FILE.svg]   draw a run's metrics.jsonl (loss, reward, throughput, ...) as an SVG\n"

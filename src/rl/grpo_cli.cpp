@@ -405,12 +405,14 @@ std::string fingerprint_change(const json& saved, const json& now) {
   return "";
 }
 
-// The command line a checkpoint records (less the options that may change between a save and its resume).
+// The command line a checkpoint records (less the options that may change between a save and its resume:
+// the layout too, since the state is resharded on resume).
 json recorded_args(const std::vector<std::string>& args) {
   json out = json::array();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device") {
+    if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device" || a == "--dp-shard" ||
+        a == "--dp-replicate" || a == "--ep" || a == "--tp") {
       ++i;
       continue;
     }
