@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 
 #include "core/cuda_graph.h"
 #include "cuda_test_util.h"
@@ -21,6 +22,16 @@ ModelConfig graph_config() {
   c.mlp_only_layers = {0};  // a dense layer and a sparse one
   c.eos_token_id = -1;
   return c;
+}
+
+// A frozen CUDA session of c with random weights (seed).
+std::unique_ptr<TrainSession> cuda_session(const ModelConfig& c, uint64_t seed) {
+  SessionOptions so;
+  so.device = Device::CUDA;
+  so.weights = Weights::Frozen;
+  auto s = std::make_unique<TrainSession>(c, so);
+  s->init_weights(seed);
+  return s;
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -59,12 +70,8 @@ void fill_step(const CachedBatch& in, int64_t B, int64_t step, int64_t width) {
 TEST(CudaGraphs, DecodeReplayEqualsTheEagerPassBitwise) {
   MT_REQUIRE_GPU();
   const ModelConfig c = graph_config();
-  SessionOptions so;
-  so.device = Device::CUDA;
-  so.weights = Weights::Frozen;
-  TrainSession s(c, so);
-  s.init_weights(3);
-  Qwen3MoeModel& m = s.model();
+  const std::unique_ptr<TrainSession> s = cuda_session(c, 3);
+  Qwen3MoeModel& m = s->model();
   ASSERT_TRUE(m.capturable_cached());
   m.begin_inference();
   KvCache cache = KvCache::allocate(c, Device::CUDA, 8, 8);
@@ -136,11 +143,7 @@ TEST(CudaGraphs, DecodeReplayEqualsTheEagerPassBitwise) {
 TEST(CudaGraphs, EngineWithGraphsGeneratesWhatItDoesWithout) {
   MT_REQUIRE_GPU();
   const ModelConfig c = graph_config();
-  SessionOptions so;
-  so.device = Device::CUDA;
-  so.weights = Weights::Frozen;
-  TrainSession s(c, so);
-  s.init_weights(4);
+  const std::unique_ptr<TrainSession> s = cuda_session(c, 4);
   std::vector<GenerateRequest> reqs;
   for (int64_t i = 0; i < 6; ++i) {
     GenerateRequest r;
@@ -156,9 +159,9 @@ TEST(CudaGraphs, EngineWithGraphsGeneratesWhatItDoesWithout) {
   eo.kv_cache_bytes = 16 << 20;
   eo.record_routing = true;
   eo.cuda_graphs = false;
-  RolloutEngine eager(s.model(), eo);
+  RolloutEngine eager(s->model(), eo);
   eo.cuda_graphs = true;
-  RolloutEngine graphs(s.model(), eo);
+  RolloutEngine graphs(s->model(), eo);
   const std::vector<GeneratedSample> a = eager.generate(reqs), b = graphs.generate(reqs);
   EXPECT_EQ(eager.stats().graph_steps, 0);
   EXPECT_GT(graphs.stats().graph_steps, 20);
