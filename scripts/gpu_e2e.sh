@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The user's commands, end to end, on a GPU (what no unit test covers: the P8 lesson). Each runs with a
 # time limit and its log's last lines are printed; logs go to OUT_DIR. Run after a build:
-# usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo ...]
+# usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo|grpo_resume|
+#                                                  grpo_prompts|grpo_launch ...]   (grpo_launch: 2 GPUs)
 # (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,4 +43,29 @@ if want grpo; then
 fi
 if want ppo; then
   step ppo "${PPO_LIMIT_S:-300}" grpo --device cuda --algorithm ppo --gamma 0 --steps 60 --out-dir "$out/ppo"
+fi
+if want grpo_resume; then  # 10 steps, stop, --resume to 20 (the demo model must exist: train first)
+  common="grpo --device cuda --steps 20 --save-every 10 --eval-problems 50 --run-dir $out/grpo_resume"
+  step grpo_first 300 $common --max-steps 10
+  step grpo_resumed 300 $common --resume
+fi
+if want grpo_prompts; then  # a prompt file of 4-digit additions in the demo's ids, exact-match reward
+  python3 - "$out" <<'PY'
+import json, random, sys
+ids = lambda s: [3 + int(c) if c.isdigit() else {"+": 13, "=": 14}[c] for c in s]
+for name, seed, n in (("train", 1, 400), ("eval", 2, 100)):
+    rng = random.Random(seed)
+    with open(f"{sys.argv[1]}/{name}_prompts.jsonl", "w") as f:
+        for _ in range(n):
+            a, b = rng.randint(100, 9999), rng.randint(1, 999)  # 3-digit ones the demo solves, 4-digit ones it does not
+            f.write(json.dumps({"prompt_ids": [1] + ids(f"{a}+{b}="), "answer": ids(str(a + b)), "a": a, "b": b}) + "\n")
+PY
+  step grpo_prompts 300 grpo --device cuda --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" \
+    --max-new-tokens 8 --steps 60 --run-dir "$out/grpo_prompts"
+fi
+if want grpo_launch; then  # two ranks, one GPU each
+  for layout in "--dp-shard 2" "--ep 2"; do
+    step "grpo_launch_${layout// /_}" 300 launch --nproc-per-node 2 -- grpo --device cuda $layout --steps 20 \
+      --prompts-per-step 16 --eval-problems 50 --run-dir "$out/grpo_launch${layout// /_}"
+  done
 fi
