@@ -49,7 +49,7 @@ if want grpo_resume; then  # 10 steps, stop, --resume to 20 (the demo model must
   step grpo_first 300 $common --max-steps 10
   step grpo_resumed 300 $common --resume
 fi
-if want grpo_prompts; then  # a prompt file of 4-digit additions in the demo's ids, exact-match reward
+if want grpo_prompts; then  # a prompt file of additions in the demo's ids (answers reversed, as the demo writes them), exact match
   python3 - "$out" <<'PY'
 import json, random, sys
 ids = lambda s: [3 + int(c) if c.isdigit() else {"+": 13, "=": 14}[c] for c in s]
@@ -58,7 +58,7 @@ for name, seed, n in (("train", 1, 400), ("eval", 2, 100)):
     with open(f"{sys.argv[1]}/{name}_prompts.jsonl", "w") as f:
         for _ in range(n):
             a, b = rng.randint(100, 9999), rng.randint(1, 999)  # 3-digit ones the demo solves, 4-digit ones it does not
-            f.write(json.dumps({"prompt_ids": [1] + ids(f"{a}+{b}="), "answer": ids(str(a + b)), "a": a, "b": b}) + "\n")
+            f.write(json.dumps({"prompt_ids": [1] + ids(f"{a}+{b}="), "answer": ids(str(a + b)[::-1]), "a": a, "b": b}) + "\n")
 PY
   step grpo_prompts 300 grpo --device cuda --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" \
     --max-new-tokens 8 --steps 60 --run-dir "$out/grpo_prompts"
