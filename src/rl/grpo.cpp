@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/gather_words.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -148,29 +149,6 @@ uint64_t get_u64(const int32_t*& p) {
   return lo | (hi << 32);
 }
 
-std::vector<std::vector<int32_t>> all_gather_words(comm::Communicator& world, const std::vector<int32_t>& words) {
-  const Device dev = world.device();
-  auto on = [&](const Tensor& t) { return dev == Device::CPU ? t : t.to(dev); };
-  Tensor len = Tensor::empty({1}, DType::I64);
-  len.data<int64_t>()[0] = int64_t(words.size());
-  Tensor lens = on(Tensor::empty({world.size()}, DType::I64));
-  world.all_gather(on(len), lens)->wait();
-  const Tensor lens_h = lens.to(Device::CPU);
-  int64_t longest = 1;
-  for (int r = 0; r < world.size(); ++r) longest = std::max(longest, lens_h.data<int64_t>()[r]);
-  Tensor buf = Tensor::zeros({longest}, DType::I32);
-  std::copy(words.begin(), words.end(), buf.data<int32_t>());
-  Tensor all = on(Tensor::empty({world.size() * longest}, DType::I32));
-  world.all_gather(on(buf), all)->wait();
-  const Tensor all_h = all.to(Device::CPU);
-  std::vector<std::vector<int32_t>> out;
-  for (int r = 0; r < world.size(); ++r) {
-    const int32_t* w = all_h.data<int32_t>() + int64_t(r) * longest;
-    out.emplace_back(w, w + lens_h.data<int64_t>()[r]);
-  }
-  return out;
-}
-
 void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
                     const std::string& error, std::vector<GeneratedSample>& gen, std::vector<double>& rewards,
                     std::vector<std::vector<double>>& steps, bool with_steps) {
@@ -204,7 +182,7 @@ void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector
       }
     }
   }
-  const std::vector<std::vector<int32_t>> all = all_gather_words(*dist.world(), w);
+  const std::vector<std::vector<int32_t>> all = comm::all_gather_words(*dist.world(), w);
   // Errors and disagreements first, decided from the same bytes on every rank.
   uint64_t hash0 = 0;
   for (size_t r = 0; r < all.size(); ++r) {

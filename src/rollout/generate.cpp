@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "comm/gather_words.h"
 #include "data/tokenizer.h"
 #include "core/cli_args.h"
 #include "core/error.h"
@@ -58,8 +59,8 @@ int64_t host_available_bytes() {
 
 
 // Every rank's samples on rank 0 (others get none), ordered by (prompt, sample): each rank's packed as
-// i32 words (prompt, sample, finish, n, tokens, logprob bits), lengths all-gathered, then the words
-// padded to the longest and all-gathered over the world communicator.
+// i32 words (prompt, sample, finish, n, tokens, logprob bits), all-gathered over the world communicator
+// (comm/gather_words.h).
 std::vector<GeneratedSample> gather_samples(const std::vector<GeneratedSample>& mine, comm::Communicator& world,
                                             int rank) {
   std::vector<int32_t> words;
@@ -69,25 +70,12 @@ std::vector<GeneratedSample> gather_samples(const std::vector<GeneratedSample>& 
     words.insert(words.end(), g.tokens.begin(), g.tokens.end());
     for (float lp : g.logprobs) words.push_back(std::bit_cast<int32_t>(lp));
   }
-  const Device dev = world.device();
-  auto on = [&](const Tensor& t) { return dev == Device::CPU ? t : t.to(dev); };
-  Tensor len = Tensor::empty({1}, DType::I64);
-  len.data<int64_t>()[0] = int64_t(words.size());
-  Tensor lens = on(Tensor::empty({world.size()}, DType::I64));
-  world.all_gather(on(len), lens)->wait();
-  const Tensor lens_h = lens.to(Device::CPU);
-  int64_t longest = 1;
-  for (int r = 0; r < world.size(); ++r) longest = std::max(longest, lens_h.data<int64_t>()[r]);
-  Tensor buf = Tensor::zeros({longest}, DType::I32);
-  std::copy(words.begin(), words.end(), buf.data<int32_t>());
-  Tensor all = on(Tensor::empty({world.size() * longest}, DType::I32));
-  world.all_gather(on(buf), all)->wait();
+  const std::vector<std::vector<int32_t>> all = comm::all_gather_words(world, words);
   std::vector<GeneratedSample> out;
   if (rank != 0) return out;
-  const Tensor all_h = all.to(Device::CPU);
-  for (int r = 0; r < world.size(); ++r) {
-    const int32_t* w = all_h.data<int32_t>() + int64_t(r) * longest;
-    const int32_t* end = w + lens_h.data<int64_t>()[r];
+  for (const std::vector<int32_t>& rank_words : all) {
+    const int32_t* w = rank_words.data();
+    const int32_t* end = w + rank_words.size();
     while (w < end) {
       GeneratedSample g;
       g.prompt_index = w[0];
