@@ -62,11 +62,12 @@ TEST(Rewards, ExactMatchAndMathCheckerByHand) {
 }
 
 TEST(Rewards, ProgramRepliesAsNumbersAndObjects) {
-  const std::string py = script("len.py",
-                                "#!/usr/bin/env python3\nimport sys, json\nfor line in sys.stdin:\n"
-                                "    r = json.loads(line)\n"
-                                "    if r['metadata']['i'] % 2: print(json.dumps({'reward': len(r['response'])}), flush=True)\n"
-                                "    else: print(len(r['response']) + 0.5, flush=True)\n");
+  const std::string py =
+      script("len.py",
+             "#!/usr/bin/env python3\nimport sys, json\nfor line in sys.stdin:\n"
+             "    r = json.loads(line)\n"
+             "    if r['metadata']['i'] % 2: print(json.dumps({'reward': len(r['response'])}), flush=True)\n"
+             "    else: print(len(r['response']) + 0.5, flush=True)\n");
   RewardProgram p({py, 10, false});
   for (int round = 0; round < 2; ++round) {  // started once, used twice
     const RewardBatch b = p.score(requests(5));
@@ -108,8 +109,11 @@ TEST(Rewards, CrashMalformedAndLateRepliesGiveZeroAndNeverHang) {
 }
 
 TEST(Rewards, MissingOrNonExecutableProgramsAreRefusedUpFront) {
-  expect_error([] { RewardProgram p({"/nonexistent/reward.py --x", 10, false}); },
-               "reward program '/nonexistent/reward.py' does not exist");
+  expect_error(
+      [] {
+        RewardProgram p({"/nonexistent/reward.py --x", 10, false});
+      },
+      "reward program '/nonexistent/reward.py' does not exist");
   const std::string plain = test::tmp_path("rewards", "plain.txt");
   std::ofstream(plain) << "not a program\n";
   ::chmod(plain.c_str(), 0644);

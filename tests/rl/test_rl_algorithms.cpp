@@ -59,7 +59,8 @@ TEST(RlAdvantages, GrpoDrGrpoRlooAndBatchNormalisedByHand) {
   // A constant group has zero advantages under every group estimator (eps keeps GRPO finite).
   expect_vec(grpo_advantages(std::vector<double>{3, 3}, 2, true), {0, 0}, 0, "constant group");
   expect_error([] { grpo_advantages(kRewards, 1, true); }, "group size 1 < 2");
-  expect_error([] { rloo_advantages(std::vector<double>(7, 0.0), 4); }, "7 rewards are not a whole number of groups of 4");
+  expect_error([] { rloo_advantages(std::vector<double>(7, 0.0), 4); },
+               "7 rewards are not a whole number of groups of 4");
   expect_error([] { grpo_advantages(std::vector<double>{1, NAN}, 2, true); }, "reward 1 is nan");
 }
 
@@ -206,8 +207,8 @@ TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
         for (size_t u = b; u < e; ++u) lr += double(R.logp[u]) - double(R.old[u]);
         lr /= double(e - b);
       }
-      want += double(R.w[t]) * (policy_term(c, lr, R.adv[t]).loss + 0.05 * kl_value(KlEstimator::K3, R.logp[t], R.ref[t]) -
-                                0.01 * double(R.ent[t]));
+      want += double(R.w[t]) * (policy_term(c, lr, R.adv[t]).loss +
+                                0.05 * kl_value(KlEstimator::K3, R.logp[t], R.ref[t]) - 0.01 * double(R.ent[t]));
     }
     EXPECT_NEAR(L, want, 1e-6) << int(kind);
     EXPECT_EQ(g[0], 0.0f) << "the prompt token";
@@ -314,7 +315,8 @@ TEST(RlShaping, OverlongPenaltyDynamicSamplingAndKlInRewardByHand) {
   EXPECT_DOUBLE_EQ(soft_overlong_penalty(101, 100, 20, 0.5), -0.5);
   expect_error([] { soft_overlong_penalty(10, 100, 0, 1.0); }, "buffer 0");
   // Groups of 3: all ones, mixed, all zeros, mixed.
-  EXPECT_EQ(informative_groups(std::vector<double>{1, 1, 1, 0, 1, 0, 0, 0, 0, 2, 2, 3}, 3), (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(informative_groups(std::vector<double>{1, 1, 1, 0, 1, 0, 0, 0, 0, 2, 2, 3}, 3),
+            (std::vector<int64_t>{1, 3}));
   // r_t = -0.1 (logp - ref), the outcome 1 on the last token.
   expect_vec(token_rewards_with_kl(1.0, std::vector<double>{-1, -2, -0.5}, std::vector<double>{-1.5, -2, -0.25}, 0.1),
              {-0.05, 0.0, 1.025}, 1e-12, "kl in reward");
@@ -359,8 +361,8 @@ TEST(RlGrpo, StepsRaiseTheRewardWithTheRolloutAndTrainerInAgreement) {
     curve.push_back(m.reward_mean);
     EXPECT_LT(m.logprob_diff_max, 1e-4) << "step " << step;
     EXPECT_TRUE(std::isfinite(m.loss) && std::isfinite(m.grad_norm)) << "step " << step;
-    std::printf("step %lld: reward %.3f, loss %.4f, grad norm %.3f, |dlogp| max %.1e\n", (long long)step,
-                m.reward_mean, m.loss, m.grad_norm, m.logprob_diff_max);
+    std::printf("step %lld: reward %.3f, loss %.4f, grad norm %.3f, |dlogp| max %.1e\n", (long long)step, m.reward_mean,
+                m.loss, m.grad_norm, m.logprob_diff_max);
   }
   const double first = (curve[0] + curve[1] + curve[2]) / 3, last = (curve[21] + curve[22] + curve[23]) / 3;
   EXPECT_GT(last, first + 0.3) << "the reward did not rise";

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/fd_check.h"
 #include "model/model_test_util.h"
 #include "model/objective.h"
 #include "model/qwen3_moe.h"
@@ -24,7 +25,6 @@
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
-#include "model/fd_check.h"
 
 using namespace mt;
 using namespace mt::rl;
@@ -189,11 +189,11 @@ TEST(RlTemperature, TemperedHeadGradientMatchesFiniteDifferences) {
   plain.temperature = 1.0;
   m.forward_backward(mb, plain);
   EXPECT_GT(max_abs_diff(m.grads(), analytic), 1e-3) << "T = 1 gives other gradients";
-  const test::FdResult fd = test::finite_difference_check(
-      m, analytic,
-      {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
-       "model.layers.1.mlp.experts.down_proj"},
-      1e-2f, [&] { return tempered_nll(m, mb, T); });
+  const test::FdResult fd =
+      test::finite_difference_check(m, analytic,
+                                    {"lm_head.weight", "model.norm.weight", "model.layers.1.mlp.experts.gate_up_proj",
+                                     "model.layers.1.mlp.experts.down_proj"},
+                                    1e-2f, [&] { return tempered_nll(m, mb, T); });
   EXPECT_GT(fd.analytic_norm2, 0.0);
   EXPECT_LT(fd.rel_l2, 2e-2) << "relative L2 of analytic vs finite differences";
 }
