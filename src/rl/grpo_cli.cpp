@@ -118,7 +118,8 @@ const char* kUsage =
     "                            (or from CKPT_DIR); the same options as the run that saved it\n"
     "  --device cpu|cuda|auto, --seed S (1)\n"
     "  --dp-shard N, --dp-replicate N, --ep N, --tp N   the layout under moetrain launch (docs/rl.md \"Several\n"
-    "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)";
+    "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)\n"
+    "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 
@@ -412,7 +413,7 @@ json recorded_args(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device" || a == "--dp-shard" ||
-        a == "--dp-replicate" || a == "--ep" || a == "--tp") {
+        a == "--dp-replicate" || a == "--ep" || a == "--tp" || a == "--comm-timeout-s") {
       ++i;
       continue;
     }
@@ -433,7 +434,7 @@ int grpo_main(const std::vector<std::string>& args) {
   int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
-  double sft_seconds = 0, reward_timeout = 60;
+  double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
   bool reward_stop = false, model_given = false;
   Task task;
   bool use_reference = true;
@@ -589,6 +590,10 @@ int grpo_main(const std::vector<std::string>& args) {
       mesh.ep = parse_flag_number<int>(a, value());
     else if (a == "--tp")
       mesh.tp = parse_flag_number<int>(a, value());
+    else if (a == "--comm-timeout-s") {
+      comm_timeout_s = parse_flag_number<double>(a, value());
+      if (!(comm_timeout_s >= 1)) MT_THROW("grpo: --comm-timeout-s ", comm_timeout_s, "; need seconds >= 1");
+    }
     else if (a == "--seed")
       seed = parse_flag_number<int64_t>(a, value());
     else
@@ -791,6 +796,7 @@ int grpo_main(const std::vector<std::string>& args) {
   SessionOptions so;
   so.device = device;
   so.dist.mesh = mesh;
+  so.dist.comm.timeout = std::chrono::milliseconds(int64_t(comm_timeout_s * 1000));
   TrainSession session(cfg, so);
   DistContext& dist = session.dist();
   const bool lead = dist.rank() == 0;
