@@ -61,10 +61,9 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
   if (o.loss.kl_coef > 0 && !reference)
     MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
   const int sp = session.dist().mesh().size(Axis::Sp);
-  if (sp > 1)
-    MT_THROW("grpo: sp ", sp,
-             ": sequence parallelism is not supported by the RL loop yet (its log-prob forwards gather whole "
-             "rows); use dp_shard, dp_replicate, ep or tp");
+  if (sp > 1 && session.parallel().tp)
+    MT_THROW("grpo: sp ", sp, " with tp ", session.dist().mesh().size(Axis::Tp),
+             ": the RL loop runs sequence parallelism without tensor parallelism for now; use one of them");
   if (reference) check_same_layout(session, *reference, "reference");
   if (critic) check_same_layout(session, *critic, "critic");
 }
@@ -107,7 +106,7 @@ struct HeadRows {
 };
 HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOptions& po) {
   DistContext& d = s.dist();
-  const int dp = d.dp_size();
+  const int dp = d.dp_size(), sp = d.mesh().size(Axis::Sp);
   const int64_t B = whole.input_ids.size(0), S = whole.input_ids.size(1);
   const MicroBatch padded = pad_rows(whole, dp, s.config().num_experts_per_tok);
   MicroBatch mine = padded;
@@ -115,15 +114,31 @@ HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOption
     auto [r0, rows] = dp_rows(padded.input_ids.size(0), d.dp_rank(), dp);
     mine = micro_batch_rows(padded, r0, rows);
   }
+  const int64_t Bl = mine.input_ids.size(0);
+  // Sequence parallelism: this rank's chunk of every row's positions (the model runs planned chunks).
+  if (sp > 1) mine = plan_micro_batch(mine, sp, d.sp_rank());
   const LossParts lp = s.model().forward(mine, po);
   comm::Communicator* rows_comm = s.parallel().tp ? d.world() : d.dp();
-  const int64_t Sp = s.model().padded_seq_len();  // S, or under tp S' >= S
+  const int64_t Sp = sp > 1 ? mine.plan->padded_len : s.model().padded_seq_len();  // S, or S' >= S (tp, sp)
   auto full = [&](const Tensor& t) -> Tensor {
     if (!t.defined()) return t;
-    Tensor all = t;
+    Tensor rows = t;  // this data-parallel rank's rows [Bl Sp]
+    if (sp > 1) {
+      // The chunks of the sp group (rank r: positions [r C, (r + 1) C) of every row), reassembled into rows.
+      const int64_t C = mine.plan->chunk;
+      Tensor chunks = Tensor::empty({int64_t(sp) * t.numel()}, DType::F32, t.device());
+      d.sp()->all_gather(t, chunks)->wait();
+      const Tensor ch = chunks.to(Device::CPU);
+      Tensor r = Tensor::empty({Bl * Sp});
+      for (int k = 0; k < sp; ++k)
+        for (int64_t b = 0; b < Bl; ++b)
+          std::copy_n(ch.data<float>() + (int64_t(k) * Bl + b) * C, C, r.data<float>() + b * Sp + int64_t(k) * C);
+      rows = t.device() == Device::CPU ? r : r.to(t.device());
+    }
+    Tensor all = rows;
     if (rows_comm && rows_comm->size() > 1) {
-      all = Tensor::empty({int64_t(rows_comm->size()) * t.numel()}, DType::F32, t.device());
-      rows_comm->all_gather(t, all)->wait();
+      all = Tensor::empty({int64_t(rows_comm->size()) * rows.numel()}, DType::F32, rows.device());
+      rows_comm->all_gather(rows, all)->wait();
     }
     const Tensor h = all.to(Device::CPU);
     MT_CHECK(h.numel() >= B * Sp, "forward_rows: ", h.numel(), " gathered rows for ", B, " x ", Sp);
@@ -632,11 +647,12 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     MT_THROW("grpo: mini_batches = ", o.mini_batches, " for ", groups, " groups a step; a mini-batch needs a group");
   check_sessions(session, o, reference, critic);
   DistContext& dist = session.dist();
-  const int tp = dist.mesh().size(Axis::Tp), dp = dist.dp_size(), dp_rank = dist.dp_rank();
-  if (tp > 1 && !o.before_generate)
-    MT_THROW("grpo: generation under tp ", tp,
-             " needs a one-device generator copy (the engine's forward_cached cannot run on tp shards): build the "
-             "engine on TpGenerator(session).model() and set GrpoOptions::before_generate to its refresh");
+  const int tp = dist.mesh().size(Axis::Tp), sp = dist.mesh().size(Axis::Sp), dp = dist.dp_size(),
+            dp_rank = dist.dp_rank();
+  if ((tp > 1 || sp > 1) && !o.before_generate)
+    MT_THROW("grpo: generation under ", tp > 1 ? "tp " : "sp ", tp > 1 ? tp : sp,
+             " needs a one-device generator copy (the engine's forward_cached cannot run on tp or sp shards): build "
+             "the engine on TpGenerator(session).model() and set GrpoOptions::before_generate to its refresh");
   if (tp > 1 && o.replay_routing)
     MT_THROW("grpo: routing replay under tp ", tp,
              " is not supported (the model's tensor-parallel layers route for themselves); set replay_routing false");

@@ -117,7 +117,7 @@ const char* kUsage =
     "  --resume [CKPT_DIR]       continue from the newest checkpoint of the run dir whose manifest verifies\n"
     "                            (or from CKPT_DIR); the same options as the run that saved it\n"
     "  --device cpu|cuda|auto, --seed S (1)\n"
-    "  --dp-shard N, --dp-replicate N, --ep N, --tp N   the layout under moetrain launch (docs/rl.md \"Several\n"
+    "  --dp-shard N, --dp-replicate N, --ep N, --tp N, --sp N   the layout under moetrain launch (docs/rl.md \"Several\n"
     "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)\n"
     "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)";
 
@@ -413,7 +413,7 @@ json recorded_args(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device" || a == "--dp-shard" ||
-        a == "--dp-replicate" || a == "--ep" || a == "--tp" || a == "--comm-timeout-s") {
+        a == "--dp-replicate" || a == "--ep" || a == "--tp" || a == "--sp" || a == "--comm-timeout-s") {
       ++i;
       continue;
     }
@@ -590,6 +590,8 @@ int grpo_main(const std::vector<std::string>& args) {
       mesh.ep = parse_flag_number<int>(a, value());
     else if (a == "--tp")
       mesh.tp = parse_flag_number<int>(a, value());
+    else if (a == "--sp")
+      mesh.sp = parse_flag_number<int>(a, value());
     else if (a == "--comm-timeout-s") {
       comm_timeout_s = parse_flag_number<double>(a, value());
       if (!(comm_timeout_s >= 1)) MT_THROW("grpo: --comm-timeout-s ", comm_timeout_s, "; need seconds >= 1");
@@ -869,14 +871,17 @@ int grpo_main(const std::vector<std::string>& args) {
   sizing.n = o.n;
   EngineOptions eo;
   eo.record_routing = true;
-  // Under tp the engine runs on a one-device copy of the weights, refreshed before each round and each
-  // evaluation (rl::TpGenerator; no routing replay); else on the policy, ep ranks in lockstep.
+  // Under tp or sp the engine runs on a one-device copy of the weights, refreshed before each round and
+  // each evaluation (rl::TpGenerator; under tp without routing replay); else on the policy, ep ranks in
+  // lockstep.
   std::unique_ptr<rl::TpGenerator> tp_copy;
-  if (dist.mesh().size(Axis::Tp) > 1) {
+  if (dist.mesh().size(Axis::Tp) > 1 || dist.mesh().size(Axis::Sp) > 1) {
     tp_copy = std::make_unique<rl::TpGenerator>(session);
     o.before_generate = [&tp_copy] { return tp_copy->refresh(); };
-    o.replay_routing = false;
-    eo.record_routing = false;
+    if (dist.mesh().size(Axis::Tp) > 1) {
+      o.replay_routing = false;
+      eo.record_routing = false;
+    }
   } else {
     eo.lockstep = dist.ep();
   }

@@ -23,7 +23,7 @@ const char* kUsage =
     "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
     "[--groups G] [--n N]\n"
     "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
-    "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N]";
+    "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--sp N]";
 
 // Rollouts of `groups` prompts x n samples: prompts of 2..5 and responses of 1..6 random tokens, the
 // engine's log-probs around log(1/V) (ratios on both sides of the clip range), rewards in {0, 0.5, 1} with
@@ -134,6 +134,8 @@ int rl_selftest_main(const std::vector<std::string>& args) {
       so.dist.mesh.ep = parse_flag_number<int>(a, value());
     else if (a == "--tp")
       so.dist.mesh.tp = parse_flag_number<int>(a, value());
+    else if (a == "--sp")
+      so.dist.mesh.sp = parse_flag_number<int>(a, value());
     else
       MT_THROW("_selftest rl: unknown argument '", a, "'; ", kUsage);
   }
@@ -189,9 +191,9 @@ int rl_selftest_main(const std::vector<std::string>& args) {
     EngineOptions eo;
     eo.record_routing = replay;
     eo.kv_cache_bytes = int64_t(64) << 20;
-    // Under tp the engine runs on a one-device copy refreshed before each round; else on the policy.
+    // Under tp or sp the engine runs on a one-device copy refreshed before each round; else on the policy.
     std::unique_ptr<TpGenerator> copy;
-    if (policy.dist().mesh().size(Axis::Tp) > 1) {
+    if (policy.dist().mesh().size(Axis::Tp) > 1 || policy.dist().mesh().size(Axis::Sp) > 1) {
       copy = std::make_unique<TpGenerator>(policy);
       o.before_generate = [&copy] { return copy->refresh(); };
     } else {

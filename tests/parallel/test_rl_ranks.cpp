@@ -1,7 +1,7 @@
 // The RL update under the parallel layouts (P10 item 6): for the same rollouts (`moetrain _selftest rl`:
 // fixed prompts, samples, engine log-probs, rewards and routing records), grpo_update's loss and every
 // gradient (16 samples in 3-sample micro-batches, so some are padded for 2 ranks; a KL term to the
-// reference session; the tempered head; one optimizer step) under dp_shard 2, ep 2 and tp 2 equal one
+// reference session; the tempered head; one optimizer step) under dp_shard 2, ep 2, tp 2 and sp 2 equal one
 // process (fp32 CPU, DESIGN's layout tolerance: 1e-6 all together), and so do the weights after the
 // AdamW step (1e-5 a tensor, 2e-6 together: measured 1.3e-6 under tp, where the step's g / (|g| + eps)
 // magnifies the rounding of near-zero expert gradients). PPO (the critic initialised from the policy
@@ -55,10 +55,11 @@ void expect_layout_equal(const std::string& args, const std::string& layout, con
 
 }  // namespace
 
-TEST(RlRanks, GrpoUpdateEqualsOneProcessUnderDpShardEpTp) {
+TEST(RlRanks, GrpoUpdateEqualsOneProcessUnderDpShardEpTpSp) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--mini-batches 1", "--dp-shard 2", "grpo");
   expect_layout_equal("--mini-batches 1", "--ep 2", "grpo");
+  expect_layout_equal("--mini-batches 1", "--sp 2", "grpo");  // each rank's chunk of the positions, replayed
   // The model does not replay routing under tp: the router decides, in both runs.
   expect_layout_equal("--no-replay --mini-batches 1", "--tp 2", "grpo_noreplay");
 }
@@ -66,6 +67,7 @@ TEST(RlRanks, GrpoUpdateEqualsOneProcessUnderDpShardEpTp) {
 TEST(RlRanks, PpoUpdateEqualsOneProcessUnderDpShard) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--algorithm ppo --kl-coef 0 --mini-batches 1", "--dp-shard 2", "ppo");
+  expect_layout_equal("--algorithm ppo --kl-coef 0 --mini-batches 1", "--sp 2", "ppo");
 }
 
 TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
@@ -80,12 +82,14 @@ TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
 // by global prompt index), rewards it, and the exchange gives every rank the whole round; dynamic
 // sampling decides from it. The engine's logits under the layout equal one process's to rounding, so
 // the same tokens are drawn (measured: the same reward, loss and gradients) and the update follows.
-TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEpTp) {
+TEST(RlRanks, GrpoStepWithGenerationEqualsOneProcessUnderDpShardEpTpSp) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--generate --mini-batches 1", "--dp-shard 2", "step");
   expect_layout_equal("--generate --mini-batches 1", "--ep 2", "step");
   // Under tp every rank generates on its TpGenerator copy (the full weights gathered before the round).
   expect_layout_equal("--generate --no-replay --mini-batches 1", "--tp 2", "step_noreplay");
+  // Under sp too (the copy records routing, and the sp chunks replay it).
+  expect_layout_equal("--generate --mini-batches 1", "--sp 2", "step");
 }
 
 // `moetrain grpo` under launch: token-id prompts rewarded by a program (the share of '1' characters in
@@ -115,7 +119,7 @@ TEST(RlRanks, GrpoCommandUnderLaunchFollowsOneProcess) {
   double reward_sum = 0;
   for (const auto& j : one) reward_sum += j["reward_mean"].get<double>();
   EXPECT_GT(reward_sum, 0) << "the test needs rewards to train on";
-  for (const std::string layout : {"--dp-shard 2", "--ep 2", "--tp 2"}) {
+  for (const std::string layout : {"--dp-shard 2", "--ep 2", "--tp 2", "--sp 2"}) {
     const std::string run = dir + "_" + layout.substr(2, 2);
     r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + args + run + " " + layout);
     ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
