@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <thread>
 
 #include "backend/cuda/common.cuh"
@@ -94,9 +95,12 @@ class NcclComm : public Communicator {
   }
 
   ~NcclComm() override {
-    // Tear down without throwing: a clean finalize when every op has completed, an abort otherwise.
+    // Tear down without throwing: a clean finalize when every op has completed, an abort otherwise. A rank
+    // leaving by an exception (unwinding) is out of step with its peers, so it aborts at once: a finalize
+    // would wait up to the timeout for ops its peers may never match, per communicator, before the error
+    // is even printed (seen as a silent hang of grpo --ep 2 on 2 H100s).
     try {
-      destroy(false);
+      destroy(/*abort_all=*/std::uncaught_exceptions() > 0);
     } catch (...) {
     }
   }
