@@ -5,6 +5,7 @@
 #include <cmath>
 #include <optional>
 
+#include "core/cuda_graph.h"
 #include "ops/ops.h"
 #include "moe/ulysses.h"
 #include "model/objective.h"
@@ -150,6 +151,7 @@ const Tensor& Qwen3MoeModel::ones_TK(int64_t rows) {
     Tensor h = Tensor::empty(want);
     h.fill_(1.0f);
     ones_TK_ = h.to(device_);
+    if (device_ == Device::CUDA) cuda_graph::bump_epoch();  // a graph captured over the old tensor is stale
   }
   return ones_TK_;
 }
