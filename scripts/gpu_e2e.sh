@@ -64,8 +64,11 @@ PY
     --max-new-tokens 8 --steps 60 --run-dir "$out/grpo_prompts"
 fi
 if want grpo_launch; then  # two ranks, one GPU each
-  for layout in "--dp-shard 2" "--ep 2"; do
+  # --comm-timeout-s 60: a stuck collective ends the run with the watchdog's report instead of the step's limit.
+  layouts=("--dp-shard 2" "--ep 2" "--tp 2" "--sp 2")
+  [[ -n "${GRPO_LAYOUTS:-}" ]] && IFS=, read -ra layouts <<< "$GRPO_LAYOUTS"  # e.g. GRPO_LAYOUTS="--ep 2,--tp 2"
+  for layout in "${layouts[@]}"; do
     step "grpo_launch_${layout// /_}" 300 launch --nproc-per-node 2 -- grpo --device cuda $layout --steps 20 \
-      --prompts-per-step 16 --eval-problems 50 --run-dir "$out/grpo_launch${layout// /_}"
+      --prompts-per-step 16 --eval-problems 50 --comm-timeout-s 60 --run-dir "$out/grpo_launch${layout// /_}"
   done
 fi
