@@ -60,10 +60,6 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
     MT_THROW("grpo: the critic session's model has an LM head; PPO's critic needs ModelConfig::value_head");
   if (o.loss.kl_coef > 0 && !reference)
     MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
-  const int sp = session.dist().mesh().size(Axis::Sp);
-  if (sp > 1 && session.parallel().tp)
-    MT_THROW("grpo: sp ", sp, " with tp ", session.dist().mesh().size(Axis::Tp),
-             ": the RL loop runs sequence parallelism without tensor parallelism for now; use one of them");
   if (reference) check_same_layout(session, *reference, "reference");
   if (critic) check_same_layout(session, *critic, "critic");
 }
@@ -115,32 +111,44 @@ HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOption
     mine = micro_batch_rows(padded, r0, rows);
   }
   const int64_t Bl = mine.input_ids.size(0);
-  // Sequence parallelism: this rank's chunk of every row's positions (the model runs planned chunks).
-  if (sp > 1) mine = plan_micro_batch(mine, sp, d.sp_rank());
+  const int tp = d.mesh().size(Axis::Tp);
+  // Sequence parallelism: this rank's chunk of every row's positions (the model runs planned chunks; under
+  // tp too, each tp rank then holds a contiguous slice of the chunk's Bl x C tokens).
+  if (sp > 1) mine = plan_micro_batch(mine, sp, d.sp_rank(), tp);
   const LossParts lp = s.model().forward(mine, po);
   comm::Communicator* rows_comm = s.parallel().tp ? d.world() : d.dp();
   const int64_t Sp = sp > 1 ? mine.plan->padded_len : s.model().padded_seq_len();  // S, or S' >= S (tp, sp)
   auto full = [&](const Tensor& t) -> Tensor {
     if (!t.defined()) return t;
-    Tensor rows = t;  // this data-parallel rank's rows [Bl Sp]
+    Tensor h;
     if (sp > 1) {
-      // The chunks of the sp group (rank r: positions [r C, (r + 1) C) of every row), reassembled into rows.
-      const int64_t C = mine.plan->chunk;
-      Tensor chunks = Tensor::empty({int64_t(sp) * t.numel()}, DType::F32, t.device());
-      d.sp()->all_gather(t, chunks)->wait();
-      const Tensor ch = chunks.to(Device::CPU);
-      Tensor r = Tensor::empty({Bl * Sp});
-      for (int k = 0; k < sp; ++k)
-        for (int64_t b = 0; b < Bl; ++b)
-          std::copy_n(ch.data<float>() + (int64_t(k) * Bl + b) * C, C, r.data<float>() + b * Sp + int64_t(k) * C);
-      rows = t.device() == Device::CPU ? r : r.to(t.device());
+      // Every rank's piece over the world, placed by its mesh coordinates: data-parallel rank -> its rows,
+      // sp rank k -> positions [k C, (k + 1) C) of them, tp rank -> its slice of that chunk's tokens.
+      const int64_t C = mine.plan->chunk, P = t.numel();
+      MT_CHECK(P * tp == Bl * C, "forward_rows: a piece of ", P, " tokens for ", Bl, " rows x ", C, " / tp ", tp);
+      comm::Communicator& world = *d.world();
+      Tensor all = Tensor::empty({int64_t(world.size()) * P}, DType::F32, t.device());
+      world.all_gather(t, all)->wait();
+      const Tensor a = all.to(Device::CPU);
+      const DeviceMesh& mesh = d.mesh();
+      h = Tensor::empty({int64_t(dp) * Bl * Sp});
+      for (int w = 0; w < world.size(); ++w) {
+        const int64_t dpi = int64_t(mesh.coord(Axis::DpReplicate, w)) * mesh.size(Axis::DpShard) +
+                            mesh.coord(Axis::DpShard, w),
+                      k = mesh.coord(Axis::Sp, w), ti = mesh.coord(Axis::Tp, w);
+        for (int64_t j = 0; j < P; ++j) {
+          const int64_t flat = ti * P + j, b = flat / C, c = flat % C;
+          h.data<float>()[(dpi * Bl + b) * Sp + k * C + c] = a.data<float>()[int64_t(w) * P + j];
+        }
+      }
+    } else {
+      Tensor all = t;
+      if (rows_comm && rows_comm->size() > 1) {
+        all = Tensor::empty({int64_t(rows_comm->size()) * t.numel()}, DType::F32, t.device());
+        rows_comm->all_gather(t, all)->wait();
+      }
+      h = all.to(Device::CPU);
     }
-    Tensor all = rows;
-    if (rows_comm && rows_comm->size() > 1) {
-      all = Tensor::empty({int64_t(rows_comm->size()) * rows.numel()}, DType::F32, rows.device());
-      rows_comm->all_gather(rows, all)->wait();
-    }
-    const Tensor h = all.to(Device::CPU);
     MT_CHECK(h.numel() >= B * Sp, "forward_rows: ", h.numel(), " gathered rows for ", B, " x ", Sp);
     Tensor out = Tensor::empty({B * S});
     for (int64_t b = 0; b < B; ++b) std::copy_n(h.data<float>() + b * Sp, S, out.data<float>() + b * S);

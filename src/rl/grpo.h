@@ -20,7 +20,7 @@
 // update hands train_step global micro-batches (padded with empty rows to a multiple of the data-parallel
 // size); the log-prob and value forwards run on each rank's rows and are all-gathered. So the same
 // rollouts give the same loss and gradients under every layout, and no rank can take a branch another
-// does not. Layouts: FSDP, HSDP, ep, tp and sp (tp and sp generating on a TpGenerator copy; tp with sp refused).
+// does not. Layouts: FSDP, HSDP, ep, tp and sp, alone or combined (tp and sp generate on a TpGenerator copy).
 #pragma once
 #include <functional>
 #include <vector>
@@ -164,7 +164,7 @@ struct RolloutGroups {
 // The update half of grpo_step on given rollouts (advantages, old/reference log-probs, critic values,
 // epochs x mini-batches of train_step): what the layout tests hold to one process, and where a caller with
 // its own rollouts enters. Collective over the world; every rank must pass the same rollouts. Runs under
-// FSDP, HSDP, ep, tp and sp (tp with sp: an error). The generation metrics stay 0.
+// FSDP, HSDP, ep, tp and sp. The generation metrics stay 0.
 GrpoMetrics grpo_update(TrainSession& session, const RolloutGroups& rollouts, const GrpoOptions& opt, int64_t step,
                         TrainSession* reference = nullptr, TrainSession* critic = nullptr);
 

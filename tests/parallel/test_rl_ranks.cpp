@@ -21,14 +21,14 @@ using namespace mt::test;
 
 namespace {
 
-void expect_layout_equal(const std::string& args, const std::string& layout, const std::string& tag) {
+void expect_layout_equal(const std::string& args, const std::string& layout, const std::string& tag, int nproc = 2) {
   const std::string ref = tmp_path("rl_ranks", tag + "_ref.safetensors"),
                     got = tmp_path("rl_ranks", tag + "_got.safetensors");
   const std::string cmd = " _selftest rl --model " + kGoldens + "/tiny " + args;
   ShellRun r = sh(kMoetrainBin + cmd + " --out " + ref + " --params-out " + ref + ".params");
   ASSERT_EQ(r.code, 0) << r.out;
-  r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + cmd + " " + layout + " --out " + got + " --params-out " +
-         got + ".params");
+  r = sh(kMoetrainBin + " launch --nproc-per-node " + std::to_string(nproc) + " --" + cmd + " " + layout + " --out " +
+         got + " --params-out " + got + ".params");
   ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
   double worst = 0, all = 0;
   expect_same(got, ref, tag + " " + layout, &worst, &all);
@@ -62,6 +62,15 @@ TEST(RlRanks, GrpoUpdateEqualsOneProcessUnderDpShardEpTpSp) {
   expect_layout_equal("--mini-batches 1", "--sp 2", "grpo");  // each rank's chunk of the positions, replayed
   // The model does not replay routing under tp: the router decides, in both runs.
   expect_layout_equal("--no-replay --mini-batches 1", "--tp 2", "grpo_noreplay");
+}
+
+// Four ranks: sp with tp (each tp rank a slice of its sp chunk's tokens, placed back by mesh coordinates),
+// and sp with dp_shard; the whole step with generation under tp 2 x sp 2.
+TEST(RlRanks, GrpoEqualsOneProcessUnderTpTimesSpAndDpShardTimesSp) {
+  MT_SKIP_WITHOUT_GLOO();
+  expect_layout_equal("--no-replay --mini-batches 1", "--tp 2 --sp 2", "grpo_tpsp", 4);
+  expect_layout_equal("--mini-batches 1", "--dp-shard 2 --sp 2", "grpo_dpsp", 4);
+  expect_layout_equal("--generate --no-replay --mini-batches 1", "--tp 2 --sp 2", "step_tpsp", 4);
 }
 
 TEST(RlRanks, PpoUpdateEqualsOneProcessUnderDpShard) {
