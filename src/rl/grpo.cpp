@@ -467,6 +467,9 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       so.lr = o.lr;
       so.objective = &obj;
       so.temperature = o.sampling.temperature;
+      so.aux_loss_coef = o.aux_loss_coef;
+      so.router_z_loss_coef = o.router_z_loss_coef;
+      if (o.freeze_router) so.frozen = is_router_weight;
       so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
         ++done_mbs;
         if (o.progress_every_s > 0 && rank == 0 && since(last_line) >= o.progress_every_s && done_mbs < total_mbs) {
@@ -570,7 +573,15 @@ void validate(const GrpoOptions& o) {
   if (!std::isfinite(o.value_clip)) MT_THROW("grpo: value_clip ", o.value_clip, "; need a finite value (<= 0: off)");
   if (!(o.critic_lr >= 0) || !std::isfinite(o.critic_lr))
     MT_THROW("grpo: critic_lr ", o.critic_lr, "; need a finite value >= 0");
+  for (const auto& [name, v] : {std::pair<const char*, double>{"aux_loss_coef", o.aux_loss_coef},
+                                 {"router_z_loss_coef", o.router_z_loss_coef}})
+    if (!(v >= 0) || !std::isfinite(v)) MT_THROW("grpo: ", name, " ", v, "; need a finite value >= 0 (0: off)");
   validate(o.loss);
+}
+
+bool is_router_weight(const std::string& name) {
+  const std::string suffix = ".mlp.gate.weight";
+  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 TpGenerator::TpGenerator(TrainSession& policy)

@@ -23,6 +23,7 @@
 // does not. Layouts: FSDP, HSDP, ep, tp and sp, alone or combined (tp and sp generate on a TpGenerator copy).
 #pragma once
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "rl/advantages.h"
@@ -74,6 +75,11 @@ struct GrpoOptions {
   // (0 after the last token); advantages whitened (mean 0, std 1) over the step's trained tokens; the
   // critic's clipped value loss with value_clip (<= 0: unclipped) at lr critic_lr.
   double gamma = 1.0, lam = 0.95, value_clip = 0.2, critic_lr = 1e-4;
+  // MoE routers during the update: the load-balancing loss and the router z-loss as extra terms of the
+  // policy's loss (0: off, the default; the aux loss needs the model's output_router_logits), and the routers
+  // frozen (their gradients zeroed, their weights unchanged by the step).
+  double aux_loss_coef = 0, router_z_loss_coef = 0;
+  bool freeze_router = false;
   // During the update, a progress line (micro-batch k/K, ETA) at most this often (seconds; 0: never).
   double progress_every_s = 0;
   // Called on every rank before each generate round, its seconds added to weight_sync_s: the refresh of a
@@ -81,6 +87,8 @@ struct GrpoOptions {
   std::function<double()> before_generate;
 };
 void validate(const GrpoOptions& o);  // errors name the field, its value and what is allowed
+// A sparse layer's router (`model.layers.L.mlp.gate.weight`): what freeze_router holds fixed.
+bool is_router_weight(const std::string& name);
 
 struct GrpoMetrics {
   // Over every sample generated this step (all rounds), before filtering.

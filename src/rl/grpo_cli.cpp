@@ -103,6 +103,9 @@ const char* kUsage =
     "                            against the group's same position (default position; outcome with --prompts)\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
+    "  --aux-loss-coef C, --router-z-loss-coef C   MoE load-balancing loss (needs output_router_logits in the\n"
+    "                            model's config.json) and router z-loss in the update (defaults 0: off)\n"
+    "  --freeze-router on|off    keep the routers' weights fixed during RL (default off)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
     "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
     "                            --max-generate-rounds R (4)\n"
@@ -543,6 +546,12 @@ int grpo_main(const std::vector<std::string>& args) {
       use_reference = parse_on_off(a, value());
     else if (a == "--entropy-coef")
       o.loss.entropy_coef = parse_flag_number<double>(a, value());
+    else if (a == "--aux-loss-coef")
+      o.aux_loss_coef = parse_flag_number<double>(a, value());
+    else if (a == "--router-z-loss-coef")
+      o.router_z_loss_coef = parse_flag_number<double>(a, value());
+    else if (a == "--freeze-router")
+      o.freeze_router = parse_on_off(a, value());
     else if (a == "--aggregation")
       o.aggregation = rl::parse_loss_aggregation(value());
     else if (a == "--dynamic-sampling") {
@@ -746,6 +755,9 @@ int grpo_main(const std::vector<std::string>& args) {
                "); it is the reference and the start of the run, so it must stay as it was");
   }
   const ModelConfig cfg = load_model_config(model_dir);
+  if (o.aux_loss_coef > 0 && !cfg.output_router_logits)
+    MT_THROW("grpo: --aux-loss-coef ", o.aux_loss_coef, " needs the load-balancing loss, which ", model_dir,
+             "/config.json turns off (output_router_logits false); set it true there or drop the option");
   if (!from_file && cfg.vocab_size < CharTokenizer().vocab_size())
     MT_THROW("grpo: ", model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
              CharTokenizer().vocab_size());

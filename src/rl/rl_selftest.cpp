@@ -23,6 +23,7 @@ const char* kUsage =
     "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
     "[--groups G] [--n N]\n"
     "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
+    "       [--freeze-router] [--aux-loss-coef C] [--router-z-loss-coef C]\n"
     "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--sp N]";
 
 // Rollouts of `groups` prompts x n samples: prompts of 2..5 and responses of 1..6 random tokens, the
@@ -88,8 +89,8 @@ Tensor scalar(double v) {
 int rl_selftest_main(const std::vector<std::string>& args) {
   std::string model_dir, out_path, params_path, algorithm = "grpo";
   int64_t groups = 4, n = 4, micro = 3, minis = 2, epochs = 1;
-  double kl_coef = 0.05, lr = 1e-3;
-  bool replay = true, generate = false;
+  double kl_coef = 0.05, lr = 1e-3, aux_coef = 0, z_coef = 0;
+  bool replay = true, generate = false, freeze_router = false;
   uint64_t seed = 5;
   SessionOptions so;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -122,6 +123,12 @@ int rl_selftest_main(const std::vector<std::string>& args) {
       lr = parse_flag_number<double>(a, value());
     else if (a == "--no-replay")
       replay = false;
+    else if (a == "--freeze-router")
+      freeze_router = true;
+    else if (a == "--aux-loss-coef")
+      aux_coef = parse_flag_number<double>(a, value());
+    else if (a == "--router-z-loss-coef")
+      z_coef = parse_flag_number<double>(a, value());
     else if (a == "--generate")
       generate = true;
     else if (a == "--seed")
@@ -178,6 +185,9 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   o.replay_routing = replay;
   o.loss.kl_coef = kl_coef;
   o.loss.clip_high = 0.28;
+  o.freeze_router = freeze_router;
+  o.aux_loss_coef = aux_coef;
+  o.router_z_loss_coef = z_coef;
   o.max_new_tokens = 6;
   GrpoMetrics m;
   if (generate) {

@@ -139,7 +139,34 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
     inf.data<float>()[0] = INFINITY;
     grads().rows(0, 1).copy_from(inf.to(device_));
   }
+  // Frozen parameters: this rank's pieces of them, gradients zeroed, values kept across the update.
+  struct Kept {
+    int64_t begin, n;
+    Tensor saved;
+  };
+  std::vector<Kept> kept;
+  if (so.frozen) {
+    const std::vector<FlatRange> pieces = pm_.pieces(table_);
+    for (const ParamEntry& e : table_.entries()) {
+      if (!so.frozen(e.name)) continue;
+      for (const FlatRange& p : pieces) {
+        const int64_t lo = std::max(p.begin, e.offset), hi = std::min(p.end, e.offset + e.numel);
+        if (lo >= hi) continue;
+        const int64_t local = p.dst_offset + (lo - p.begin);
+        grads().rows(local, hi - lo).zero_();
+        kept.push_back({local, hi - lo, master().rows(local, hi - lo).clone()});
+      }
+    }
+  }
   r.opt = opt.step(master(), grads(), so.lr, compute(), pm_.global_grad_sq());
+  if (!kept.empty()) device_mem::synchronize(device_);  // an overlapped step's side stream done too
+  for (Kept& k : kept) {
+    master().rows(k.begin, k.n).copy_from(k.saved);
+    if (Tensor* c = compute(); c && c->raw() != master().raw()) {
+      Tensor dst = c->rows(k.begin, k.n);
+      ops::copy_cast(k.saved, dst);
+    }
+  }
   r.optimizer_s = seconds_since(to);
   // The step's per-expert load over all micro-batches and data-parallel ranks: one all-reduce after
   // the optimizer. It feeds the metrics and the balancing bias, which changes only here, between

@@ -62,6 +62,10 @@ struct StepOptions {
   bool check_replicas = false;
   // Called on every rank after each micro-batch (index, count, its result): progress.
   std::function<void(int64_t, int64_t, const LossParts&)> on_micro_batch;
+  // Frozen parameters (by HF name, e.g. the routers in RL): their gradients are zeroed before the norm and
+  // the update, and their values put back after it (AdamW's weight decay would move them), on every rank's
+  // shard. Null: every parameter trains.
+  std::function<bool(const std::string&)> frozen;
 };
 
 // One step's results, the sums reduced over every rank (every rank gets the same values).

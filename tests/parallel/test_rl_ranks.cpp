@@ -8,7 +8,9 @@
 // shard by shard, the critic's own update and gradients) under dp_shard 2 likewise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -145,4 +147,56 @@ TEST(RlRanks, GrpoCommandUnderLaunchFollowsOneProcess) {
     EXPECT_TRUE(std::filesystem::exists(run + "/checkpoint-2/manifest.json")) << layout;
     EXPECT_TRUE(std::filesystem::exists(run + "/checkpoint-2/model.safetensors")) << layout;
   }
+}
+
+// MoE routers in RL (P10 item 3), through `_selftest rl` on one process: --freeze-router leaves every
+// router's weights exactly as loaded (AdamW's weight decay included) with zero gradients while the rest
+// trains; the load-balancing loss (a model with output_router_logits) and the router z-loss are off by
+// default and, when given a coefficient, add coefficient x term to the loss. Under dp_shard 2 and ep 2 the
+// frozen update equals one process's.
+TEST(RlRouter, FrozenRoutersKeepTheirWeightsAndTheRestTrains) {
+  const std::string out = tmp_path("rl_router", "frozen.safetensors");
+  const ShellRun r = sh(kMoetrainBin + " _selftest rl --model " + kGoldens + "/tiny --mini-batches 1 --freeze-router --out " +
+                        out + " --params-out " + out + ".params");
+  ASSERT_EQ(r.code, 0) << r.out;
+  SafetensorsFile init(kGoldens + "/tiny/model.safetensors"), grads(out), after(out + ".params");
+  int routers = 0, moved = 0;
+  const std::vector<std::string> hf = init.names();
+  for (const std::string& pname : after.names()) {
+    const std::string name = pname.substr(6);  // "param." + the table's name
+    if (std::find(hf.begin(), hf.end(), name) == hf.end()) continue;  // fused experts: named otherwise in HF
+    const Tensor before = init.read_f32(name), now = after.read_f32(pname);
+    const bool same = std::memcmp(before.raw(), now.raw(), before.nbytes()) == 0;
+    if (name.find(".mlp.gate.weight") != std::string::npos) {
+      ++routers;
+      EXPECT_TRUE(same) << name << " moved although frozen";
+      const Tensor g = grads.read_f32("grad." + name);
+      for (int64_t i = 0; i < g.numel(); ++i) ASSERT_EQ(g.data<float>()[i], 0.0f) << name;
+    } else {
+      moved += same ? 0 : 1;
+    }
+  }
+  EXPECT_GT(routers, 0);
+  EXPECT_GT(moved, 10) << "the other weights train";
+}
+
+TEST(RlRouter, AuxAndZLossAreOffByDefaultAndAddTheirTermsWhenGiven) {
+  auto loss_of = [](const std::string& model, const std::string& args, const std::string& tag) {
+    const std::string out = tmp_path("rl_router", tag + ".safetensors");
+    const ShellRun r =
+        sh(kMoetrainBin + " _selftest rl --model " + kGoldens + "/" + model + " --mini-batches 1 " + args + " --out " + out);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return double(SafetensorsFile(out).read_f32("loss").data<float>()[0]);
+  };
+  const double base = loss_of("aux", "", "base"), aux = loss_of("aux", "--aux-loss-coef 0.01", "aux"),
+               z = loss_of("tiny", "--router-z-loss-coef 0.01", "z"), z0 = loss_of("tiny", "", "z0");
+  EXPECT_GT(aux - base, 0.005) << "0.01 x a load-balancing loss of about 1-2";
+  EXPECT_LT(aux - base, 0.05);
+  EXPECT_GT(z - z0, 1e-4) << "0.01 x the router z-loss";
+}
+
+TEST(RlRouter, FrozenUpdateEqualsOneProcessUnderDpShardAndEp) {
+  MT_SKIP_WITHOUT_GLOO();
+  expect_layout_equal("--freeze-router --mini-batches 1", "--dp-shard 2", "frozen");
+  expect_layout_equal("--freeze-router --mini-batches 1", "--ep 2", "frozen");
 }

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -484,4 +485,38 @@ TEST(RlProcess, TokenCreditLandsOnItsOwnToken) {
     std::printf("%s: first token low %.3f -> %.3f\n", per_position ? "position" : "process", first, last);
     EXPECT_GT(last, first + 0.3) << (per_position ? "position" : "process");
   }
+}
+
+// StepOptions::frozen (what grpo's freeze_router uses): with AdamW's weight decay on, a frozen parameter's
+// values come through the step bit for bit (its gradient zeroed, the decay undone) while the others move.
+TEST(RlRouter, FrozenParametersSurviveTheStepWithWeightDecay) {
+  SessionOptions so;
+  TrainSession s(tiny(), so);
+  s.init_weights(3);
+  AdamWConfig ac;
+  ac.weight_decay = 0.1;
+  s.make_optimizer(ac, false);
+  const Tensor before = s.master().clone();
+  Rng rng(4);
+  Tensor ids = Tensor::empty({2, 9}, DType::I64);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = int64_t(rng.randint(0, tiny().vocab_size));
+  StepOptions st;
+  st.lr = 1e-2;
+  st.frozen = is_router_weight;
+  s.train_step({MicroBatch{ids, ids.clone()}}, st);
+  int routers = 0, moved = 0;
+  for (const ParamEntry& e : s.table().entries()) {
+    const Tensor a = before.rows(e.offset, e.numel), b = s.master().rows(e.offset, e.numel);
+    const bool same = std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+    if (is_router_weight(e.name)) {
+      ++routers;
+      EXPECT_TRUE(same) << e.name;
+    } else {
+      moved += same ? 0 : 1;
+    }
+  }
+  EXPECT_GT(routers, 0);
+  EXPECT_GT(moved, 5);
+  EXPECT_FALSE(is_router_weight("model.layers.0.mlp.gate_proj.weight")) << "a dense MLP's gate is not a router";
+  EXPECT_TRUE(is_router_weight("model.layers.3.mlp.gate.weight"));
 }
