@@ -362,8 +362,12 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   po.temperature = o.sampling.temperature;
   PassOptions ref_po = po;
   ref_po.token_entropy = false;
-  double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0;
+  double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
   int64_t tokens_all = 0;
+  // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
+  // mismatch_every steps (an extra forward per micro-batch).
+  const bool no_replay_check = o.replay_routing && o.mismatch_every > 0 && step % o.mismatch_every == 0;
+  PassOptions nr_po = ref_po;
   for (int64_t b = 0; b < mini; ++b) {
     const size_t g0 = size_t(b * kept_groups / mini), g1 = size_t((b + 1) * kept_groups / mini);
     const size_t s0 = g0 * size_t(n), s1 = g1 * size_t(n);
@@ -387,6 +391,12 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       const HeadRows lp = forward_rows(session, u.p.mb, po);
       const std::vector<std::vector<float>> old = response_values(u.p, lp.logp);
       const std::vector<std::vector<float>> ent = response_values(u.p, lp.entropy);
+      std::vector<std::vector<float>> own;  // without the replay
+      if (no_replay_check && !u.p.mb.routing.empty()) {
+        MicroBatch mb = u.p.mb;
+        mb.routing.clear();
+        own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
+      }
       m.logprob_s += since(t);
       std::vector<std::vector<float>> ref;
       if (reference) {
@@ -403,6 +413,11 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
           dsum += std::abs(d);
           wsum += std::exp(d);
           m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
+          if (!own.empty()) {
+            const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+            nr_sum += std::abs(dn);
+            m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
+          }
           ent_sum += ent[k][size_t(j)];
           if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
           adv_sum += x.advantage[size_t(j)];
@@ -441,6 +456,8 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     }
   }
   m.logprob_diff_mean = dsum / double(tokens_all);
+  m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
+  if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
   m.importance_weight_mean = wsum / double(tokens_all);
   m.entropy = ent_sum / double(tokens_all);
   m.ref_kl = reference ? ref_kl_sum / double(tokens_all) : 0;
@@ -560,6 +577,7 @@ void validate(const GrpoOptions& o) {
              "; need a finite value > 0 (sampled log-probs; 0 is greedy decoding, which has none)");
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
   if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
+  if (o.mismatch_every < 0) MT_THROW("grpo: mismatch_every = ", o.mismatch_every, "; need >= 0 (0: never)");
   if (o.overlong_penalty < 0) MT_THROW("grpo: overlong_penalty ", o.overlong_penalty, "; need >= 0 (0 = off)");
   if (o.overlong_penalty > 0 && (o.overlong_buffer < 1 || o.overlong_buffer > o.max_new_tokens))
     MT_THROW("grpo: overlong_buffer ", o.overlong_buffer, " with max_new_tokens ", o.max_new_tokens,

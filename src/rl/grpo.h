@@ -55,6 +55,9 @@ struct GrpoOptions {
   LossAggregation aggregation = LossAggregation::TokenMean;
   double lr = 1e-3;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose
+  // With replay: every this many steps (0: never) the old log-probs are also computed with the trainer's
+  // own routing, for GrpoMetrics::logprob_diff_*_no_replay (one extra forward per micro-batch that step).
+  int64_t mismatch_every = 10;
   uint64_t seed = 0;
   double correct_reward = 1.0;  // a sample whose reward reaches this counts as correct (metrics only)
   // Dynamic sampling (DAPO): keep only groups whose rewards are not all equal and draw `groups` more
@@ -109,6 +112,9 @@ struct GrpoMetrics {
   double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
   // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update).
   double logprob_diff_mean = 0, logprob_diff_max = 0, importance_weight_mean = 0;
+  // The same with the trainer's own routing instead of the replay (the mismatch replay removes), on steps
+  // where GrpoOptions::mismatch_every says so; -1 on the others and without replay.
+  double logprob_diff_mean_no_replay = -1, logprob_diff_max_no_replay = 0;
   double rollout_tokens_per_s = 0;  // generated tokens / generate_s
   double train_tokens_per_s = 0;    // tokens (prompt + response) through train_step / update_s
   // PPO's critic: value loss (mean over its optimizer steps), values and explained variance

@@ -106,6 +106,8 @@ const char* kUsage =
     "  --aux-loss-coef C, --router-z-loss-coef C   MoE load-balancing loss (needs output_router_logits in the\n"
     "                            model's config.json) and router z-loss in the update (defaults 0: off)\n"
     "  --freeze-router on|off    keep the routers' weights fixed during RL (default off)\n"
+    "  --mismatch-every N        with routing replay, every N steps also measure the rollout/trainer log-prob\n"
+    "                            mismatch without it (logprob_diff_*_no_replay; default 10, 0: never)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
     "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
     "                            --max-generate-rounds R (4)\n"
@@ -552,6 +554,8 @@ int grpo_main(const std::vector<std::string>& args) {
       o.router_z_loss_coef = parse_flag_number<double>(a, value());
     else if (a == "--freeze-router")
       o.freeze_router = parse_on_off(a, value());
+    else if (a == "--mismatch-every")
+      o.mismatch_every = parse_flag_number<int64_t>(a, value());
     else if (a == "--aggregation")
       o.aggregation = rl::parse_loss_aggregation(value());
     else if (a == "--dynamic-sampling") {
@@ -1116,7 +1120,10 @@ int grpo_main(const std::vector<std::string>& args) {
       log_info("grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (groups with a correct sample ",
                m.groups_correct, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
                m.groups_generated, " in ", m.generate_rounds, " rounds) loss ", m.loss, " grad norm ", m.grad_norm,
-               " kl(ref) ", m.ref_kl,
+               " kl(ref) ", m.ref_kl, " | rollout/trainer |dlogp| ", m.logprob_diff_mean,
+               m.logprob_diff_mean_no_replay >= 0
+                   ? str(" (own routing: ", m.logprob_diff_mean_no_replay, ")")
+                   : std::string(),
                critic ? " value loss " + std::to_string(m.value_loss) + " explained variance " +
                             std::to_string(m.explained_variance)
                       : std::string(),
@@ -1152,6 +1159,8 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"advantage_std", m.advantage_std},
                                    {"logprob_diff_mean", m.logprob_diff_mean},
                                    {"logprob_diff_max", m.logprob_diff_max},
+                                   {"logprob_diff_mean_no_replay", m.logprob_diff_mean_no_replay},
+                                   {"logprob_diff_max_no_replay", m.logprob_diff_max_no_replay},
                                    {"importance_weight_mean", m.importance_weight_mean},
                                    {"value_loss", m.value_loss},
                                    {"value_mean", m.value_mean},

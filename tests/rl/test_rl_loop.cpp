@@ -520,3 +520,48 @@ TEST(RlRouter, FrozenParametersSurviveTheStepWithWeightDecay) {
   EXPECT_FALSE(is_router_weight("model.layers.0.mlp.gate_proj.weight")) << "a dense MLP's gate is not a router";
   EXPECT_TRUE(is_router_weight("model.layers.3.mlp.gate.weight"));
 }
+
+// The mismatch metric with and without the replay (P10 item 3): rollouts generated, then the routers moved a
+// little (the drift between engine and trainer that R3 is for: near-ties flip); with the recorded experts
+// replayed the trainer's log-probs stay closer to the engine's than with its own routing, which chooses
+// other experts for some tokens. Measured on steps that are multiples of mismatch_every only (-1 elsewhere).
+TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
+  Rig r = make_rig(21);
+  std::vector<GenerateRequest> reqs;
+  for (const std::vector<int32_t>& p : fixed_prompts(4)) {
+    GenerateRequest q;
+    q.prompt = p;
+    q.n = 4;
+    q.max_new_tokens = 8;
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = uint64_t(reqs.size());
+    reqs.push_back(q);
+  }
+  const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
+  RolloutGroups groups;
+  for (const GeneratedSample& g : gen) {
+    groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    groups.rewards.push_back(double(g.tokens.empty() ? 0 : g.tokens[0] % 3));
+  }
+  Rng rng(8);
+  for (const ParamEntry& e : r.s->table().entries())
+    if (is_router_weight(e.name)) {
+      Tensor w = r.s->master().rows(e.offset, e.numel);
+      for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] += float(0.05 * rng.normal());
+    }
+  r.s->refresh_compute_weights();
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.mismatch_every = 2;
+  o.lr = 0;  // both measurements on the same weights
+  const GrpoMetrics odd = grpo_update(*r.s, groups, o, 1);
+  EXPECT_EQ(odd.logprob_diff_mean_no_replay, -1) << "not a multiple of mismatch_every";
+  const GrpoMetrics m = grpo_update(*r.s, groups, o, 2);
+  EXPECT_GT(m.logprob_diff_mean, 0);
+  EXPECT_GT(m.logprob_diff_mean_no_replay, 1.2 * m.logprob_diff_mean)
+      << "replayed " << m.logprob_diff_mean << " vs own routing " << m.logprob_diff_mean_no_replay;
+  EXPECT_GE(m.logprob_diff_max_no_replay, 0);
+  std::printf("rollout/trainer mean |dlogp|: replayed %.4f, own routing %.4f\n", m.logprob_diff_mean,
+              m.logprob_diff_mean_no_replay);
+}
