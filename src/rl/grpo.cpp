@@ -363,7 +363,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   PassOptions ref_po = po;
   ref_po.token_entropy = false;
   double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
-  int64_t tokens_all = 0;
+  int64_t tokens_all = 0, masked_tokens = 0;
   // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
   // mismatch_every steps (an extra forward per micro-batch).
   const bool no_replay_check = o.replay_routing && o.mismatch_every > 0 && step % o.mismatch_every == 0;
@@ -428,7 +428,13 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         const double w = x.filtered ? 0.0
                                     : aggregation_norm(o.aggregation, len, std::max<int64_t>(mb_tokens, 1),
                                                        std::max<int64_t>(mb_samples, 1), double(o.max_new_tokens));
-        w_t.emplace_back(size_t(len), float(w));
+        // The rollout/trainer mismatch corrections (truncated importance sampling, token and sequence masks)
+        // on the trainer's old log-probs against the engine's.
+        const std::vector<double> old_d(old[k].begin(), old[k].end()), roll_d(x.s.logprobs.begin(), x.s.logprobs.end());
+        int64_t masked = 0;
+        const std::vector<double> wt = token_weights(old_d, roll_d, w, o.mismatch, &masked);
+        masked_tokens += x.filtered ? 0 : masked;
+        w_t.emplace_back(wt.begin(), wt.end());
       }
       set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
       set_token_values(u.p, PolicyObjective::kOldLogp, old);
@@ -456,6 +462,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     }
   }
   m.logprob_diff_mean = dsum / double(tokens_all);
+  m.masked_fraction = double(masked_tokens) / double(tokens_all);
   m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
   if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
   m.importance_weight_mean = wsum / double(tokens_all);
@@ -578,6 +585,13 @@ void validate(const GrpoOptions& o) {
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
   if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
   if (o.mismatch_every < 0) MT_THROW("grpo: mismatch_every = ", o.mismatch_every, "; need >= 0 (0: never)");
+  const MismatchConfig& mc = o.mismatch;
+  if (!(mc.tis_cap >= 0) || !std::isfinite(mc.tis_cap))
+    MT_THROW("grpo: mismatch.tis_cap ", mc.tis_cap, "; need a finite cap > 0 (0: off)");
+  if (mc.token_mask_high > 0 && !(mc.token_mask_low >= 0 && mc.token_mask_low < mc.token_mask_high))
+    MT_THROW("grpo: token mask [", mc.token_mask_low, ", ", mc.token_mask_high, "]; need 0 <= low < high");
+  if (mc.seq_mask_high > 0 && !(mc.seq_mask_low >= 0 && mc.seq_mask_low < mc.seq_mask_high))
+    MT_THROW("grpo: sequence mask [", mc.seq_mask_low, ", ", mc.seq_mask_high, "]; need 0 <= low < high");
   if (o.overlong_penalty < 0) MT_THROW("grpo: overlong_penalty ", o.overlong_penalty, "; need >= 0 (0 = off)");
   if (o.overlong_penalty > 0 && (o.overlong_buffer < 1 || o.overlong_buffer > o.max_new_tokens))
     MT_THROW("grpo: overlong_buffer ", o.overlong_buffer, " with max_new_tokens ", o.max_new_tokens,

@@ -53,6 +53,9 @@ struct GrpoOptions {
   bool per_position = false;
   PolicyLossConfig loss;  // kl_coef > 0 needs the reference session
   LossAggregation aggregation = LossAggregation::TokenMean;
+  // Rollout/trainer mismatch corrections on each token's weight (policy_loss.h token_weights: TIS at token or
+  // sequence level, token and sequence masks; all off by default).
+  MismatchConfig mismatch;
   double lr = 1e-3;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose
   // With replay: every this many steps (0: never) the old log-probs are also computed with the trainer's
@@ -112,6 +115,7 @@ struct GrpoMetrics {
   double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
   // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update).
   double logprob_diff_mean = 0, logprob_diff_max = 0, importance_weight_mean = 0;
+  double masked_fraction = 0;  // response tokens given weight 0 by the mismatch masks
   // The same with the trainer's own routing instead of the replay (the mismatch replay removes), on steps
   // where GrpoOptions::mismatch_every says so; -1 on the others and without replay.
   double logprob_diff_mean_no_replay = -1, logprob_diff_max_no_replay = 0;

@@ -108,6 +108,9 @@ const char* kUsage =
     "  --freeze-router on|off    keep the routers' weights fixed during RL (default off)\n"
     "  --mismatch-every N        with routing replay, every N steps also measure the rollout/trainer log-prob\n"
     "                            mismatch without it (logprob_diff_*_no_replay; default 10, 0: never)\n"
+    "  --tis-cap C, --tis-level token|sequence   truncated importance sampling of the rollout/trainer ratio\n"
+    "                            (default off), --token-mask LOW,HIGH, --seq-mask LOW,HIGH   weight 0 for tokens\n"
+    "                            (samples: geometric-mean ratio) outside the band (default off)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
     "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
     "                            --max-generate-rounds R (4)\n"
@@ -556,6 +559,21 @@ int grpo_main(const std::vector<std::string>& args) {
       o.freeze_router = parse_on_off(a, value());
     else if (a == "--mismatch-every")
       o.mismatch_every = parse_flag_number<int64_t>(a, value());
+    else if (a == "--tis-cap")
+      o.mismatch.tis_cap = parse_flag_number<double>(a, value());
+    else if (a == "--tis-level") {
+      const std::string v = value();
+      if (v != "token" && v != "sequence") MT_THROW("grpo: --tis-level '", v, "'; use token or sequence");
+      o.mismatch.tis_sequence = v == "sequence";
+    } else if (a == "--token-mask" || a == "--seq-mask") {
+      const std::string v = value();
+      const size_t comma = v.find(',');
+      if (comma == std::string::npos) MT_THROW("grpo: ", a, " '", v, "'; use LOW,HIGH (e.g. 0.5,2)");
+      const double lo = parse_flag_number<double>(a, v.substr(0, comma)),
+                   hi = parse_flag_number<double>(a, v.substr(comma + 1));
+      (a == "--token-mask" ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low) = lo;
+      (a == "--token-mask" ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high) = hi;
+    }
     else if (a == "--aggregation")
       o.aggregation = rl::parse_loss_aggregation(value());
     else if (a == "--dynamic-sampling") {
@@ -1162,6 +1180,7 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"logprob_diff_mean_no_replay", m.logprob_diff_mean_no_replay},
                                    {"logprob_diff_max_no_replay", m.logprob_diff_max_no_replay},
                                    {"importance_weight_mean", m.importance_weight_mean},
+                                   {"masked_fraction", m.masked_fraction},
                                    {"value_loss", m.value_loss},
                                    {"value_mean", m.value_mean},
                                    {"explained_variance", m.explained_variance},

@@ -565,3 +565,57 @@ TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
   std::printf("rollout/trainer mean |dlogp|: replayed %.4f, own routing %.4f\n", m.logprob_diff_mean,
               m.logprob_diff_mean_no_replay);
 }
+
+// The rollout/trainer mismatch corrections in the loop (P10 item 2, policy_loss.h token_weights): the engine's
+// log-probs moved by noise; token and sequence masks give some tokens weight 0 (masked_fraction), TIS changes
+// the update; all off by default (nothing masked, the plain update).
+TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
+  auto run = [](const MismatchConfig& mc) {
+    Rig r = make_rig(31);
+    std::vector<GenerateRequest> reqs;
+    for (const std::vector<int32_t>& p : fixed_prompts(4)) {
+      GenerateRequest q;
+      q.prompt = p;
+      q.n = 4;
+      q.max_new_tokens = 8;
+      q.sampling.temperature = 1.0f;
+      q.sampling.seed = uint64_t(reqs.size());
+      reqs.push_back(q);
+    }
+    const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
+    RolloutGroups groups;
+    Rng rng(3);
+    for (const GeneratedSample& g : gen) {
+      std::vector<float> lp = g.logprobs;
+      for (float& x : lp) x += float(0.3 * rng.normal());  // an engine that disagrees with the trainer
+      groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, lp, g.routing});
+      groups.rewards.push_back(double(g.tokens.empty() ? 0 : g.tokens[0] % 3));
+    }
+    GrpoOptions o;
+    o.n = 4;
+    o.max_new_tokens = 8;
+    o.mismatch = mc;
+    return grpo_update(*r.s, groups, o, 1);
+  };
+  const GrpoMetrics off = run({});
+  EXPECT_EQ(off.masked_fraction, 0);
+  MismatchConfig tok;
+  tok.token_mask_low = 0.8;
+  tok.token_mask_high = 1.25;
+  const GrpoMetrics t = run(tok);
+  EXPECT_GT(t.masked_fraction, 0.1);
+  EXPECT_LT(t.masked_fraction, 0.9);
+  MismatchConfig seq;
+  seq.seq_mask_low = 0.9;
+  seq.seq_mask_high = 1.1;
+  EXPECT_GT(run(seq).masked_fraction, 0.05) << "whole samples outside the band";
+  MismatchConfig tis;
+  tis.tis_cap = 0.5;
+  const GrpoMetrics c = run(tis);
+  EXPECT_EQ(c.masked_fraction, 0);
+  EXPECT_GT(std::abs(c.grad_norm - off.grad_norm), 1e-3 * off.grad_norm) << "the truncated weights change the update";
+  MismatchConfig bad;
+  bad.token_mask_low = 2;
+  bad.token_mask_high = 1;
+  expect_error([&] { run(bad); }, "token mask [2, 1]");
+}
