@@ -60,6 +60,8 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
     MT_THROW("grpo: the critic session's model has an LM head; PPO's critic needs ModelConfig::value_head");
   if (o.loss.kl_coef > 0 && !reference)
     MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
+  if (o.kl_reward_coef > 0 && !reference)
+    MT_THROW("grpo: kl_reward_coef ", o.kl_reward_coef, " needs a reference model (a frozen copy of the initial policy)");
   if (reference) check_same_layout(session, *reference, "reference");
   if (critic) check_same_layout(session, *critic, "critic");
 }
@@ -290,6 +292,39 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   const int dp = dist.dp_size(), rank = dist.rank();
   const int64_t K = session.config().num_experts_per_tok;
   const int64_t n = o.n;
+  // KL in the reward: each kept response token's k(old, ref) first (an extra pass of the two forwards the
+  // update makes again; a first version), then -coef k_t joins the token's or the sample's reward.
+  std::vector<std::vector<double>> kl_pen(kept.size());
+  if (o.kl_reward_coef > 0) {
+    auto t = Clock::now();
+    PassOptions po;
+    po.token_logprobs = true;
+    po.temperature = o.sampling.temperature;
+    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
+    double pen_sum = 0;
+    int64_t pen_tokens = 0;
+    for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
+      std::vector<RolloutSample> ss;
+      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) ss.push_back(kept[i].s);
+      const PackedRollouts p = pack_rollouts(ss, K);
+      const std::vector<std::vector<float>> old = response_values(p, forward_rows(session, p.mb, po).logp),
+                                            ref = response_values(p, forward_rows(*reference, p.mb, po).logp);
+      for (size_t k = 0; k < ss.size(); ++k)
+        for (size_t j = 0; j < old[k].size(); ++j) {
+          const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, old[k][j], ref[k][j]);
+          kl_pen[c0 + k].push_back(pen);
+          pen_sum += pen;
+          ++pen_tokens;
+        }
+    }
+    m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
+    m.ref_logprob_s += since(t);
+  }
+  auto with_kl = [&](size_t i, std::vector<double> r) {
+    if (!kl_pen[i].empty())
+      for (size_t j = 0; j < r.size(); ++j) r[j] += kl_pen[i][j];
+    return r;
+  };
   // 2. Advantages, per kept group; with a critic, GAE per sample from its values.
   if (critic) {
     auto t = Clock::now();
@@ -310,6 +345,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
           r = x.step_rewards;
         else
           r.back() = kept_rewards[c0 + k];
+        r = with_kl(c0 + k, std::move(r));
         Gae g = gae(r, x.values, o.gamma, o.lam);
         x.advantage = std::move(g.advantages);
         x.returns = std::move(g.returns);
@@ -342,12 +378,15 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     }
   } else if (o.token_reward) {
     std::vector<std::vector<double>> steps;
-    for (const Kept& k : kept) steps.push_back(k.step_rewards);
+    for (size_t i = 0; i < kept.size(); ++i) steps.push_back(with_kl(i, kept[i].step_rewards));
     const std::vector<std::vector<double>> adv =
         o.per_position ? position_advantages(steps, n, o.normalize_std) : process_advantages(steps, n, o.normalize_std);
     for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
   } else {
-    const std::vector<double> adv = grpo_advantages(kept_rewards, n, o.normalize_std);
+    std::vector<double> rewards = kept_rewards;
+    for (size_t i = 0; i < kept.size(); ++i)
+      for (double pen : kl_pen[i]) rewards[i] += pen;
+    const std::vector<double> adv = grpo_advantages(rewards, n, o.normalize_std);
     for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage.assign(kept[i].s.response.size(), adv[i]);
   }
 
@@ -585,6 +624,8 @@ void validate(const GrpoOptions& o) {
   if (!(o.lr >= 0) || !std::isfinite(o.lr)) MT_THROW("grpo: lr ", o.lr, "; need a finite value >= 0");
   if (o.max_generate_rounds < 1) MT_THROW("grpo: max_generate_rounds = ", o.max_generate_rounds, "; need >= 1");
   if (o.mismatch_every < 0) MT_THROW("grpo: mismatch_every = ", o.mismatch_every, "; need >= 0 (0: never)");
+  if (!(o.kl_reward_coef >= 0) || !std::isfinite(o.kl_reward_coef))
+    MT_THROW("grpo: kl_reward_coef ", o.kl_reward_coef, "; need a finite value >= 0 (0: off)");
   const MismatchConfig& mc = o.mismatch;
   if (!(mc.tis_cap >= 0) || !std::isfinite(mc.tis_cap))
     MT_THROW("grpo: mismatch.tis_cap ", mc.tis_cap, "; need a finite cap > 0 (0: off)");

@@ -51,7 +51,11 @@ struct GrpoOptions {
   // With token_reward: position_advantages (each token against the group's same position) instead of
   // process_advantages.
   bool per_position = false;
-  PolicyLossConfig loss;  // kl_coef > 0 needs the reference session
+  PolicyLossConfig loss;  // kl_coef > 0 needs the reference session  // KL in the reward instead of (or besides) the loss term: each response token's reward gets
+  // -kl_reward_coef k(old, ref) (the estimator loss.kl) before the advantages (GRPO: summed into the sample's
+  // reward; process rewards and PPO's token rewards: per token). Needs the reference; 0: off.
+  double kl_reward_coef = 0;
+
   LossAggregation aggregation = LossAggregation::TokenMean;
   // Rollout/trainer mismatch corrections on each token's weight (policy_loss.h token_weights: TIS at token or
   // sequence level, token and sequence masks; all off by default).
@@ -111,6 +115,7 @@ struct GrpoMetrics {
   double grad_norm = 0, grad_norm_max = 0;            // mean and max over the optimizer steps
   double clip_low = 0, clip_high = 0, approx_kl = 0;  // fractions / mean over the trained tokens, every epoch
   double ref_kl = 0;   // mean over response tokens of k(old, ref) before the update (0 without a reference)
+  double kl_reward = 0;  // with kl_reward_coef: mean over response tokens of the reward's -coef k(old, ref)
   double entropy = 0;  // mean over response tokens of the tempered distribution's entropy, before the update
   double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
   // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update).

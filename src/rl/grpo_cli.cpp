@@ -94,6 +94,8 @@ const char* kUsage =
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
+    "  --kl-reward-coef B        KL to the reference subtracted from the reward instead: -B k(old, ref) per token\n"
+    "                            (default 0)\n"
     "  --reward R                built-in task: digits|prefix|exact, the share of answer positions right, of the\n"
     "                            answer right before the first mistake, or 1/0 for an exact answer (default\n"
     "                            digits); --prompts: exact (default) | math | program:\"CMD ARGS\" (JSON lines\n"
@@ -551,6 +553,8 @@ int grpo_main(const std::vector<std::string>& args) {
       use_reference = parse_on_off(a, value());
     else if (a == "--entropy-coef")
       o.loss.entropy_coef = parse_flag_number<double>(a, value());
+    else if (a == "--kl-reward-coef")
+      o.kl_reward_coef = parse_flag_number<double>(a, value());
     else if (a == "--aux-loss-coef")
       o.aux_loss_coef = parse_flag_number<double>(a, value());
     else if (a == "--router-z-loss-coef")
@@ -657,6 +661,8 @@ int grpo_main(const std::vector<std::string>& args) {
     MT_THROW("grpo: --baseline sft runs for a wall time; --resume, --save-every and --max-steps are for GRPO runs");
   if (o.loss.kl_coef > 0 && !use_reference)
     MT_THROW("grpo: --kl-coef ", o.loss.kl_coef, " needs the reference model; drop --reference off");
+  if (o.kl_reward_coef > 0 && !use_reference)
+    MT_THROW("grpo: --kl-reward-coef ", o.kl_reward_coef, " needs the reference model; drop --reference off");
   // PPO has no group baseline: a group of equal rewards still trains the critic and has GAE advantages.
   if (ppo && !dynamic_given) o.dynamic_sampling = false;
   if (!ppo && (o.critic_lr != 5e-4 || o.gamma != 1.0 || o.lam != rl::GrpoOptions{}.lam ||
@@ -1181,6 +1187,7 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"logprob_diff_max_no_replay", m.logprob_diff_max_no_replay},
                                    {"importance_weight_mean", m.importance_weight_mean},
                                    {"masked_fraction", m.masked_fraction},
+                                   {"kl_reward", m.kl_reward},
                                    {"value_loss", m.value_loss},
                                    {"value_mean", m.value_mean},
                                    {"explained_variance", m.explained_variance},

@@ -619,3 +619,40 @@ TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
   bad.token_mask_high = 1;
   expect_error([&] { run(bad); }, "token mask [2, 1]");
 }
+
+// KL to the reference subtracted from the reward (P10 item 2, "as a loss term or subtracted from the reward"):
+// groups whose rewards are all equal carry no GRPO gradient, but once the policy has moved from the
+// reference its samples' KL differs, so -beta sum_t k(old, ref) in the reward gives them advantages; the
+// kl_reward metric is the mean per-token penalty (negative). Without a reference it is an error.
+TEST(RlReference, KlSubtractedFromTheRewardGivesEqualRewardGroupsAGradient) {
+  Rig r = make_rig(41), ref = make_rig(42, true);  // a reference other than the policy: KL > 0
+  std::vector<GenerateRequest> reqs;
+  for (const std::vector<int32_t>& p : fixed_prompts(3)) {
+    GenerateRequest q;
+    q.prompt = p;
+    q.n = 4;
+    q.max_new_tokens = 6;
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = uint64_t(reqs.size());
+    reqs.push_back(q);
+  }
+  const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
+  RolloutGroups groups;
+  for (const GeneratedSample& g : gen) {
+    groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    groups.rewards.push_back(1.0);  // every group's rewards equal
+  }
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 0;
+  const GrpoMetrics plain = grpo_update(*r.s, groups, o, 1, ref.s.get());
+  EXPECT_EQ(plain.grad_norm, 0) << "equal rewards: no GRPO gradient";
+  EXPECT_EQ(plain.kl_reward, 0);
+  o.kl_reward_coef = 0.1;
+  const GrpoMetrics kl = grpo_update(*r.s, groups, o, 1, ref.s.get());
+  EXPECT_GT(kl.grad_norm, 0);
+  EXPECT_LT(kl.kl_reward, 0);
+  EXPECT_NEAR(kl.kl_reward, -0.1 * kl.ref_kl, 1e-6 + 1e-4 * std::abs(kl.ref_kl)) << "-beta x the mean k3";
+  expect_error([&] { grpo_update(*r.s, groups, o, 1); }, "kl_reward_coef 0.1 needs a reference model");
+}
