@@ -91,7 +91,8 @@ const char* kUsage =
     "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
     "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
-    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5)\n"
+    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5;\n"
+    "                            1.0 with --prompts)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
     "  --kl-reward-coef B        KL to the reference subtracted from the reward instead: -B k(old, ref) per token\n"
@@ -450,6 +451,7 @@ int grpo_main(const std::vector<std::string>& args) {
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
   std::string advantage_given;
+  bool temperature_given = false;
   std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
   bool process = true, per_position = true;
   bool ppo = false, dynamic_given = false;
@@ -537,8 +539,10 @@ int grpo_main(const std::vector<std::string>& args) {
       o.lr = parse_flag_number<double>(a, value());
     else if (a == "--warmup-steps")
       warmup = parse_flag_number<int64_t>(a, value());
-    else if (a == "--temperature")
+    else if (a == "--temperature") {
       o.sampling.temperature = parse_flag_number<float>(a, value());
+      temperature_given = true;
+    }
     else if (a == "--clip-low")
       o.loss.clip_low = parse_flag_number<double>(a, value());
     else if (a == "--clip-high")
@@ -693,6 +697,8 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW("grpo: --advantage ", advantage_given,
                " needs per-token rewards, which only the built-in task has; with --prompts use outcome");
     process = false;
+    // 1.5 suits the built-in task's small model; a user's model samples at its usual temperature.
+    if (!temperature_given) o.sampling.temperature = 1.0f;
     if (max_new_tokens == -1) max_new_tokens = 256;
     if (max_new_tokens < 1) MT_THROW("grpo: --max-new-tokens ", max_new_tokens, "; need >= 1");
   } else {
