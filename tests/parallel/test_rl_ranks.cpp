@@ -67,11 +67,12 @@ TEST(RlRanks, GrpoUpdateEqualsOneProcessUnderDpShardEpTpSp) {
 }
 
 // Four ranks: sp with tp (each tp rank a slice of its sp chunk's tokens, placed back by mesh coordinates),
-// and sp with dp_shard; the whole step with generation under tp 2 x sp 2.
-TEST(RlRanks, GrpoEqualsOneProcessUnderTpTimesSpAndDpShardTimesSp) {
+// sp with dp_shard, HSDP (dp_replicate 2 x dp_shard 2); the whole step with generation under tp 2 x sp 2.
+TEST(RlRanks, GrpoEqualsOneProcessOnFourRanksTpSpDpShardSpHsdp) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--no-replay --mini-batches 1", "--tp 2 --sp 2", "grpo_tpsp", 4);
   expect_layout_equal("--mini-batches 1", "--dp-shard 2 --sp 2", "grpo_dpsp", 4);
+  expect_layout_equal("--mini-batches 1", "--dp-replicate 2 --dp-shard 2", "grpo_hsdp", 4);  // HSDP
   expect_layout_equal("--generate --no-replay --mini-batches 1", "--tp 2 --sp 2", "step_tpsp", 4);
 }
 
