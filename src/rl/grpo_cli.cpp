@@ -41,6 +41,7 @@
 
 #include "comm/dist_env.h"
 #include "core/cli_args.h"
+#include "core/determinism.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "data/char_tokenizer.h"
@@ -130,7 +131,9 @@ const char* kUsage =
     "  --device cpu|cuda|auto, --seed S (1)\n"
     "  --dp-shard N, --dp-replicate N, --ep N, --tp N, --sp N   the layout under moetrain launch (docs/rl.md \"Several\n"
     "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)\n"
-    "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)";
+    "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)\n"
+    "  --deterministic           CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's\n"
+    "                            top-p is not covered)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 
@@ -557,6 +560,8 @@ int grpo_main(const std::vector<std::string>& args) {
       use_reference = parse_on_off(a, value());
     else if (a == "--entropy-coef")
       o.loss.entropy_coef = parse_flag_number<double>(a, value());
+    else if (a == "--deterministic")
+      set_deterministic(true);  // a bare flag: CUDA kernels without float atomics (docs/cuda.md)
     else if (a == "--kl-reward-coef")
       o.kl_reward_coef = parse_flag_number<double>(a, value());
     else if (a == "--aux-loss-coef")
