@@ -8,6 +8,7 @@
 //   the reference model: the KL to it starts at 0, grows, and a KL loss term holds it down.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -521,18 +522,17 @@ TEST(RlRouter, FrozenParametersSurviveTheStepWithWeightDecay) {
   EXPECT_TRUE(is_router_weight("model.layers.3.mlp.gate.weight"));
 }
 
-// The mismatch metric with and without the replay (P10 item 3): rollouts generated, then the routers moved a
-// little (the drift between engine and trainer that R3 is for: near-ties flip); with the recorded experts
-// replayed the trainer's log-probs stay closer to the engine's than with its own routing, which chooses
-// other experts for some tokens. Measured on steps that are multiples of mismatch_every only (-1 elsewhere).
-TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
-  Rig r = make_rig(21);
+namespace {
+
+// `prompts` of the fixed prompts x 4 samples of up to `new_tokens` at temperature 1 from the rig's engine
+// (routing recorded), as the update takes them; reward: the first token's id mod 3.
+RolloutGroups engine_rollouts(Rig& r, int prompts, int64_t new_tokens) {
   std::vector<GenerateRequest> reqs;
-  for (const std::vector<int32_t>& p : fixed_prompts(4)) {
+  for (const std::vector<int32_t>& p : fixed_prompts(prompts)) {
     GenerateRequest q;
     q.prompt = p;
     q.n = 4;
-    q.max_new_tokens = 8;
+    q.max_new_tokens = new_tokens;
     q.sampling.temperature = 1.0f;
     q.sampling.seed = uint64_t(reqs.size());
     reqs.push_back(q);
@@ -543,6 +543,18 @@ TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
     groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
     groups.rewards.push_back(double(g.tokens.empty() ? 0 : g.tokens[0] % 3));
   }
+  return groups;
+}
+
+}  // namespace
+
+// The mismatch metric with and without the replay (P10 item 3): rollouts generated, then the routers moved a
+// little (the drift between engine and trainer that R3 is for: near-ties flip); with the recorded experts
+// replayed the trainer's log-probs stay closer to the engine's than with its own routing, which chooses
+// other experts for some tokens. Measured on steps that are multiples of mismatch_every only (-1 elsewhere).
+TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
+  Rig r = make_rig(21);
+  const RolloutGroups groups = engine_rollouts(r, 4, 8);
   Rng rng(8);
   for (const ParamEntry& e : r.s->table().entries())
     if (is_router_weight(e.name)) {
@@ -572,25 +584,10 @@ TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
 TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
   auto run = [](const MismatchConfig& mc) {
     Rig r = make_rig(31);
-    std::vector<GenerateRequest> reqs;
-    for (const std::vector<int32_t>& p : fixed_prompts(4)) {
-      GenerateRequest q;
-      q.prompt = p;
-      q.n = 4;
-      q.max_new_tokens = 8;
-      q.sampling.temperature = 1.0f;
-      q.sampling.seed = uint64_t(reqs.size());
-      reqs.push_back(q);
-    }
-    const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
-    RolloutGroups groups;
+    RolloutGroups groups = engine_rollouts(r, 4, 8);
     Rng rng(3);
-    for (const GeneratedSample& g : gen) {
-      std::vector<float> lp = g.logprobs;
-      for (float& x : lp) x += float(0.3 * rng.normal());  // an engine that disagrees with the trainer
-      groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, lp, g.routing});
-      groups.rewards.push_back(double(g.tokens.empty() ? 0 : g.tokens[0] % 3));
-    }
+    for (RolloutSample& x : groups.samples)
+      for (float& lp : x.logprobs) lp += float(0.3 * rng.normal());  // an engine that disagrees with the trainer
     GrpoOptions o;
     o.n = 4;
     o.max_new_tokens = 8;
@@ -626,22 +623,8 @@ TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
 // kl_reward metric is the mean per-token penalty (negative). Without a reference it is an error.
 TEST(RlReference, KlSubtractedFromTheRewardGivesEqualRewardGroupsAGradient) {
   Rig r = make_rig(41), ref = make_rig(42, true);  // a reference other than the policy: KL > 0
-  std::vector<GenerateRequest> reqs;
-  for (const std::vector<int32_t>& p : fixed_prompts(3)) {
-    GenerateRequest q;
-    q.prompt = p;
-    q.n = 4;
-    q.max_new_tokens = 6;
-    q.sampling.temperature = 1.0f;
-    q.sampling.seed = uint64_t(reqs.size());
-    reqs.push_back(q);
-  }
-  const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
-  RolloutGroups groups;
-  for (const GeneratedSample& g : gen) {
-    groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
-    groups.rewards.push_back(1.0);  // every group's rewards equal
-  }
+  RolloutGroups groups = engine_rollouts(r, 3, 6);
+  std::fill(groups.rewards.begin(), groups.rewards.end(), 1.0);  // every group's rewards equal
   GrpoOptions o;
   o.n = 4;
   o.max_new_tokens = 6;
