@@ -17,6 +17,7 @@
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
 #include "rl/shaping.h"
+#include "rl/rl_test_util.h"
 #include "rollout/engine.h"
 
 using namespace mt;
@@ -327,37 +328,15 @@ TEST(RlShaping, OverlongPenaltyDynamicSamplingAndKlInRewardByHand) {
 // the updates (PPO clip, routing replayed) raise that reward; the rollout and the trainer agree on the
 // log-probs before each update (the mismatch is rounding only on the CPU).
 TEST(RlGrpo, StepsRaiseTheRewardWithTheRolloutAndTrainerInAgreement) {
-  ModelConfig c = preset_model_config("tiny");
-  c.eos_token_id = -1;
-  SessionOptions so;
-  TrainSession s(c, so);
-  s.init_weights(3);
-  AdamWConfig ac;
-  ac.weight_decay = 0;
-  s.make_optimizer(ac, false);
-  EngineOptions eo;
-  eo.kv_cache_bytes = 32 << 20;
-  eo.block_size = 8;
-  eo.record_routing = true;
-  RolloutEngine engine(s.model(), eo);
+  rltest::Rig r = rltest::make_rig(3);
   GrpoOptions o;
   o.n = 4;
   o.max_new_tokens = 8;
   o.lr = 2e-2;
-  const RewardFn reward = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-    std::vector<double> r;
-    for (const GeneratedSample& x : g) {
-      double low = 0;
-      for (int32_t t : x.tokens) low += t < 64 ? 1 : 0;
-      r.push_back(low / double(x.tokens.size()));
-    }
-    return r;
-  };
   std::vector<double> curve;
   for (int64_t step = 0; step < 24; ++step) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (int i = 0; i < 4; ++i) prompts.push_back({int32_t(100 + 7 * i), int32_t(200 + i), int32_t(300 + 3 * i)});
-    const GrpoMetrics m = grpo_step(s, engine, prompts, reward, o, step);
+    const GrpoMetrics m =
+        grpo_step(*r.s, *r.engine, rltest::fixed_prompts(4), rltest::low_token_reward, o, step);
     curve.push_back(m.reward_mean);
     EXPECT_LT(m.logprob_diff_max, 1e-4) << "step " << step;
     EXPECT_TRUE(std::isfinite(m.loss) && std::isfinite(m.grad_norm)) << "step " << step;

@@ -25,11 +25,13 @@
 #include "rl/grpo.h"
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
+#include "rl/rl_test_util.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
 using namespace mt;
 using namespace mt::rl;
+using namespace mt::rltest;
 
 namespace {
 
@@ -40,12 +42,6 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
-}
-
-ModelConfig tiny() {
-  ModelConfig c = preset_model_config("tiny");
-  c.eos_token_id = -1;
-  return c;
 }
 
 // Samples of 3 prompts x 2 at temperature T, with the routing recorded.
@@ -91,45 +87,6 @@ double tempered_nll(Qwen3MoeModel& m, const MicroBatch& mb, double T) {
   po.token_logprobs = true;
   po.temperature = T;
   return -host_sum(m.forward(mb, po).logp);
-}
-
-struct Rig {
-  std::unique_ptr<TrainSession> s;
-  std::unique_ptr<RolloutEngine> engine;
-};
-Rig make_rig(uint64_t init_seed, bool frozen = false) {
-  Rig r;
-  SessionOptions so;
-  if (frozen) so.weights = Weights::Frozen;
-  r.s = std::make_unique<TrainSession>(tiny(), so);
-  r.s->init_weights(init_seed);
-  if (frozen) return r;
-  AdamWConfig ac;
-  ac.weight_decay = 0;
-  r.s->make_optimizer(ac, false);
-  EngineOptions eo;
-  eo.kv_cache_bytes = 32 << 20;
-  eo.block_size = 8;
-  eo.record_routing = true;
-  r.engine = std::make_unique<RolloutEngine>(r.s->model(), eo);
-  return r;
-}
-
-// The fraction of a sample's tokens in the low eighth of the vocabulary: a reward that varies inside a group.
-std::vector<double> low_token_reward(const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-  std::vector<double> r;
-  for (const GeneratedSample& x : g) {
-    double low = 0;
-    for (int32_t t : x.tokens) low += t < 64 ? 1 : 0;
-    r.push_back(low / double(x.tokens.size()));
-  }
-  return r;
-}
-
-std::vector<std::vector<int32_t>> fixed_prompts(int count) {
-  std::vector<std::vector<int32_t>> p;
-  for (int i = 0; i < count; ++i) p.push_back({int32_t(100 + 7 * i), int32_t(200 + i), int32_t(300 + 3 * i)});
-  return p;
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {

@@ -9,37 +9,13 @@
 
 #include "core/error.h"
 #include "rl/grpo.h"
+#include "rl/rl_test_util.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
 using namespace mt;
 using namespace mt::rl;
-
-namespace {
-
-ModelConfig tiny() {
-  ModelConfig c = preset_model_config("tiny");
-  c.eos_token_id = -1;
-  return c;
-}
-
-std::vector<double> low_token_reward(const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-  std::vector<double> r;
-  for (const GeneratedSample& x : g) {
-    double low = 0;
-    for (int32_t t : x.tokens) low += t < 64 ? 1 : 0;
-    r.push_back(low / double(x.tokens.size()));
-  }
-  return r;
-}
-
-std::vector<std::vector<int32_t>> fixed_prompts(int count) {
-  std::vector<std::vector<int32_t>> p;
-  for (int i = 0; i < count; ++i) p.push_back({int32_t(100 + 7 * i), int32_t(200 + i), int32_t(300 + 3 * i)});
-  return p;
-}
-
-}  // namespace
+using namespace mt::rltest;
 
 TEST(RlPpo, CriticStartsFromThePolicyWithAZeroHead) {
   SessionOptions so;
@@ -60,23 +36,11 @@ TEST(RlPpo, CriticStartsFromThePolicyWithAZeroHead) {
 }
 
 TEST(RlPpo, ValueLossFallsAndTheRewardRises) {
-  SessionOptions so;
-  TrainSession policy(tiny(), so);
-  policy.init_weights(3);
-  AdamWConfig ac;
-  ac.weight_decay = 0;
-  policy.make_optimizer(ac, false);
-  ModelConfig cc = tiny();
-  cc.value_head = true;
-  TrainSession critic(cc, so);
-  critic.init_weights(3);
-  init_critic_from_policy(critic, policy);
-  critic.make_optimizer(ac, false);
-  EngineOptions eo;
-  eo.kv_cache_bytes = 32 << 20;
-  eo.block_size = 8;
-  eo.record_routing = true;
-  RolloutEngine engine(policy.model(), eo);
+  Rig r = make_rig(3);
+  TrainSession& policy = *r.s;
+  RolloutEngine& engine = *r.engine;
+  const std::unique_ptr<TrainSession> critic_owner = make_critic(policy, 3);
+  TrainSession& critic = *critic_owner;
   GrpoOptions o;
   o.n = 4;
   o.max_new_tokens = 8;
@@ -100,23 +64,11 @@ TEST(RlPpo, ValueLossFallsAndTheRewardRises) {
 // critic, which reads the prompt, can learn every return exactly; its loss falls from the zero head's
 // 0.5 E[R^2] to a small fraction of it and the explained variance nears 1.
 TEST(RlPpo, CriticFitsTheReturnsOfAFixedPolicy) {
-  SessionOptions so;
-  TrainSession policy(tiny(), so);
-  policy.init_weights(3);
-  AdamWConfig ac;
-  ac.weight_decay = 0;
-  policy.make_optimizer(ac, false);
-  ModelConfig cc = tiny();
-  cc.value_head = true;
-  TrainSession critic(cc, so);
-  critic.init_weights(3);
-  init_critic_from_policy(critic, policy);
-  critic.make_optimizer(ac, false);
-  EngineOptions eo;
-  eo.kv_cache_bytes = 32 << 20;
-  eo.block_size = 8;
-  eo.record_routing = true;
-  RolloutEngine engine(policy.model(), eo);
+  Rig r = make_rig(3);
+  TrainSession& policy = *r.s;
+  RolloutEngine& engine = *r.engine;
+  const std::unique_ptr<TrainSession> critic_owner = make_critic(policy, 3);
+  TrainSession& critic = *critic_owner;
   GrpoOptions o;
   o.n = 4;
   o.max_new_tokens = 8;
