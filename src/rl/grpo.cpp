@@ -35,6 +35,9 @@ struct Kept {
   std::vector<double> advantage;        // per response token
   std::vector<double> values, returns;  // PPO: the critic's values before the update, GAE returns
   bool filtered = false;                // overlong filtering: token weight 0
+  // The trainer's log-probs and entropies and the reference's log-probs before the update, per response
+  // token; filled before the advantages when the KL goes into the reward, else by the update.
+  std::vector<float> old_lp, entropy, ref_lp;
 };
 
 // A micro-batch of the update: its samples packed, their per-token values set.
@@ -292,33 +295,57 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   const int dp = dist.dp_size(), rank = dist.rank();
   const int64_t K = session.config().num_experts_per_tok;
   const int64_t n = o.n;
-  // KL in the reward: each kept response token's k(old, ref) first (an extra pass of the two forwards the
-  // update makes again; a first version), then -coef k_t joins the token's or the sample's reward.
+  // The trainer's rows of a micro-batch of kept samples (old log-probs with the routing replayed,
+  // entropies) and the reference's log-probs, into each sample's Kept: once per sample, before the
+  // advantages when the KL goes into the reward, else in the update below.
+  PassOptions po;
+  po.token_logprobs = true;
+  po.token_entropy = true;
+  po.temperature = o.sampling.temperature;
+  PassOptions ref_po = po;
+  ref_po.token_entropy = false;
+  auto trainer_rows = [&](const PackedRollouts& p, const std::vector<size_t>& which) {
+    auto t = Clock::now();
+    const HeadRows lp = forward_rows(session, p.mb, po);
+    const std::vector<std::vector<float>> old = response_values(p, lp.logp), ent = response_values(p, lp.entropy);
+    m.logprob_s += since(t);
+    std::vector<std::vector<float>> ref;
+    if (reference) {
+      t = Clock::now();
+      ref = response_values(p, forward_rows(*reference, p.mb, ref_po).logp);
+      m.ref_logprob_s += since(t);
+    }
+    for (size_t k = 0; k < which.size(); ++k) {
+      Kept& x = kept[which[k]];
+      x.old_lp = old[k];
+      x.entropy = ent[k];
+      if (reference) x.ref_lp = ref[k];
+    }
+  };
+  // KL in the reward: each kept response token's k(old, ref) before the advantages; then -coef k_t joins
+  // the token's or the sample's reward.
   std::vector<std::vector<double>> kl_pen(kept.size());
   if (o.kl_reward_coef > 0) {
-    auto t = Clock::now();
-    PassOptions po;
-    po.token_logprobs = true;
-    po.temperature = o.sampling.temperature;
     const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
-    double pen_sum = 0;
-    int64_t pen_tokens = 0;
     for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
       std::vector<RolloutSample> ss;
-      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) ss.push_back(kept[i].s);
-      const PackedRollouts p = pack_rollouts(ss, K);
-      const std::vector<std::vector<float>> old = response_values(p, forward_rows(session, p.mb, po).logp),
-                                            ref = response_values(p, forward_rows(*reference, p.mb, po).logp);
-      for (size_t k = 0; k < ss.size(); ++k)
-        for (size_t j = 0; j < old[k].size(); ++j) {
-          const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, old[k][j], ref[k][j]);
-          kl_pen[c0 + k].push_back(pen);
-          pen_sum += pen;
-          ++pen_tokens;
-        }
+      std::vector<size_t> which;
+      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
+        ss.push_back(kept[i].s);
+        which.push_back(i);
+      }
+      trainer_rows(pack_rollouts(ss, K), which);
     }
+    double pen_sum = 0;
+    int64_t pen_tokens = 0;
+    for (size_t i = 0; i < kept.size(); ++i)
+      for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
+        const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
+        kl_pen[i].push_back(pen);
+        pen_sum += pen;
+        ++pen_tokens;
+      }
     m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
-    m.ref_logprob_s += since(t);
   }
   auto with_kl = [&](size_t i, std::vector<double> r) {
     if (!kl_pen[i].empty())
@@ -395,12 +422,6 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   const int64_t mini = std::min(o.mini_batches, kept_groups);
   std::vector<std::vector<UpdateMicroBatch>> minis;
   minis.resize(static_cast<size_t>(mini));
-  PassOptions po;
-  po.token_logprobs = true;
-  po.token_entropy = true;
-  po.temperature = o.sampling.temperature;
-  PassOptions ref_po = po;
-  ref_po.token_entropy = false;
   double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
   int64_t tokens_all = 0, masked_tokens = 0;
   // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
@@ -426,22 +447,20 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         ss.push_back(kept[i].s);
       }
       u.p = pack_rollouts(ss, K);
-      auto t = Clock::now();
-      const HeadRows lp = forward_rows(session, u.p.mb, po);
-      const std::vector<std::vector<float>> old = response_values(u.p, lp.logp);
-      const std::vector<std::vector<float>> ent = response_values(u.p, lp.entropy);
+      if (o.kl_reward_coef <= 0) trainer_rows(u.p, u.samples);  // else done before the advantages
+      std::vector<std::vector<float>> old, ent, ref;
+      for (size_t i : u.samples) {
+        old.push_back(kept[i].old_lp);
+        ent.push_back(kept[i].entropy);
+        if (reference) ref.push_back(kept[i].ref_lp);
+      }
       std::vector<std::vector<float>> own;  // without the replay
       if (no_replay_check && !u.p.mb.routing.empty()) {
+        auto t = Clock::now();
         MicroBatch mb = u.p.mb;
         mb.routing.clear();
         own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
-      }
-      m.logprob_s += since(t);
-      std::vector<std::vector<float>> ref;
-      if (reference) {
-        t = Clock::now();
-        ref = response_values(u.p, forward_rows(*reference, u.p.mb, ref_po).logp);
-        m.ref_logprob_s += since(t);
+        m.logprob_s += since(t);
       }
       std::vector<std::vector<float>> adv_t, w_t;
       for (size_t k = 0; k < u.samples.size(); ++k) {
