@@ -4,6 +4,7 @@
 // within bf16 noise: the eager steps run at the unpadded batch, so their GEMMs may pick other algorithms).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
 
@@ -137,6 +138,44 @@ TEST(CudaGraphs, DecodeReplayEqualsTheEagerPassBitwise) {
     m.forward_cached(b, cache);
   }
   EXPECT_NE(g.captured_epoch(), cuda_graph::epoch());
+  m.end_inference();
+}
+
+// An expert-parallel rank with nothing to decode still steps with its ep group: forward_cached over zero
+// tokens. Every op of that pass gets only empty tensors; it must run on the CUDA backend (the tensors'
+// device), not fall through to the CPU ops, whose dtype rules refuse bf16 activations (the GPU `grpo --ep 2`
+// failure: "rope_fwd x_TNHd has dtype bf16, expected f32"). The model then decodes as before.
+TEST(CudaGraphs, AnEmptyDecodeStepRunsOnTheGpu) {
+  MT_REQUIRE_GPU();
+  const ModelConfig c = graph_config();
+  const std::unique_ptr<TrainSession> s = cuda_session(c, 5);
+  Qwen3MoeModel& m = s->model();
+  m.begin_inference();
+  KvCache cache = KvCache::allocate(c, Device::CUDA, 8, 8);
+  const int64_t K = c.num_experts_per_tok;
+  CachedBatch none{Tensor::empty({0}, DType::I64), Tensor::empty({0}, DType::I32), Tensor::empty({0}, DType::I32),
+                   Tensor::empty({0}, DType::I32), Tensor::empty({0, 2}, DType::I32), Tensor::empty({0}, DType::I64)};
+  std::vector<Tensor> routing;
+  Tensor logits = m.forward_cached(none, cache, &routing);
+  EXPECT_EQ(logits.shape(), (Shape{0, c.vocab_size}));
+  ASSERT_EQ(routing.size(), 1u);  // one sparse layer
+  EXPECT_EQ(routing[0].shape(), (Shape{0, K}));
+  // A one-token step after the empty one: finite logits, expert ids in range.
+  CachedBatch one{Tensor::empty({1}, DType::I64), Tensor::empty({1}, DType::I32), Tensor::empty({1}, DType::I32),
+                  Tensor::empty({1}, DType::I32), Tensor::empty({1, 2}, DType::I32), Tensor::empty({1}, DType::I64)};
+  one.tokens.data<int64_t>()[0] = 7;
+  one.positions.data<int32_t>()[0] = 0;
+  one.seq.data<int32_t>()[0] = 0;
+  one.slots.data<int32_t>()[0] = 0;
+  one.block_table.data<int32_t>()[0] = 0;
+  one.block_table.data<int32_t>()[1] = 1;
+  one.logit_rows.data<int64_t>()[0] = 0;
+  routing.clear();
+  const Tensor l1 = m.forward_cached(one, cache, &routing).to(Device::CPU);
+  ASSERT_EQ(l1.shape(), (Shape{1, c.vocab_size}));
+  for (int64_t v = 0; v < c.vocab_size; ++v) ASSERT_TRUE(std::isfinite(l1.data<float>()[v])) << v;
+  const Tensor r1 = routing.at(0).to(Device::CPU);
+  for (int64_t k = 0; k < K; ++k) EXPECT_TRUE(r1.data<int32_t>()[k] >= 0 && r1.data<int32_t>()[k] < c.num_experts);
   m.end_inference();
 }
 
