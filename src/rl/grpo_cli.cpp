@@ -91,7 +91,8 @@ const char* kUsage =
     "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
     "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default 2e-4), --warmup-steps N (default 5)\n"
+    "  --lr LR                   (default 2e-4), --warmup-steps N (default 5), --min-lr LR: a cosine decay from\n"
+    "                            LR after the warm-up to this at the last step (default: LR, constant)\n"
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5;\n"
     "                            1.0 with --prompts)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
@@ -446,6 +447,7 @@ int grpo_main(const std::vector<std::string>& args) {
   std::string model_dir = kDemoModel, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
   std::string prompts_path, eval_prompts_path, resume;
   int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
+  double min_lr = -1;  // < 0: no decay
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
@@ -542,6 +544,8 @@ int grpo_main(const std::vector<std::string>& args) {
       o.lr = parse_flag_number<double>(a, value());
     else if (a == "--warmup-steps")
       warmup = parse_flag_number<int64_t>(a, value());
+    else if (a == "--min-lr")
+      min_lr = parse_flag_number<double>(a, value());
     else if (a == "--temperature") {
       o.sampling.temperature = parse_flag_number<float>(a, value());
       temperature_given = true;
@@ -652,6 +656,8 @@ int grpo_main(const std::vector<std::string>& args) {
   if (per_step < 1) MT_THROW("grpo: --prompts-per-step ", per_step, "; need >= 1");
   if (eval_n < 1) MT_THROW("grpo: --eval-problems ", eval_n, "; need >= 1");
   if (warmup < 0) MT_THROW("grpo: --warmup-steps ", warmup, "; need >= 0");
+  if (min_lr != -1 && !(min_lr >= 0 && min_lr <= o.lr))
+    MT_THROW("grpo: --min-lr ", min_lr, "; need 0 <= min-lr <= --lr (", o.lr, ")");
   if (save_every < 0) MT_THROW("grpo: --save-every ", save_every, "; need >= 0 (0: only at the end)");
   if (keep_last < 0) MT_THROW("grpo: --keep-last ", keep_last, "; need >= 0 (0: keep all)");
   if (max_steps < 0 || max_steps > steps)
@@ -1008,7 +1014,14 @@ int grpo_main(const std::vector<std::string>& args) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  auto lr_at = [&](int64_t step) { return warmup > 0 ? o.lr * std::min(1.0, double(step) / double(warmup)) : o.lr; };
+  // Linear warm-up over steps 1..warmup, then constant at --lr, or a cosine from --lr down to --min-lr at the
+  // last step.
+  auto lr_at = [&](int64_t step) {
+    if (warmup > 0 && step <= warmup) return o.lr * double(step) / double(warmup);
+    if (!(min_lr >= 0) || steps <= warmup) return o.lr;
+    const double progress = std::clamp(double(step - warmup) / double(steps - warmup), 0.0, 1.0);
+    return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+  };
 
   // A checkpoint: the HF weights (a model directory: config, safetensors, tokenizer.json), the policy's and
   // the critic's training state and train_state.json, committed by manifest and rename.
@@ -1051,7 +1064,8 @@ int grpo_main(const std::vector<std::string>& args) {
       st["problems_drawn"] = problems_drawn;
     }
     st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
-    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"next_lr", lr_at(step + 1)}};
+    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr >= 0 ? min_lr : o.lr},
+                         {"next_lr", lr_at(step + 1)}};
     st["model_dir"] = model_dir;
     st["model_fingerprint"] = fingerprint;
     if (has_eval) st["eval_before"] = before;
