@@ -1,5 +1,7 @@
 #include "model/param_source.h"
 
+#include <algorithm>
+
 #include "ops/ops.h"
 
 namespace mt {
@@ -120,10 +122,24 @@ std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t) { 
 
 LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights)
     : plan_(plan_units(c, t)) {
-  params_ = Tensor::zeros({t.total()}, DType::F32, device);
+  // A frozen CUDA source never updates its masters on the device: they stay in host memory.
+  const bool host_masters = device == Device::CUDA && weights == Weights::Frozen;
+  params_ = Tensor::zeros({t.total()}, DType::F32, host_masters ? Device::CPU : device);
   if (weights == Weights::Trainable) grads_ = Tensor::zeros({t.total()}, DType::F32, device);
   // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
   compute_ = device == Device::CUDA ? Tensor::zeros({t.total()}, DType::BF16, device) : params_;
+  if (!host_masters) return;
+  constexpr int64_t kAlign = 64;  // elements: 256 bytes
+  int64_t n = 0;
+  for (const ParamEntry& e : t.entries()) {
+    if (!fp32_compute_param(e.name)) continue;
+    n += ((e.offset - n) % kAlign + kAlign) % kAlign;  // n == e.offset (mod kAlign)
+    fp32_slots_.push_back({e.offset, n, e.numel});
+    n += e.numel;
+  }
+  std::sort(fp32_slots_.begin(), fp32_slots_.end(),
+            [](const Fp32Slot& a, const Fp32Slot& b) { return a.flat < b.flat; });
+  if (n > 0) fp32_ = Tensor::zeros({n}, DType::F32, device);
 }
 
 Tensor LocalParams::acquire_weights(int u) {
@@ -146,7 +162,14 @@ Tensor LocalParams::unit_grads(int u) {
 
 Tensor LocalParams::fp32_param(const ParamEntry& e) {
   if (!has_compute_copy()) return {};
-  return params_.rows(e.offset, e.numel);
+  if (!host_masters()) return params_.rows(e.offset, e.numel);
+  auto it = std::lower_bound(fp32_slots_.begin(), fp32_slots_.end(), e.offset,
+                             [](const Fp32Slot& s, int64_t flat) { return s.flat < flat; });
+  if (it == fp32_slots_.end() || it->flat != e.offset || it->numel != e.numel)
+    MT_THROW("fp32_param(", e.name, "): a frozen CUDA model keeps f32 copies on the device only of the "
+             "parameters the kernels read in fp32 (RMSNorm gains, MoE routers: fp32_compute_param); ", e.name,
+             " is not one of them");
+  return fp32_.rows(it->at, it->numel);
 }
 
 std::vector<std::pair<int64_t, int64_t>> LocalParams::unit_ranges() const {
@@ -155,8 +178,30 @@ std::vector<std::pair<int64_t, int64_t>> LocalParams::unit_ranges() const {
   return r;
 }
 
-void LocalParams::refresh_compute_weights() {
-  if (has_compute_copy()) ops::copy_cast(params_, compute_);
+void LocalParams::refresh_compute_weights(int64_t staging_elements) {
+  if (!has_compute_copy()) return;
+  if (!host_masters()) {
+    ops::copy_cast(params_, compute_);
+    return;
+  }
+  if (staging_elements < 1)
+    MT_THROW("refresh_compute_weights: staging_elements = ", staging_elements, "; need >= 1 (f32 values per chunk)");
+  // Host f32 -> device staging -> bf16 compute copy, chunk by chunk. The copies run on the legacy stream
+  // and the cast on the compute stream, which synchronises with it, so reusing the staging buffer for
+  // the next chunk waits for the previous cast.
+  const int64_t total = params_.numel(), chunk = std::min(total, staging_elements);
+  Tensor stage = Tensor::empty({std::max<int64_t>(chunk, 1)}, DType::F32, compute_.device());
+  for (int64_t b = 0; b < total; b += chunk) {
+    const int64_t n = std::min(chunk, total - b);
+    Tensor s = stage.rows(0, n), dst = compute_.rows(b, n);
+    s.copy_from(params_.rows(b, n));
+    ops::copy_cast(s, dst);
+  }
+  if (!fp32_.defined()) return;
+  // fp32_param's buffer: the gains and routers gathered on the host, one copy to the device.
+  Tensor host = Tensor::zeros({fp32_.numel()});
+  for (const Fp32Slot& s : fp32_slots_) host.rows(s.at, s.numel).copy_from(params_.rows(s.flat, s.numel));
+  fp32_.copy_from(host);
 }
 
 }  // namespace mt

@@ -94,6 +94,12 @@ class ParamSource {
 
 // Every unit held in full on one device (no expert parallelism): the master weights, the gradients
 // and (on CUDA) the bf16 compute copy are flat buffers over the whole model.
+//
+// A frozen source on CUDA (an RL reference model, a generator) never updates its masters on the device,
+// so it keeps them in host memory: the device holds the bf16 compute copy and a small f32 buffer of the
+// parameters the kernels read in fp32 (fp32_compute_param), 2 bytes a parameter instead of 6 (bench-4L:
+// 6.2 GB instead of 18.7 GB). Whatever writes params() (loading, init, copying another model's weights)
+// then calls refresh_compute_weights(), as on every other source.
 class LocalParams final : public ParamSource {
  public:
   LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights = Weights::Trainable);
@@ -103,7 +109,9 @@ class LocalParams final : public ParamSource {
   void release_weights(int) override {}
   Tensor unit_grads(int u) override;
   void grads_done(int) override {}
-  Tensor fp32_param(const ParamEntry& e) override;  // a view of the f32 masters
+  // A view of the f32 masters; with host masters (frozen, CUDA) a view of the device buffer that
+  // refresh_compute_weights() fills, and only for the fp32_compute_param entries (others: an error).
+  Tensor fp32_param(const ParamEntry& e) override;
 
   // The optimizer's overlapped step (AdamW::step_overlapped): event u marks unit u's update, and
   // acquire_weights(u) makes the compute stream wait for it. Null: nothing to wait for.
@@ -111,18 +119,33 @@ class LocalParams final : public ParamSource {
   // Each unit's [begin, end) in the flat buffers, in unit order (the order the forward uses them).
   std::vector<std::pair<int64_t, int64_t>> unit_ranges() const;
 
-  Tensor& params() { return params_; }  // f32 master weights
-  Tensor& grads();                       // f32; an error when frozen
+  // f32 master weights: on the source's device, or in host memory when host_masters().
+  Tensor& params() { return params_; }
+  Tensor& grads();  // f32; an error when frozen
   // bf16 on CUDA; on the CPU the master weights themselves.
   Tensor& compute() { return compute_; }
   bool has_compute_copy() const { return compute_.raw() != params_.raw(); }
-  void refresh_compute_weights();
+  // Frozen on CUDA: params() is host memory while compute() is on the device.
+  bool host_masters() const { return params_.device() != compute_.device(); }
+  // The compute copy (and fp32_param's buffer) from params(). Host masters travel in chunks of at most
+  // staging_elements f32 values through one device staging buffer and are converted to bf16 there, so
+  // the device never holds a full-size f32 temporary (the default: 128 MB).
+  static constexpr int64_t kStagingElements = int64_t(32) << 20;
+  void refresh_compute_weights(int64_t staging_elements = kStagingElements);
 
  private:
   UnitPlan plan_;
   std::vector<ParamUnit>& units_ = plan_.units;
   Tensor params_, grads_, compute_;
   streams::EventSet* ready_ = nullptr;
+  // Host masters only: the fp32_compute_param entries' values on the device, each placed at the same
+  // offset modulo 64 elements (256 bytes) as in the flat layout, so that the kernels see the alignment
+  // a trainable source's views of its masters have (the same GEMM algorithms, the same bits).
+  struct Fp32Slot {
+    int64_t flat = 0, at = 0, numel = 0;  // flat layout [flat, flat + numel) -> fp32_ [at, at + numel)
+  };
+  std::vector<Fp32Slot> fp32_slots_;  // in flat order
+  Tensor fp32_;
 };
 
 }  // namespace mt

@@ -56,9 +56,11 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
 
 void ParallelModel::init_weights(Qwen3MoeModel& m, const ParamTable& t, uint64_t seed) const {
   Tensor& dst = master(m);
-  Tensor host = Tensor::zeros({dst.numel()});
+  // Host masters (the CPU, or a frozen CUDA model's) are written in place: no second full-size buffer.
+  Tensor host = dst.is_cpu() ? dst : Tensor::zeros({dst.numel()});
+  if (dst.is_cpu()) dst.zero_();
   init_weights_ranges(tp ? tp->global_config() : m.config(), t, pieces(t), host, seed);
-  dst.copy_from(host.to(dst.device()));
+  if (!dst.is_cpu()) dst.copy_from(host);
 }
 
 std::function<double()> ParallelModel::global_grad_sq() const {

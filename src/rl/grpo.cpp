@@ -684,13 +684,15 @@ TpGenerator::TpGenerator(TrainSession& policy)
 
 double TpGenerator::refresh() {
   const auto t = Clock::now();
+  // The copy's masters are host memory on CUDA too (a frozen model: LocalParams::host_masters).
   Tensor& flat = model_.params();
-  const bool sharded = policy_.fsdp() != nullptr;
-  const Tensor host = sharded ? Tensor() : policy_.master().to(Device::CPU);
-  for (const ParamEntry& e : policy_.table().entries()) {
-    const Tensor full =
-        sharded ? policy_.parallel().gather_param_host(e, /*grads=*/false) : view_at(host, e.offset, e.shape);
-    view_at(flat, e.offset, e.shape).copy_from(flat.device() == Device::CPU ? full : full.to(flat.device()));
+  if (policy_.fsdp() == nullptr) {
+    flat.copy_from(policy_.master());  // the whole flat layout, from whichever device holds it
+  } else {
+    for (const ParamEntry& e : policy_.table().entries()) {
+      const Tensor full = policy_.parallel().gather_param_host(e, /*grads=*/false);
+      view_at(flat, e.offset, e.shape).copy_from(full);
+    }
   }
   model_.refresh_compute_weights();
   return since(t);

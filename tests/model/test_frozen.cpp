@@ -11,7 +11,9 @@
 #include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
 #include "parallel/fsdp.h"
+#include "rl/grpo.h"
 #include "test_util.h"
+#include "train/session.h"
 
 using namespace mt;
 using test::random_batch;
@@ -75,4 +77,22 @@ TEST(FrozenWeights, ShardedForwardEqualsTrainableAndBackwardIsRefused) {
   // A frozen source cannot be combined with an explicit Weights argument.
   e = error_of([&] { Qwen3MoeModel bad(c, Device::CPU, &frozen_src, Weights::Frozen); });
   EXPECT_NE(e.find("an external source decides for itself"), std::string::npos) << e;
+}
+
+// The copies a frozen model's masters get on the host (the CPU here; a frozen CUDA model's masters are host
+// memory too, tests/cuda/test_cuda_frozen.cpp): a session's init writes the masters in place with the values
+// of the full init_weights, whatever they held, and TpGenerator copies a one-process policy exactly.
+TEST(FrozenWeights, SessionInitInPlaceAndTpGeneratorCopyAOneProcessPolicyExactly) {
+  const ModelConfig c = preset_model_config("tiny");
+  TrainSession policy(c, SessionOptions{});
+  Tensor want = Tensor::zeros({policy.table().total()});
+  init_weights(c, policy.table(), want, 3);
+  policy.master().fill_(7.0f);
+  policy.init_weights(3);
+  EXPECT_TRUE(testutil::same_bits(policy.master(), want));
+  rl::TpGenerator gen(policy);
+  EXPECT_FALSE(gen.model().local().trainable());
+  EXPECT_TRUE(testutil::same_bits(gen.model().params(), policy.master()));
+  const MicroBatch mb = random_batch(c, 2, 16, 4);
+  EXPECT_TRUE(same(logits_of(gen.model(), mb), logits_of(policy.model(), mb)));
 }
