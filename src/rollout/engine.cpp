@@ -44,13 +44,16 @@ int64_t decode_bucket(int64_t n) {
 }
 
 // A generate call's decode graphs: device inputs and outputs at fixed addresses, sized for the largest
-// bucket the call can reach, and one graph per bucket. Rows past a step's batch are padding: token 0 at
-// position 0 of the cache's scratch block (which no sequence owns), whose key and value it writes first.
+// bucket the call can reach, and one graph per bucket: the forward and the sampler. Rows past a step's
+// batch are padding: token 0 at position 0 of the cache's scratch block (which no sequence owns), whose key
+// and value it writes first, drawn greedily.
 struct DecodeGraphs {
   int64_t max_b = 0, width = 0;  // buffer rows, block-table width
   CachedBatch in;                // device tensors of max_b rows
+  Tensor sample_rows;            // i64 [max_b, 5]: each row's sampling parameters and draw counter
   Tensor logits;                 // f32 [max_b, V]
   std::vector<Tensor> routing;   // per sparse layer, i32 [max_b, K]
+  Tensor tokens, logprobs;       // i32, f32 [max_b]: the draws
   std::map<int64_t, cuda_graph::Graph> graphs;
 };
 
@@ -214,8 +217,20 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     const int64_t N = int64_t(tok.size()), B = int64_t(tables.size());
     size_t M = 1;
     for (const auto* t : tables) M = std::max(M, t->size());
+    // Each draw's sampling parameters and counter: row j of a prompt's n is sample j; position = the
+    // position of the token being drawn.
+    std::vector<SamplingParams> params(logit_rows.size());
+    std::vector<DrawCounter> counters(logit_rows.size());
+    for (const Fed& f : fed) {
+      const GenerateRequest& r = requests[size_t(f.s->req)];
+      const int64_t draws = f.prefill ? r.n : 1;
+      for (int64_t j = 0; j < draws; ++j) {
+        params[size_t(f.first_logit + j)] = r.sampling;
+        counters[size_t(f.first_logit + j)] = {uint64_t(f.prefill ? j : f.s->sample), uint64_t(f.s->tokens.size())};
+      }
+    }
     std::vector<Tensor> routing;
-    Tensor logits;
+    Tensor logits, drawn, drawn_lp;  // the draws are defined here when the decode graph's sampler made them
     auto tf = Clock::now();
     if (use_graphs && graphs_off_.empty() && admitted.empty() && N > 0 && int64_t(M) <= dg.width) {
       // A decode step: N sequences, one token each, padded to the bucket; its graph replayed (captured first).
@@ -225,7 +240,10 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
         dg.in = CachedBatch{Tensor::empty({dg.max_b}, DType::I64, d),          Tensor::empty({dg.max_b}, DType::I32, d),
                             Tensor::empty({dg.max_b}, DType::I32, d),          Tensor::empty({dg.max_b}, DType::I32, d),
                             Tensor::empty({dg.max_b, dg.width}, DType::I32, d), Tensor::empty({dg.max_b}, DType::I64, d)};
+        dg.sample_rows = Tensor::empty({dg.max_b, kSampleRowWords}, DType::I64, d);
         dg.logits = Tensor::empty({dg.max_b, c.vocab_size}, DType::F32, d);
+        dg.tokens = Tensor::empty({dg.max_b}, DType::I32, d);
+        dg.logprobs = Tensor::empty({dg.max_b}, DType::F32, d);
         if (record)
           for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             if (c.is_sparse_layer(l)) dg.routing.push_back(Tensor::empty({dg.max_b, c.num_experts_per_tok}, DType::I32, d));
@@ -253,18 +271,31 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
       in.slots.copy_from(h_slot);
       in.block_table.copy_from(h_table);
       in.logit_rows.copy_from(h_rows);
+      // The draws' rows (the step's counters among them: a replay draws new numbers); padding rows greedy.
+      std::vector<SamplingParams> pad_params(params);
+      std::vector<DrawCounter> pad_counters(counters);
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      pad_params.resize(size_t(Bk), greedy);
+      pad_counters.resize(size_t(Bk), DrawCounter{});
+      Tensor srows = dg.sample_rows.rows(0, Bk), stok = dg.tokens.rows(0, Bk), slp = dg.logprobs.rows(0, Bk);
+      srows.copy_from(pack_sample_rows(pad_params, pad_counters));
       Tensor out = dg.logits.rows(0, Bk);
       std::vector<Tensor>* rec = record && !dg.routing.empty() ? &dg.routing : nullptr;
+      auto decode_step = [&] {
+        model_.forward_cached_into(in, cache_, out, rec);
+        ops::sample_tokens(out, srows, stok, slp);
+      };
       cuda_graph::Graph& g = dg.graphs[Bk];
       if (!g.empty() && g.captured_epoch() == cuda_graph::epoch()) {
         g.replay();
         ++stats_.graph_steps;
       } else {
-        model_.forward_cached_into(in, cache_, out, rec);  // this step's results; it also grows what the graph needs
+        decode_step();  // this step's results; it also grows what the graph needs
         model_.settle_arenas();  // their blocks merged now, so the capture allocates nothing
         const auto tc = Clock::now();
         std::string why;
-        if (g.capture([&] { model_.forward_cached_into(in, cache_, out, rec); }, &why)) {
+        if (g.capture(decode_step, &why)) {
           ++stats_.graph_captures;
         } else {
           graphs_off_ = why;
@@ -273,6 +304,8 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
         stats_.graph_capture_seconds += since(tc);
       }
       logits = dg.logits.rows(0, N);
+      drawn = dg.tokens.rows(0, N);
+      drawn_lp = dg.logprobs.rows(0, N);
       for (const Tensor& t : dg.routing) routing.push_back(t.rows(0, N));
     } else {
       CachedBatch b;
@@ -296,24 +329,18 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     stats_.forward_seconds += since(tf);
     ++stats_.steps;
 
-    // Sample on the model's device, one row per draw: a decoding sequence's next token, or each of an
-    // admitted prompt's n first tokens (its samples share the prompt's blocks from here on: forks).
+    // Sample on the model's device (inside a decode step's graph, or after the forward), one row per draw:
+    // a decoding sequence's next token, or each of an admitted prompt's n first tokens (its samples share
+    // the prompt's blocks from here on: forks).
     auto ts = Clock::now();
-    std::vector<SamplingParams> params(logit_rows.size());
-    std::vector<DrawCounter> counters(logit_rows.size());
-    for (const Fed& f : fed) {
-      const GenerateRequest& r = requests[size_t(f.s->req)];
-      const int64_t draws = f.prefill ? r.n : 1;
-      for (int64_t j = 0; j < draws; ++j) {
-        params[size_t(f.first_logit + j)] = r.sampling;
-        counters[size_t(f.first_logit + j)] = {uint64_t(f.prefill ? j : f.s->sample), uint64_t(f.s->tokens.size())};
-      }
+    if (!drawn.defined()) {
+      const int64_t R = int64_t(logit_rows.size());
+      const Device dev = logits.device();
+      const Tensor sample_rows = pack_sample_rows(params, counters);
+      drawn = Tensor::empty({R}, DType::I32, dev);
+      drawn_lp = Tensor::empty({R}, DType::F32, dev);
+      ops::sample_tokens(logits, dev == Device::CPU ? sample_rows : sample_rows.to(dev), drawn, drawn_lp);
     }
-    const int64_t R = int64_t(logit_rows.size());
-    const Device dev = logits.device();
-    Tensor sample_rows = pack_sample_rows(params, counters), drawn = Tensor::empty({R}, DType::I32, dev),
-           drawn_lp = Tensor::empty({R}, DType::F32, dev);
-    ops::sample_tokens(logits, dev == Device::CPU ? sample_rows : sample_rows.to(dev), drawn, drawn_lp);
     const Tensor tokens_h = drawn.to(Device::CPU), logprobs_h = drawn_lp.to(Device::CPU);  // the step's one sync
     for (Tensor& t : routing)
       if (t.device() != Device::CPU) t = t.to(Device::CPU);  // after the sync: no layer waited for these

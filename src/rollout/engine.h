@@ -64,8 +64,9 @@ struct EngineOptions {
   // all-reduce of a flag per step), since each forward exchanges tokens with all of them. Null: the
   // rank steps alone (one device, or data parallelism without ep).
   comm::Communicator* lockstep = nullptr;
-  // Decode steps (every running sequence's next token, no prompt) as CUDA graphs, one per batch bucket
-  // (the batch padded up to 1, 2, 4, 8, then multiples of 8 to 64, of 32 to 512, of 128 beyond): captured
+  // Decode steps (every running sequence's next token, no prompt) as CUDA graphs of the forward and the
+  // sampler, one per batch bucket (the batch padded up to 1, 2, 4, 8, then multiples of 8 to 64, of 32 to
+  // 512, of 128 beyond; the step's sampling rows copied to the device first, so a replay draws anew): captured
   // at a bucket's first decode step of a generate call and replayed after. Only where the model can be
   // captured (Qwen3MoeModel::capturable_cached: CUDA, no expert parallelism) and op profiling is off;
   // MOETRAIN_CUDA_GRAPHS=0 turns them off too. docs/rollout.md "CUDA graphs".

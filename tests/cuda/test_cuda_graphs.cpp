@@ -1,7 +1,8 @@
 // Decode steps as CUDA graphs (core/cuda_graph.h, rollout/engine.cpp): a captured forward_cached_into
 // replayed over new inputs gives the eager pass's logits and routing bit for bit; a graph goes stale when
-// an arena moves; the engine with graphs generates what it generates without them (tokens equal, log-probs
-// within bf16 noise: the eager steps run at the unpadded batch, so their GEMMs may pick other algorithms).
+// an arena moves; the engine with graphs (the forward and the sampler captured, greedy, plain, top-k +
+// top-p and min-p rows) generates what it generates without them (tokens equal, log-probs within bf16
+// noise: the eager steps run at the unpadded batch, so their GEMMs may pick other algorithms).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -190,6 +191,11 @@ TEST(CudaGraphs, EngineWithGraphsGeneratesWhatItDoesWithout) {
     r.max_new_tokens = 12 + 4 * i;  // sequences finish at different steps: the batch shrinks through buckets
     r.sampling.temperature = i % 2 ? 1.0f : 0.0f;
     r.sampling.seed = uint64_t(10 + i);
+    if (i == 3) {  // the sampler's truncation path inside the graph too
+      r.sampling.top_k = 20;
+      r.sampling.top_p = 0.9f;
+    }
+    if (i == 5) r.sampling.min_p = 0.05f;
     r.n = i == 1 ? 3 : 1;
     reqs.push_back(r);
   }
