@@ -166,7 +166,7 @@ TEST(CudaSample, TruncationPathDrawsTheFastPathsTokensWithoutTruncation) {
       const float* row = logits.data<float>() + r * V;
       distinct += fast.tokens.data<int32_t>()[r] != int32_t(std::max_element(row, row + V) - row);
     }
-    EXPECT_GT(distinct, R / 2) << "V " << V;
+    EXPECT_GT(distinct, R / 4) << "V " << V;
   }
 }
 
