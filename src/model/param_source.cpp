@@ -120,6 +120,27 @@ UnitPlan plan_units(const ModelConfig& c, const ParamTable& t, int ep, int ep_ra
 
 std::vector<ParamUnit> param_units(const ModelConfig& c, const ParamTable& t) { return plan_units(c, t).units; }
 
+void cast_host_to_device(const Tensor& src, Tensor& dst, int64_t staging_elements) {
+  if (staging_elements < 1)
+    MT_THROW("refresh_compute_weights: staging_elements = ", staging_elements, "; need >= 1 (f32 values per chunk)");
+  MT_CHECK(src.is_cpu() && src.dtype() == DType::F32 && !dst.is_cpu() && dst.numel() == src.numel(),
+           "cast_host_to_device: from ", src.desc(), " to ", dst.desc(), "; need host f32 and a device tensor of as many elements");
+  // Host f32 -> device staging -> dst, chunk by chunk. The copies run on the legacy stream and the cast
+  // on the compute stream, which synchronises with it, so refilling the staging buffer for the next
+  // chunk waits for the previous cast.
+  const int64_t total = src.numel(), chunk = std::min(total, staging_elements);
+  if (total == 0) return;
+  Tensor stage = Tensor::empty({chunk}, DType::F32, dst.device());
+  const Tensor src_1d = src.view({total});
+  Tensor dst_1d = dst.view({total});
+  for (int64_t b = 0; b < total; b += chunk) {
+    const int64_t n = std::min(chunk, total - b);
+    Tensor s = stage.rows(0, n), d = dst_1d.rows(b, n);
+    s.copy_from(src_1d.rows(b, n));
+    ops::copy_cast(s, d);
+  }
+}
+
 LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights)
     : plan_(plan_units(c, t)) {
   // A frozen CUDA source never updates its masters on the device: they stay in host memory.
@@ -184,19 +205,7 @@ void LocalParams::refresh_compute_weights(int64_t staging_elements) {
     ops::copy_cast(params_, compute_);
     return;
   }
-  if (staging_elements < 1)
-    MT_THROW("refresh_compute_weights: staging_elements = ", staging_elements, "; need >= 1 (f32 values per chunk)");
-  // Host f32 -> device staging -> bf16 compute copy, chunk by chunk. The copies run on the legacy stream
-  // and the cast on the compute stream, which synchronises with it, so reusing the staging buffer for
-  // the next chunk waits for the previous cast.
-  const int64_t total = params_.numel(), chunk = std::min(total, staging_elements);
-  Tensor stage = Tensor::empty({std::max<int64_t>(chunk, 1)}, DType::F32, compute_.device());
-  for (int64_t b = 0; b < total; b += chunk) {
-    const int64_t n = std::min(chunk, total - b);
-    Tensor s = stage.rows(0, n), dst = compute_.rows(b, n);
-    s.copy_from(params_.rows(b, n));
-    ops::copy_cast(s, dst);
-  }
+  cast_host_to_device(params_, compute_, staging_elements);
   if (!fp32_.defined()) return;
   // fp32_param's buffer: the gains and routers gathered on the host, one copy to the device.
   Tensor host = Tensor::zeros({fp32_.numel()});

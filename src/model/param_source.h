@@ -92,6 +92,11 @@ class ParamSource {
   }
 };
 
+// dst (bf16, on the device) = src (f32, host memory) element by element, in chunks of at most
+// staging_elements values through one device staging buffer, converted on the device: a frozen source's
+// refresh from host masters never holds a full-size f32 temporary on the device.
+void cast_host_to_device(const Tensor& src, Tensor& dst, int64_t staging_elements);
+
 // Every unit held in full on one device (no expert parallelism): the master weights, the gradients
 // and (on CUDA) the bf16 compute copy are flat buffers over the whole model.
 //

@@ -92,7 +92,10 @@ FsdpParams::FsdpParams(const ModelConfig& c, const ParamTable& t, Device device,
   }
   written_.assign(units_.size(), 0);
   in_backward_.assign(units_.size(), 0);
-  params_ = Tensor::zeros({local_numel_}, DType::F32, device);
+  // A frozen CUDA source never updates its masters on the device: they stay in host memory (as
+  // LocalParams does); the device holds the bf16 shard and fp32_param's buffer.
+  const bool host_masters = device == Device::CUDA && opt.weights == Weights::Frozen;
+  params_ = Tensor::zeros({local_numel_}, DType::F32, host_masters ? Device::CPU : device);
   if (opt.weights == Weights::Trainable) grads_ = Tensor::zeros({local_numel_}, DType::F32, device);
   compute_ = device == Device::CUDA ? Tensor::zeros({local_numel_}, DType::BF16, device) : params_;
   if (compute_.raw() != params_.raw()) plan_fp32_params(t);
@@ -132,7 +135,10 @@ void FsdpParams::refresh_fp32_params() {
   fp32_.zero_();
   for (const Fp32Copy& c : fp32_copies_) {
     Tensor dst = fp32_.rows(c.dst, c.n);
-    ops::copy_cast(params_.rows(c.src, c.n), dst);
+    if (params_.is_cpu())
+      dst.copy_from(params_.rows(c.src, c.n));  // host masters (frozen)
+    else
+      ops::copy_cast(params_.rows(c.src, c.n), dst);
   }
   CommTimer t{comm_s_};
   shard_.all_reduce(fp32_, comm::ReduceOp::Sum)->wait();
@@ -342,7 +348,11 @@ void FsdpParams::zero_grads() {
 }
 
 void FsdpParams::refresh_compute_weights() {
-  if (compute_.raw() != params_.raw()) ops::copy_cast(params_, compute_);
+  if (compute_.raw() == params_.raw()) return;
+  if (params_.is_cpu())
+    cast_host_to_device(params_, compute_, LocalParams::kStagingElements);  // host masters (frozen)
+  else
+    ops::copy_cast(params_, compute_);
 }
 
 Tensor FsdpParams::gather_range_host(int64_t begin, int64_t end, bool grads) {

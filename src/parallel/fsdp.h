@@ -101,7 +101,9 @@ class FsdpParams final : public ParamSource {
   // and summing it over dp_shard (every element has exactly one owner there, so the sum is exact).
   Tensor fp32_param(const ParamEntry& e) override;
 
-  // Local shards (1-D, local_numel() elements).
+  // Local shards (1-D, local_numel() elements). A frozen source on CUDA keeps its f32 master shard in
+  // host memory (2 device bytes a parameter per shard instead of 6); refresh_compute_weights() after
+  // writing it, as always.
   Tensor& params() { return params_; }
   Tensor& grads();  // an error when frozen
   bool trainable() const override { return grads_.defined(); }

@@ -10,11 +10,14 @@
 #include <filesystem>
 #include <memory>
 
+#include "comm/communicator.h"
+#include "comm/store.h"
 #include "core/determinism.h"
 #include "cuda_test_util.h"
 #include "model/hf_checkpoint.h"
 #include "model/model_test_util.h"
 #include "model/qwen3_moe.h"
+#include "parallel/fsdp.h"
 #include "rl/grpo.h"
 #include "test_util.h"
 #include "train/session.h"
@@ -138,4 +141,48 @@ TEST(CudaFrozen, LoadCopyAndTpGeneratorThenRefreshGiveTheTrainableComputeCopy) {
   EXPECT_NE(e.find("staging_elements = 0; need >= 1"), std::string::npos) << e;
   e = error_of([&] { frozen.model().local().fp32_param(table.at("model.embed_tokens.weight")); });
   EXPECT_NE(e.find("model.embed_tokens.weight is not one of them"), std::string::npos) << e;
+}
+
+// The sharded source's frozen path (FsdpOptions::weights = Frozen) on a one-rank CUDA world: host masters,
+// about the bf16 shard on the device, and the trainable source's logits bit for bit.
+TEST(CudaFrozen, ShardedSourceKeepsItsMastersOnTheHost) {
+  MT_REQUIRE_GPU();
+  DeterministicScope det(true);
+  const ModelConfig c = frozen_config();
+  const ParamTable table(c);
+  const int64_t P = table.total();
+  Tensor host = Tensor::zeros({P});
+  init_weights(c, table, host, 11);
+  auto store = comm::make_memory_store();
+  auto world = comm::make_world(Device::CUDA, 0, 1, *store, {});
+  auto load = [&](FsdpParams& f) {
+    for (const FlatRange& p : f.owned_pieces()) {
+      Tensor dst = f.params().rows(p.dst_offset, p.end - p.begin);
+      dst.copy_from(host.rows(p.begin, p.end - p.begin));
+    }
+    f.refresh_compute_weights();
+  };
+  FsdpParams trainable_src(c, table, Device::CUDA, *world, nullptr);
+  load(trainable_src);
+  FsdpOptions fo;
+  fo.weights = Weights::Frozen;
+  const size_t before = device_mem::cuda_bytes_in_use();
+  FsdpParams frozen_src(c, table, Device::CUDA, *world, nullptr, fo);
+  load(frozen_src);
+  const double frozen_bytes = double(device_mem::cuda_bytes_in_use() - before);
+  std::printf("[frozen fsdp] %lld parameters: %.2f device bytes per parameter\n", (long long)P,
+              frozen_bytes / double(P));
+  EXPECT_EQ(frozen_src.params().device(), Device::CPU);
+  EXPECT_GE(frozen_bytes, 2.0 * double(P));
+  EXPECT_LT(frozen_bytes, 0.6 * 4.0 * double(P));
+  EXPECT_TRUE(same_bits(*frozen_src.compute_params(), *trainable_src.compute_params()));
+  Qwen3MoeModel frozen(c, Device::CUDA, &frozen_src), trainable(c, Device::CUDA, &trainable_src);
+  const MicroBatch mb = test::random_batch(c, 2, 32, 12);
+  Tensor lf, lt;
+  frozen.forward(mb, &lf);
+  trainable.forward(mb, &lt);
+  EXPECT_TRUE(same_bits(lf, lt)) << "rel. L2 " << cudatest::rel_l2(lf, lt);
+  for (const ParamEntry& e : table.entries())
+    if (fp32_compute_param(e.name))
+      EXPECT_TRUE(same_bits(frozen_src.fp32_param(e), host.rows(e.offset, e.numel))) << e.name;
 }
