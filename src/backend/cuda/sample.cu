@@ -20,9 +20,10 @@
 //    own weight reaches it. Then the race, with the same scores, over keys at or above both thresholds and
 //    weights at or above min_p.
 // The CPU reference computes in fp64; f32 here differs only where two race scores or a threshold's masses
-// are within rounding (-log2 u and its log2 are within ~1e-6 relative and absolute: the hardware log2 away
-// from u = 1, a series near it). tests/cuda compare the two, the draws' distribution, and the fast path
-// with the truncation path.
+// are within rounding (-log2 u within ~1.2e-6 relative: the hardware log2 away from u = 1, a series near
+// it; its log2 within 2 ulp of a result below 32.5 in magnitude, i.e. < 8e-6 absolute, the size of the
+// rounding of x log2(e) / T itself). tests/cuda compare the two, the draws' distribution, and the fast
+// path with the truncation path.
 #include <cstdint>
 #include <type_traits>
 
@@ -101,7 +102,8 @@ __device__ __forceinline__ float neg_log2_uniform(uint32_t w) {
 }
 
 // The race score of a token with logit x (finite) and Philox word w, in base-2 units: larger wins.
-// -log2(-log2 u) lies in [-5, 32.5], so the hardware log2's error there is absolute and below 1e-6.
+// -log2(-log2 u) lies in [-5.1, 32.5]; the hardware log2 is within 2^-22 there for -log2 u in [0.5, 2]
+// and 2 ulp elsewhere: below 8e-6 absolute.
 // One explicit fused multiply-add, so every call site rounds the same way (the fast and the truncation
 // paths must give a token the same score).
 __device__ __forceinline__ float race_score(float x, float k2, uint32_t w) {
