@@ -6,7 +6,8 @@
 // model's EOS is off, so every sample has exactly --new-tokens tokens. Step 1 warms up (cuDNN graphs for
 // the packed shapes, the allocator's growth); steps 2.. are measured. One JSON line per step: the time
 // split (generate, reward, log-probs, reference log-probs, update, weight sync), rollout and train tokens/s,
-// and the weight sync's share of the step (the bound: under 1%).
+// and the weight sync's share of the step (the bound: under 1%), the peak device memory and the frozen
+// reference's share of it (reference_gpu_mb: its bf16 copy; its f32 masters stay in host memory).
 //
 // usage: rl_step [--model bench-4L] [--prompts 64] [--n 8] [--prompt-len 128] [--new-tokens 512]
 //                [--micro-batch-samples 8] [--steps 2] [--reference on|off] [--recompute none|full]
@@ -68,11 +69,14 @@ int main(int argc, char** argv) {
     session.init_weights(1);
     session.make_optimizer(AdamWConfig{}, false);
     std::unique_ptr<TrainSession> reference;
+    double reference_gpu_mb = 0;  // the frozen reference's device memory (its masters stay on the host)
     if (use_reference) {
+      const size_t before = dev == Device::CUDA ? device_mem::cuda_bytes_in_use() : 0;
       SessionOptions ro = so;
       ro.weights = Weights::Frozen;
       reference = std::make_unique<TrainSession>(mc, ro);
       reference->init_weights(1);
+      if (dev == Device::CUDA) reference_gpu_mb = double(device_mem::cuda_bytes_in_use() - before) / 1e6;
     }
     EngineOptions eo;
     eo.record_routing = true;
@@ -148,7 +152,8 @@ int main(int argc, char** argv) {
                        {"logprob_diff_mean", m.logprob_diff_mean},
                        {"logprob_diff_max", m.logprob_diff_max},
                        {"grad_norm", m.grad_norm},
-                       {"gpu_peak_mb", dev == Device::CUDA ? double(device_mem::cuda_peak_bytes()) / 1e6 : 0.0}};
+                       {"gpu_peak_mb", dev == Device::CUDA ? double(device_mem::cuda_peak_bytes()) / 1e6 : 0.0},
+                       {"reference_gpu_mb", reference_gpu_mb}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
     }
