@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <optional>
 
 #include "core/cuda_graph.h"
@@ -11,6 +12,28 @@
 #include "model/objective.h"
 
 namespace mt {
+
+namespace {
+
+bool env_switch(const char* var) {
+  const char* v = std::getenv(var);
+  const std::string s = v ? v : "";
+  if (s.empty() || s == "1") return true;
+  if (s == "0") return false;
+  MT_THROW(var, " (\"", s, "\") must be 0 or 1");
+}
+
+}  // namespace
+
+bool fuse_norm_add_default() {
+  static const bool on = env_switch("MOETRAIN_FUSE_NORM_ADD");
+  return on;
+}
+
+bool fuse_gemm_add_default() {
+  static const bool on = env_switch("MOETRAIN_FUSE_GEMM_ADD");
+  return on;
+}
 
 Recompute parse_recompute(const std::string& s) {
   if (s == "none") return Recompute::None;
@@ -243,7 +266,8 @@ LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) {
   return run(mb, o, false);
 }
 
-void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known) {
+void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in,
+                                  Tensor* add_out) {
   const LayerWeights& w = w_.layers[size_t(l)];
   // T: the micro-batch's rows (attention, q/k/v, MLP); Tl: this rank's rows (norms, residual, router).
   // They differ only under tensor parallelism.
@@ -265,7 +289,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
 
   a.xn1 = A.alloc({Tl, D}, act_);
   a.rstd1 = A.alloc({Tl});
-  ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
+  if (add_in.defined())  // the previous block's output add, done here: a.x becomes the block input
+    ops::add_rms_norm_fwd(a.x, add_in, w.in_norm, eps, a.xn1, a.rstd1);
+  else
+    ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
   a.xg1 = tp_gather(a.xn1, A);  // column-parallel q/k/v read every row of the tp group
   a.q = A.alloc({T, H * Hd}, act_);
   a.k = A.alloc({T, G * Hd}, act_);
@@ -305,17 +332,27 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse, doc_start_ptr());
   }
   a.h1 = A.alloc({Tl, D}, DType::F32);
+  a.xn2 = A.alloc({Tl, D}, act_);
+  a.rstd2 = A.alloc({Tl});
+  // h1 = x + o_proj(att): the add in the GEMM's epilogue (fuse_gemm_add), fused with norm2
+  // (fuse_norm_add), or an add_ of its own.
   if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
     Tensor part = work_.alloc({T, D}, DType::F32);
     ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
     tp_reduce_scatter(part, a.h1);
+  } else if (opt_.fuse_gemm_add) {
+    ops::linear_fwd_add(a.att.view({T, H * Hd}), w.o, a.x, a.h1);
   } else {
     ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
   }
-  ops::add_(a.h1, a.x);
-  a.xn2 = A.alloc({Tl, D}, act_);
-  a.rstd2 = A.alloc({Tl});
-  ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+  if (opt_.fuse_gemm_add && !par_.tp) {
+    ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+  } else if (opt_.fuse_norm_add) {
+    ops::add_rms_norm_fwd(a.h1, a.x, w.post_norm, eps, a.xn2, a.rstd2);
+  } else {
+    ops::add_(a.h1, a.x);
+    ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+  }
 
   if (w.sparse) {
     // etp = tp: the experts are F slices and see every row of the tp group; etp = 1: the local rows.
@@ -402,11 +439,19 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       Tensor part = work_.alloc({T, D}, DType::F32);
       ops::linear_fwd(a.hh, w.mlp_down, part);
       if (need_out) tp_reduce_scatter(part, out);
+    } else if (opt_.fuse_gemm_add) {  // out = h1 + down(hh): the residual add in the GEMM's epilogue
+      ops::linear_fwd_add(a.hh, w.mlp_down, a.h1, out);
+      if (add_out) *add_out = Tensor();
+      return;
     } else {
       ops::linear_fwd(a.hh, w.mlp_down, out);
     }
   }
-  ops::add_(out, a.h1);
+  // out += h1: the caller's (with the next norm; a recompute drops it), or here.
+  if (add_out)
+    *add_out = a.h1;
+  else
+    ops::add_(out, a.h1);
 }
 
 void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
@@ -504,9 +549,13 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
     }
   }
-  Tensor dh1 = W.alloc({Tl, D}, DType::F32);
-  ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm, acc);
-  ops::add_(dh1, dout);
+  Tensor dh1 = W.alloc({Tl, D}, DType::F32);  // dout + norm2's input gradient
+  if (opt_.fuse_norm_add) {
+    ops::add_rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dout, dh1, g.post_norm, acc);
+  } else {
+    ops::rms_norm_bwd(dxn2, a.h1, w.post_norm, a.rstd2, dh1, g.post_norm, acc);
+    ops::add_(dh1, dout);
+  }
 
   // Attention: h1 = x + o_proj(attn(rope(qn), rope(kn), v))
   Tensor dh1_g = tp_gather(dh1, W);
@@ -541,8 +590,12 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     dxn1 = W.alloc({Tl, D}, act_);
     tp_reduce_scatter(part, dxn1);
   }
-  ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
-  ops::add_(dx, dh1);
+  if (opt_.fuse_norm_add) {  // dx = dh1 + norm1's input gradient
+    ops::add_rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dh1, dx, g.in_norm, acc);
+  } else {
+    ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
+    ops::add_(dx, dh1);
+  }
 }
 
 LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bool backward) {
@@ -661,6 +714,11 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   release(embed);
+  // fuse_norm_add under recompute none: each block leaves its output's add (h1, kept in keep_) to the
+  // next block's input norm, or the final norm (pending). Under recompute h1 lives in the work arena,
+  // which the next block resets first, so the blocks add their outputs themselves.
+  const bool defer_add = opt_.fuse_norm_add && pass_.recompute == Recompute::None;
+  Tensor pending;
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
     a = LayerActs{};
@@ -669,7 +727,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     work_.reset();  // a layer's scratch (under recompute none only what its backward does not read)
     for (int u : block_units(l)) acquire(u);
     fwd_prefetch(l + opt_.prefetch_depth);
-    forward_layer(l, a, out, false);
+    Tensor add_in = pending;
+    forward_layer(l, a, out, false, add_in, defer_add ? &pending : nullptr);
     for (int u : block_units(l)) release(u);
     // Rebuilt by the recompute (EP keeps them off the arenas), except what selective keeps under EP.
     if (pass_.recompute != Recompute::None && !(pass_.recompute == Recompute::Selective && keeps_exchanges(a))) {
@@ -693,7 +752,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     for (int64_t l = L - 1; l >= std::max<int64_t>(0, L - opt_.prefetch_depth); --l)
       for (int u : block_units(l)) src_->prefetch(u);
   Tensor hn = keep_.alloc({T, D}, act_), rstd_f = keep_.alloc({T});
-  ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
+  if (pending.defined())  // the last block's output add
+    ops::add_rms_norm_fwd(h, pending, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
+  else
+    ops::rms_norm_fwd(h, w_.norm, float(cfg_.rms_norm_eps), hn, rstd_f);
   const bool tempered = opt.temperature != 1.0;  // logits / T = (hn / T) W (PassOptions::temperature)
   if (tempered) ops::scale_(hn, float(1.0 / opt.temperature));
 
@@ -808,8 +870,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     if (pass_.recompute == Recompute::Selective && keeps_exchanges(a) && !(par_.tp && par_.expert_tp))
       early = par_.dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, opt_.score_before_experts ? ones_TK(T) : a.wts);
     if (pass_.recompute != Recompute::None) {
-      Tensor scratch_out = work_.alloc({T, D}, DType::F32);
-      forward_layer(l, a, scratch_out, true);
+      Tensor scratch_out = work_.alloc({T, D}, DType::F32), dropped;
+      // a.x is the block input already (any deferred add was done in the forward); the output's add is
+      // dropped with fuse_norm_add (nothing reads scratch_out's sum).
+      forward_layer(l, a, scratch_out, true, Tensor(), opt_.fuse_norm_add ? &dropped : nullptr);
     }
     backward_layer(l, a, dA, dB, aux_scale, early ? &*early : nullptr);
     a.xp = Tensor();  // under expert parallelism the exchanged rows live outside the arenas: free them now

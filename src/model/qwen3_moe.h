@@ -86,6 +86,12 @@ struct CachedBatch {
   Tensor logit_rows;   // i64 [R]: the tokens whose next-token logits are wanted (e.g. each sequence's last)
 };
 
+// The defaults of ModelOptions::fuse_norm_add and fuse_gemm_add: the environment variables
+// MOETRAIN_FUSE_NORM_ADD and MOETRAIN_FUSE_GEMM_ADD, "1" (or unset/empty) on, "0" off, read once per
+// process (anything else is an error naming the variable and its value).
+bool fuse_norm_add_default();
+bool fuse_gemm_add_default();
+
 // How the model runs, fixed for its life.
 struct ModelOptions {
   // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
@@ -101,6 +107,17 @@ struct ModelOptions {
   // Expert parallelism: the experts' input gradient travels back to its sources while their weight
   // gradients run (ops::experts_bwd's after_dx). Off: after them (the A/B of train_step --no-ep-overlap).
   bool ep_backward_overlap = true;
+  // Residual-stream fusions (P13; each gives the same loss and gradients, bit for bit on the CPU; A/B
+  // switches for the benchmark). fuse_norm_add: a residual add followed by the RMSNorm of its result is
+  // one op (ops::add_rms_norm_fwd): the post-attention h1 = x + o_proj(..) then norm2, and, under
+  // recompute none, the block output's add out = h1 + ffn(..), deferred to the next block's input norm
+  // (or the final norm); the backward's two "rms_norm_bwd then add_ into the residual gradient" pairs
+  // likewise (ops::add_rms_norm_bwd). fuse_gemm_add: where a GEMM's f32 output goes straight into the
+  // residual (o_proj, the dense MLP's down projection, without tp), the add is in the GEMM's epilogue
+  // (ops::linear_fwd_add) and no separate add remains; the experts' output (unpermute) and tp's
+  // reduce-scattered outputs keep the add (fused with the next norm when fuse_norm_add is on).
+  bool fuse_norm_add = fuse_norm_add_default();
+  bool fuse_gemm_add = fuse_gemm_add_default();
 };
 
 // The parallel parts the model calls (parallel/parallel_model.cpp attaches them once, before the first
@@ -268,7 +285,12 @@ class Qwen3MoeModel {
                    std::vector<Tensor>* routing_out, bool routing_into);
   struct LayerActs;
   LossParts run(const MicroBatch& mb, const PassOptions& opt, bool backward);
-  void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known);
+  // add_in (defined only when the previous block deferred its output's add): a.x += add_in, fused with
+  // the input norm. add_out (non-null: fuse_norm_add): when the block output still lacks h1, *add_out =
+  // h1 for the caller to add (fused with the next norm; a recompute drops it, as out is not read), else
+  // an undefined tensor; null: out is complete on return.
+  void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in = Tensor(),
+                     Tensor* add_out = nullptr);
   bool keeps_exchanges(const LayerActs& a) const;
   // early: the combine's backward already started (its all-to-all travelling during the recompute).
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,

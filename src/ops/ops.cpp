@@ -30,6 +30,13 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   return cpu::linear_fwd(x_TI, w_OI, y_TO);
 }
 
+void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO) {
+  const bool cuda = on_cuda("linear_fwd_add", {&x_TI, &w_OI, &r_TO, &y_TO});
+  OpScope scope("linear_fwd_add", cuda);
+  if (cuda) return cuda::linear_fwd_add(x_TI, w_OI, r_TO, y_TO);
+  return cpu::linear_fwd_add(x_TI, w_OI, r_TO, y_TO);
+}
+
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI, bool accumulate_dw) {
   const bool cuda = on_cuda("linear_bwd", {&dy_TO, &x_TI, &w_OI, dx_TI, &dw_OI});
@@ -65,6 +72,21 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
   OpScope scope("rms_norm_bwd", cuda);
   if (cuda) return cuda::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D, accumulate_dw);
   return cpu::rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dx_ND, dw_D, accumulate_dw);
+}
+
+void add_rms_norm_fwd(Tensor& h_ND, const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
+  const bool cuda = on_cuda("add_rms_norm_fwd", {&h_ND, &x_ND, &w_D, &y_ND, &rstd_N});
+  OpScope scope("add_rms_norm_fwd", cuda);
+  if (cuda) return cuda::add_rms_norm_fwd(h_ND, x_ND, w_D, eps, y_ND, rstd_N);
+  return cpu::add_rms_norm_fwd(h_ND, x_ND, w_D, eps, y_ND, rstd_N);
+}
+
+void add_rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+                      const Tensor& dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw) {
+  const bool cuda = on_cuda("add_rms_norm_bwd", {&dy_ND, &x_ND, &w_D, &rstd_N, &dres_ND, &dx_ND, &dw_D});
+  OpScope scope("add_rms_norm_bwd", cuda);
+  if (cuda) return cuda::add_rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dres_ND, dx_ND, dw_D, accumulate_dw);
+  return cpu::add_rms_norm_bwd(dy_ND, x_ND, w_D, rstd_N, dres_ND, dx_ND, dw_D, accumulate_dw);
 }
 
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta) {

@@ -34,6 +34,12 @@ namespace mt::ops {
 // y_TO = x_TI @ w_OI^T. CUDA: a bf16 w takes bf16 x and gives y bf16|f32; an f32 w (the router, kept
 // fp32 end to end) computes in fp32 from x bf16|f32 (widened exactly) and gives f32 y.
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
+// y_TO = x_TI @ w_OI^T + r_TO: a GEMM whose output goes into the residual stream, the add in the GEMM's
+// epilogue (one write of y, one read of r, instead of the GEMM's write and add_'s read, read and write).
+// r may be y itself (y +=); otherwise r and y must not overlap. CPU: the GEMM, then the add in f32 (the
+// same bits as linear_fwd then add_). CUDA: w bf16, x bf16, r and y both f32 or both bf16 (cuBLASLt,
+// beta = 1 with C = r and D = y: the f32 accumulator plus r, rounded once).
+void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO);
 // dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += (or = unless accumulate_dw) dy_TO^T @ x_TI.
 // dx may be null. CUDA: dw f32; a bf16 w: x bf16, dy bf16|f32 (an f32 dy is rounded to bf16 for the
 // GEMM), dx bf16|f32 (f32 when several GEMMs sum into it); an f32 w: fp32 GEMMs, dy and x bf16|f32,
@@ -54,6 +60,16 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw = true);  // dx =, dw += (= unless accumulate_dw)
+// The residual add fused with the RMSNorm of its result, one pass over the rows:
+// h_ND += x_ND (in place: h stays the residual stream, the backward's x), then y_ND, rstd_N as
+// rms_norm_fwd of the new h. Equal (bit for bit) to add_(h, x) then rms_norm_fwd(h, ...). CPU: all f32.
+// CUDA: h f32 (the residual stream), x bf16|f32, w f32, y bf16.
+void add_rms_norm_fwd(Tensor& h_ND, const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
+// Its backward: dx_ND = rms_norm_bwd's dx + dres_ND (the gradient reaching the residual h from its other
+// uses), dw as rms_norm_bwd. Equal (bit for bit) to rms_norm_bwd then add_(dx, dres). x_ND is the norm's
+// input (the h after the add). CUDA: dy and x bf16|f32, dres and dx f32.
+void add_rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+                      const Tensor& dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw = true);
 
 // ---- RoPE, rotate-half form, in place on x_TNHd ([T, heads, Hd]); pos_T is i32 ----
 // inv_freq[i] = theta^(-2i/Hd) for i < Hd/2; angle = pos * inv_freq[i];

@@ -7,6 +7,7 @@ namespace mt::cpu {
 using ops::AdamWHyper;
 
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
+void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO);
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI, bool accumulate_dw = true);
 void embedding_fwd(const Tensor& ids_T, const Tensor& table_VD, Tensor& out_TD);
@@ -14,6 +15,9 @@ void embedding_bwd(const Tensor& ids_T, const Tensor& dout_TD, Tensor& dtable_VD
 void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw = true);
+void add_rms_norm_fwd(Tensor& h_ND, const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N);
+void add_rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+                      const Tensor& dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw = true);
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta);
 void rope_bwd(Tensor& dx_TNHd, const Tensor& pos_T, float theta);
 void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,

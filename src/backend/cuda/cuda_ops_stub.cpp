@@ -13,6 +13,9 @@ namespace mt::cuda {
 void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   no_cuda("linear_fwd");
 }
+void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO) {
+  no_cuda("linear_fwd_add");
+}
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
                 Tensor& dw_OI, bool accumulate_dw) {
   no_cuda("linear_bwd");
@@ -29,6 +32,13 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
 void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
                   Tensor& dw_D, bool accumulate_dw) {
   no_cuda("rms_norm_bwd");
+}
+void add_rms_norm_fwd(Tensor& h_ND, const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
+  no_cuda("add_rms_norm_fwd");
+}
+void add_rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+                      const Tensor& dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw) {
+  no_cuda("add_rms_norm_bwd");
 }
 void rope_fwd(Tensor& x_TNHd, const Tensor& pos_T, float theta) {
   no_cuda("rope_fwd");

@@ -4,6 +4,7 @@
 // Row-major C[M,N] = op(A) op(B) is column-major C^T[N,M] = op(B)^T op(A)^T, and a row-major matrix
 // with leading dim ld is, read column-major, its own transpose with the same ld. So cuBLASLt gets
 // (m, n, k) = (N, M, K), its "A" is our B and its "B" is our A, with the transpose flags carried over.
+#include <algorithm>
 #include <array>
 #include <map>
 #include <mutex>
@@ -87,7 +88,8 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
   const uint64_t ws = cublaslt_workspace_bytes();
   MT_CUBLAS_CHECK(
       ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  // Our B is cuBLASLt's A and vice versa; C and D are the same buffer.
+  // Our B is cuBLASLt's A and vice versa; C and D share one layout (and, but for gemm_add, one buffer);
+  // align_c is the smaller alignment of the two.
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b,
                                                             sizeof(align_b)));
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a,
@@ -114,10 +116,12 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
 }
 
 // The GEMM for both operand types: A and B are ab_dtype (bf16, or f32 with CUBLAS_COMPUTE_32F, which
-// cuBLASLt runs as true fp32, not TF32), C is bf16 or f32.
+// cuBLASLt runs as true fp32, not TF32), C is bf16 or f32. With C_src (gemm_add) the epilogue reads
+// beta * C_src and writes C (cuBLASLt's separate C and D, same layout); otherwise C is both.
 void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A, int64_t lda,
-              const void* B, int64_t ldb, DType ab_dtype, float beta, void* C, DType c_dtype, int64_t ldc,
-              float alpha) {
+              const void* B, int64_t ldb, DType ab_dtype, float beta, void* C, DType c_dtype, int64_t ldc, float alpha,
+              const void* C_src = nullptr) {
+  if (!C_src) C_src = C;
   MT_CHECK(c_dtype == DType::BF16 || c_dtype == DType::F32, op, ": GEMM output must be bf16 or f32, got ",
            dtype_name(c_dtype));
   MT_CHECK(M >= 0 && N >= 0 && K >= 0, op, ": ", describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype),
@@ -130,6 +134,9 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
     MT_CHECK(beta == 0.0f || beta == 1.0f, op, ": GEMM with K = 0 supports beta 0 or 1, got ", beta);
     if (beta == 0.0f)
       MT_CUDA_CHECK(op, cudaMemset2DAsync(C, size_t(ldc) * c_elem, 0, size_t(N) * c_elem, size_t(M), stream()));
+    else if (C_src != C)
+      MT_CUDA_CHECK(op, cudaMemcpy2DAsync(C, size_t(ldc) * c_elem, C_src, size_t(ldc) * c_elem, size_t(N) * c_elem,
+                                          size_t(M), cudaMemcpyDeviceToDevice, stream()));
     return;
   }
   MT_CHECK(A != nullptr && B != nullptr, op, ": ", describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype),
@@ -137,7 +144,8 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
   MT_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N), op, ": ",
            describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype), ": a leading dim is smaller than its row");
 
-  const uint32_t align_a = alignment_of(A), align_b = alignment_of(B), align_c = alignment_of(C);
+  const uint32_t align_a = alignment_of(A), align_b = alignment_of(B),
+                 align_c = std::min(alignment_of(C), alignment_of(C_src));
   const cudaDataType_t c_type = c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const cudaDataType_t ab_type = ab_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const PlanKey key{trans_a, trans_b, M,       N,       K,       lda, ldb, ldc, int64_t(c_dtype), align_a, align_b,
@@ -158,7 +166,7 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
   }
   const Plan& plan = it->second;
   const cublasStatus_t st =
-      cublasLtMatmul(cublaslt(), plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C, plan.c, C, plan.c, &plan.algo,
+      cublasLtMatmul(cublaslt(), plan.desc, &alpha, B, plan.a, A, plan.b, &beta, C_src, plan.c, C, plan.c, &plan.algo,
                      cublaslt_workspace(), cublaslt_workspace_bytes(), stream());
   if (st != CUBLAS_STATUS_SUCCESS)
     MT_THROW(op, ": ", describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype),
@@ -176,6 +184,12 @@ void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int6
 void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc, float alpha) {
   gemm_any(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, DType::F32, beta, C, c_dtype, ldc, alpha);
+}
+
+void gemm_add(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
+              int64_t lda, const __nv_bfloat16* B, int64_t ldb, const void* C, void* D, DType dtype, int64_t ldc) {
+  MT_CHECK(C != nullptr, op, ": gemm_add's C (the addend) is null");
+  gemm_any(op, trans_a, trans_b, M, N, K, A, lda, B, ldb, DType::BF16, 1.0f, D, dtype, ldc, 1.0f, C);
 }
 
 void* DeviceScratch::get(size_t bytes, const char* op) {

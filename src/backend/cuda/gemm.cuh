@@ -21,6 +21,11 @@ namespace mt::cuda {
 void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
           int64_t lda, const __nv_bfloat16* B, int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
           float alpha = 1.0f);
+// D[M,N] = op(A) @ op(B) + C, row-major, with C and D of one dtype (bf16 or f32) and leading dim ldc: the
+// add in cuBLASLt's epilogue (beta = 1, C read, D written), e.g. a GEMM whose output joins the f32
+// residual stream. C may be D (then it is gemm with beta = 1); otherwise they must not overlap.
+void gemm_add(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const __nv_bfloat16* A,
+              int64_t lda, const __nv_bfloat16* B, int64_t ldb, const void* C, void* D, DType dtype, int64_t ldc);
 // The same with f32 operands, computed in true fp32 (no TF32): for the few small GEMMs whose inputs
 // must not be rounded to bf16 (the MoE router).
 void gemm(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,

@@ -1,5 +1,6 @@
 // CUDA linear layers (HF layout, w_OI is [out, in]) on the cuBLASLt GEMM, f32 accumulation.
-// Contract (ops.h): y = x @ w^T; dx = (or +=) dy @ w; dw += (or =) dy^T @ x (f32).
+// Contract (ops.h): y = x @ w^T (linear_fwd_add: + r, in the GEMM's epilogue); dx = (or +=) dy @ w;
+// dw += (or =) dy^T @ x (f32).
 // A bf16 weight: bf16 GEMM operands (an f32 dy is rounded to bf16 once, a temporary), y and dx bf16 or
 // f32. An f32 weight (the MoE router, kept in fp32 end to end): fp32 GEMMs, bf16 inputs widened to
 // f32 first (exact), y and dx f32.
@@ -74,6 +75,24 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO) {
   }
   MT_CHECK(x_TI.dtype() == DType::BF16, "linear_fwd x_TI must be bf16 with a bf16 weight, got ", x_TI.desc());
   gemm("linear_fwd", false, true, T, O, I, bf16_ptr(x_TI), I, bf16_ptr(w_OI), I, 0.0f, y_TO.raw(), y_TO.dtype(), O);
+}
+
+void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO) {
+  check_matrix(x_TI, "linear_fwd_add x_TI");
+  check_matrix(w_OI, "linear_fwd_add w_OI");
+  const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
+  check_cuda(w_OI, DType::BF16, {O, I}, "linear_fwd_add w_OI");
+  check_cuda(x_TI, DType::BF16, {T, I}, "linear_fwd_add x_TI");
+  check_cuda_bf16_or_f32(y_TO, {T, O}, "linear_fwd_add y_TO");
+  check_cuda(r_TO, y_TO.dtype(), {T, O}, "linear_fwd_add r_TO");
+  if (r_TO.raw() != y_TO.raw() && y_TO.numel() > 0) {
+    const char* r0 = static_cast<const char*>(r_TO.raw());
+    const char* y0 = static_cast<const char*>(y_TO.raw());
+    if (r0 < y0 + y_TO.nbytes() && y0 < r0 + r_TO.nbytes())
+      MT_THROW("linear_fwd_add: r_TO ", r_TO.desc(), " overlaps y_TO without being it (pass y or a separate one)");
+  }
+  gemm_add("linear_fwd_add", false, true, T, O, I, bf16_ptr(x_TI), I, bf16_ptr(w_OI), I, r_TO.raw(), y_TO.raw(),
+           y_TO.dtype(), O);
 }
 
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,

@@ -15,6 +15,10 @@
 // Backward: dw (+=) is folded across the groups of a warp with shuffles, across the warps of a block in
 // shared memory, and across blocks with one float atomicAdd per column and block (so dw's last bits
 // depend on the order in which blocks finish).
+// The fused residual ops: add_rms_norm_fwd is the forward kernel with h += x folded into its first pass
+// (the sum written back to h, the second pass reading it again); add_rms_norm_bwd is the backward kernel
+// with dx += dres folded into its dx write. Both use the same launch, lanes and f32 operations as the
+// unfused pair (the adds as __fadd_rn, as add_'s kernel does), so they give the same bits.
 // Deterministic mode (core/determinism.h): the backward kernel writes dx only, and dw is two more
 // kernels: block (column chunk, row part) sums its fixed rows [part * rows_per_part, ...) of dy * xn per
 // column in row order into an f32 partial [parts, D], then a second kernel adds each column's parts in
@@ -96,14 +100,56 @@ __global__ void rms_norm_fwd_kernel(const TX* __restrict__ x, const float* __res
   }
 }
 
-// Grid-stride over groups of rows; see the file comment for how dw is reduced.
+// rms_norm_fwd_kernel with the residual add first: h += x (h f32), then the norm of the new h.
+template <class TX, int G, int VEC>
+__global__ void add_rms_norm_fwd_kernel(float* __restrict__ h, const TX* __restrict__ x, const float* __restrict__ w,
+                                        float eps, bf16* __restrict__ y, float* __restrict__ rstd, int64_t N, int D) {
+  using PH = Pack<float, VEC>;
+  using PX = Pack<TX, VEC>;
+  using P = Pack<bf16, VEC>;
+  const int lane_g = threadIdx.x % G;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+  const bool valid = row < N;
+  const int chunks = D / VEC;
+  PH* hr = reinterpret_cast<PH*>(h + (valid ? row : 0) * D);
+  const PX* xr = reinterpret_cast<const PX*>(x + (valid ? row : 0) * D);
+  float ss = 0.0f;
+  if (valid)
+    for (int c = lane_g; c < chunks; c += G) {
+      PH a = hr[c];
+      const PX b = xr[c];
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float f = __fadd_rn(a.v[j], to_f32(b.v[j]));
+        a.v[j] = f;
+        ss += f * f;
+      }
+      hr[c] = a;
+    }
+  ss = group_sum<G>(ss);
+  if (!valid) return;
+  const float r = float(1.0 / sqrt(double(ss) / double(D) + double(eps)));
+  if (lane_g == 0) rstd[row] = r;
+  P* yr = reinterpret_cast<P*>(y + row * D);
+  for (int c = lane_g; c < chunks; c += G) {  // the chunks this lane wrote above
+    const PH a = hr[c];
+    P out;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.v[j] = __float2bfloat16_rn(w[c * VEC + j] * (a.v[j] * r));
+    yr[c] = out;
+  }
+}
+
+// Grid-stride over groups of rows; see the file comment for how dw is reduced. dres (f32, may be null):
+// added to dx (add_rms_norm_bwd, whose dx is f32).
 template <class TDY, class TX, class TDX, int G, int VEC>
 __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __restrict__ x, const float* __restrict__ w,
-                                    const float* __restrict__ rstd, TDX* __restrict__ dx, float* __restrict__ dw,
-                                    int64_t N, int D) {
+                                    const float* __restrict__ rstd, const float* __restrict__ dres,
+                                    TDX* __restrict__ dx, float* __restrict__ dw, int64_t N, int D) {
   using PDY = Pack<TDY, VEC>;
   using PX = Pack<TX, VEC>;
   using PDX = Pack<TDX, VEC>;
+  using PR = Pack<float, VEC>;
   extern __shared__ float s_dw[];  // [D]; unused when dw is null (deterministic mode: dx only)
   const bool with_dw = dw != nullptr;
   if (with_dw)
@@ -121,6 +167,7 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
     const PX* xr = reinterpret_cast<const PX*>(x + base);
     const PDY* dyr = reinterpret_cast<const PDY*>(dy + base);
     PDX* dxr = reinterpret_cast<PDX*>(dx + base);
+    const PR* dresr = reinterpret_cast<const PR*>(dres + (dres ? base : 0));
     const float r = valid ? rstd[row] : 0.0f;
 
     float dot = 0.0f;  // sum_d dy*w*xn
@@ -139,12 +186,16 @@ __global__ void rms_norm_bwd_kernel(const TDY* __restrict__ dy, const TX* __rest
       if (valid && c < chunks) {
         const PX a = xr[c];
         const PDY g = dyr[c];
+        PR res{};
+        if (dres) res = dresr[c];
         PDX out;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xn = to_f32(a.v[j]) * r;
           const float gy = to_f32(g.v[j]);
-          out.v[j] = from_f32<TDX>(r * (gy * w[c * VEC + j] - xn * mean_dot));
+          float v = r * (gy * w[c * VEC + j] - xn * mean_dot);
+          if (dres) v = __fadd_rn(v, res.v[j]);
+          out.v[j] = from_f32<TDX>(v);
           part[j] = gy * xn;
         }
         dxr[c] = out;
@@ -251,12 +302,13 @@ int sm_count() {
   return n;
 }
 
-// Checks x_ND (2-D bf16 or f32), w_D (f32 [D]) and rstd_N (f32 [N]) on CUDA; returns {N, D}.
-std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
-                                            const char* op) {
-  if (x_ND.dim() != 2) MT_THROW(op, " x_ND must be 2-D, got shape ", shape_str(x_ND.shape()));
+// Checks x_ND (2-D bf16 or f32; named x_role in errors), w_D (f32 [D]) and rstd_N (f32 [N]) on CUDA;
+// returns {N, D}.
+std::pair<int64_t, int64_t> check_norm_args(const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, const char* op,
+                                            const char* x_role = "x_ND") {
+  if (x_ND.dim() != 2) MT_THROW(op, " ", x_role, " must be 2-D, got shape ", shape_str(x_ND.shape()));
   const int64_t N = x_ND.size(0), D = x_ND.size(1);
-  check_cuda_bf16_or_f32(x_ND, {N, D}, str(op, " x_ND").c_str());
+  check_cuda_bf16_or_f32(x_ND, {N, D}, str(op, " ", x_role).c_str());
   check_cuda(w_D, str(op, " w_D").c_str());
   MT_CHECK(w_D.dtype() == DType::F32, op, " w_D must be f32 (the gain is read from the fp32 master weights), got ",
            w_D.desc());
@@ -321,16 +373,50 @@ void rms_norm_fwd(const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND
   MT_CUDA_LAUNCH_CHECK("rms_norm_fwd");
 }
 
-void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
-                  Tensor& dw_D, bool accumulate_dw) {
-  const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, "rms_norm_bwd");
-  check_cuda_bf16_or_f32(dy_ND, {N, D}, "rms_norm_bwd dy_ND");
-  check_cuda_bf16_or_f32(dx_ND, {N, D}, "rms_norm_bwd dx_ND");
-  check_cuda(dw_D, DType::F32, {D}, "rms_norm_bwd dw_D");
+void add_rms_norm_fwd(Tensor& h_ND, const Tensor& x_ND, const Tensor& w_D, float eps, Tensor& y_ND, Tensor& rstd_N) {
+  const char* op = "add_rms_norm_fwd";
+  const auto [N, D] = check_norm_args(h_ND, w_D, rstd_N, op, "h_ND");
+  MT_CHECK(h_ND.dtype() == DType::F32, op, " h_ND must be f32 (the residual stream the add writes), got ", h_ND.desc());
+  if (!(eps >= 0.0f)) MT_THROW(op, ": eps (", eps, ") must be >= 0");
+  check_cuda_bf16_or_f32(x_ND, {N, D}, "add_rms_norm_fwd x_ND");
+  check_cuda(y_ND, DType::BF16, {N, D}, "add_rms_norm_fwd y_ND");
+  if (N == 0) return;
+  const float* w = w_D.data<float>();
+  float* h = h_ND.data<float>();
+  auto* y = static_cast<bf16*>(y_ND.raw());
+  float* rstd = rstd_N.data<float>();
+  dispatch_float(x_ND.dtype(), [&](auto x_tag) {
+    using TX = decltype(x_tag);
+    const auto* x = static_cast<const TX*>(x_ND.raw());
+    constexpr int VW = kVecOf<float, TX, bf16>;
+    dispatch_launch<VW>(pick_launch(D, VW, {h, x, y}), [&]<int G, int VEC>() {
+      const int64_t rows_per_block = kThreads / G;
+      const unsigned grid = unsigned((N + rows_per_block - 1) / rows_per_block);
+      add_rms_norm_fwd_kernel<TX, G, VEC><<<grid, kThreads, 0, stream()>>>(h, x, w, eps, y, rstd, N, int(D));
+    });
+  });
+  MT_CUDA_LAUNCH_CHECK(op);
+}
+
+namespace {
+
+// rms_norm_bwd, and add_rms_norm_bwd when dres_ND is given (then dx must be f32).
+void norm_bwd(const char* op, const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+              const Tensor* dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw) {
+  const auto [N, D] = check_norm_args(x_ND, w_D, rstd_N, op);
+  check_cuda_bf16_or_f32(dy_ND, {N, D}, str(op, " dy_ND").c_str());
+  check_cuda_bf16_or_f32(dx_ND, {N, D}, str(op, " dx_ND").c_str());
+  check_cuda(dw_D, DType::F32, {D}, str(op, " dw_D").c_str());
+  if (dres_ND) {
+    check_cuda(*dres_ND, DType::F32, {N, D}, str(op, " dres_ND").c_str());
+    MT_CHECK(dx_ND.dtype() == DType::F32, op, " dx_ND must be f32 (the residual stream's gradient), got ",
+             dx_ND.desc());
+  }
+  const float* dres = dres_ND ? dres_ND->data<float>() : nullptr;
   const bool det = deterministic();
   // dw is summed with atomics across blocks, so = starts from a cleared vector (D floats); likewise with no rows.
   if (!accumulate_dw && D > 0 && (!det || N == 0))
-    MT_CUDA_CHECK("rms_norm_bwd", cudaMemsetAsync(dw_D.raw(), 0, size_t(D) * sizeof(float), stream()));
+    MT_CUDA_CHECK(op, cudaMemsetAsync(dw_D.raw(), 0, size_t(D) * sizeof(float), stream()));
   if (N == 0 || D == 0) return;
   const float* w = w_D.data<float>();
   dispatch_float(dy_ND.dtype(), [&](auto dy_tag) {
@@ -343,20 +429,32 @@ void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, co
         const auto* x = static_cast<const TX*>(x_ND.raw());
         auto* dx = static_cast<TDX*>(dx_ND.raw());
         constexpr int VW = kVecOf<TDY, TX, TDX>;
-        dispatch_launch<VW>(pick_launch(D, VW, {dy, x, dx}), [&]<int G, int VEC>() {
+        dispatch_launch<VW>(pick_launch(D, VW, {dy, x, dx, dres}), [&]<int G, int VEC>() {
           const int64_t rows_per_block = kThreads / G;
           // Enough blocks to fill the GPU; more would only add dw atomics.
           const int64_t blocks =
               std::min<int64_t>((N + rows_per_block - 1) / rows_per_block, int64_t(sm_count()) * 8);
           rms_norm_bwd_kernel<TDY, TX, TDX, G, VEC>
               <<<unsigned(blocks), kThreads, det ? 0 : size_t(D) * sizeof(float), stream()>>>(
-                  dy, x, w, rstd_N.data<float>(), dx, det ? nullptr : dw_D.data<float>(), N, int(D));
+                  dy, x, w, rstd_N.data<float>(), dres, dx, det ? nullptr : dw_D.data<float>(), N, int(D));
         });
-        MT_CUDA_LAUNCH_CHECK("rms_norm_bwd");
+        MT_CUDA_LAUNCH_CHECK(op);
         if (det) rms_norm_dw_deterministic(dy, x, rstd_N.data<float>(), N, D, accumulate_dw, dw_D.data<float>());
       });
     });
   });
+}
+
+}  // namespace
+
+void rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N, Tensor& dx_ND,
+                  Tensor& dw_D, bool accumulate_dw) {
+  norm_bwd("rms_norm_bwd", dy_ND, x_ND, w_D, rstd_N, nullptr, dx_ND, dw_D, accumulate_dw);
+}
+
+void add_rms_norm_bwd(const Tensor& dy_ND, const Tensor& x_ND, const Tensor& w_D, const Tensor& rstd_N,
+                      const Tensor& dres_ND, Tensor& dx_ND, Tensor& dw_D, bool accumulate_dw) {
+  norm_bwd("add_rms_norm_bwd", dy_ND, x_ND, w_D, rstd_N, &dres_ND, dx_ND, dw_D, accumulate_dw);
 }
 
 }  // namespace mt::cuda
