@@ -32,6 +32,8 @@
 // transfer). --deterministic (or MOETRAIN_DETERMINISTIC=1): the deterministic kernels of
 // `train --deterministic` (core/determinism.h); the JSON line says which ran. Its cost on bench-4L:
 // train_step --model bench-4L with and without it on the same machine (docs/cuda.md).
+// MOETRAIN_FUSE_NORM_ADD=0|1 and MOETRAIN_FUSE_GEMM_ADD=0|1 (default 1): the residual-stream fusions
+// (ModelOptions::fuse_norm_add, fuse_gemm_add), for their A/B; the JSON line says which ran.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -259,6 +261,8 @@ int main(int argc, char** argv) {
                      {"optimizer_overlap", overlap},
                      {"ep_backward_overlap", ep_overlap},
                      {"deterministic", deterministic()},
+                     {"fuse_norm_add", so.model.fuse_norm_add},
+                     {"fuse_gemm_add", so.model.fuse_gemm_add},
                      {"peak_reserved_gib", dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},
