@@ -14,7 +14,8 @@
 //                              [--head-dim 128] [--block-size 16] [--width 640] [--layers 4] [--iters 50]
 //                              [--kernels split,mma] [--no-check]
 // --width: the block table's width in positions (default: the longest context); --kernels: names of
-// MOETRAIN_PAGED_ATTENTION (serial, split, mma, auto).
+// MOETRAIN_PAGED_ATTENTION (serial, split, mma, auto). MOETRAIN_PAGED_SPLITS=S forces S splits of the
+// positions (printed as splits_env), to see what splitting does to the last wave of blocks.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
                          {"block_size", bs},
                          {"table_width_blocks", M},
                          {"layers_rotated", layers},
+                         {"splits_env", std::getenv("MOETRAIN_PAGED_SPLITS") ? std::getenv("MOETRAIN_PAGED_SPLITS") : ""},
                          {"calls", iters * layers},
                          {"us_per_call", us},
                          {"kv_mbytes_per_call", kv_bytes / 1e6},

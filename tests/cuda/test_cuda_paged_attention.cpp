@@ -190,6 +190,11 @@ TEST(CudaPagedAttention, TensorCoreKernelAtTheBench4LShape) {
   Rng rng(7);
   const std::vector<int64_t> lens = boundary_lens(45, 700, rng);
   for (int64_t bs : {16, 5, 1, 64}) check_case({128, 32, 4, lens, true, bs}, seed++);
+  // Five splits forced (MOETRAIN_PAGED_SPLITS; by itself this batch takes 1 to 3 by the GPU's size):
+  // every token's partials merged, the short sequences' later splits empty.
+  setenv("MOETRAIN_PAGED_SPLITS", "5", 1);
+  check_case({128, 32, 4, lens, true}, seed++);
+  unsetenv("MOETRAIN_PAGED_SPLITS");
   // Prefill (every position a query) at the same shape, and head dim 64.
   check_case({128, 32, 4, {200, 1, 77, 16}, false}, seed++);
   check_case({64, 32, 4, lens, true}, seed++);
@@ -242,6 +247,15 @@ TEST(CudaPagedAttention, KernelChoiceErrorsNameTheValue) {
         << e.what();
   }
   unsetenv("MOETRAIN_PAGED_ATTENTION");
+  setenv("MOETRAIN_PAGED_SPLITS", "0", 1);
+  try {
+    cuda::paged_attention_fwd(q, kc, vc, table, 16, seq, pos, out);
+    ADD_FAILURE() << "MOETRAIN_PAGED_SPLITS=0 did not throw";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("MOETRAIN_PAGED_SPLITS (0) must be an integer from 1 to 64"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("MOETRAIN_PAGED_SPLITS");
 }
 
 #endif  // MT_HAVE_CUDA

@@ -554,7 +554,8 @@ int multiprocessors(const char* op) {
 
 // Splits of the positions for `blocks` blocks of `per_sm` resident per multiprocessor: one unless the
 // blocks leave multiprocessors idle, then enough for about one full wave, each split a multiple of
-// `granule` positions and at most 64 splits. Taken from the block table's width (positions up to
+// `granule` positions and at most 64 splits; MOETRAIN_PAGED_SPLITS (1 to 64) forces the count, for
+// tuning (at most one split per granule). Taken from the block table's width (positions up to
 // width × block_size), never from the positions, which stay on the device: a CUDA graph captured
 // once is right for every step. Returns {splits, span of a split}.
 std::pair<int64_t, int64_t> choose_splits(int64_t blocks, int64_t per_sm, int64_t width_positions, int64_t granule,
@@ -562,6 +563,12 @@ std::pair<int64_t, int64_t> choose_splits(int64_t blocks, int64_t per_sm, int64_
   const int64_t target = int64_t(multiprocessors(op)) * per_sm;
   const int64_t chunks = std::max<int64_t>(1, (width_positions + granule - 1) / granule);
   int64_t S = blocks >= target ? 1 : std::min<int64_t>({chunks, (target + blocks - 1) / blocks, 64});
+  if (const char* e = std::getenv("MOETRAIN_PAGED_SPLITS"); e && *e) {
+    char* tail = nullptr;
+    const long v = std::strtol(e, &tail, 10);
+    if (*tail != '\0' || v < 1 || v > 64) MT_THROW("MOETRAIN_PAGED_SPLITS (", e, ") must be an integer from 1 to 64");
+    S = std::min<int64_t>(v, chunks);
+  }
   const int64_t span = (chunks + S - 1) / S * granule;
   S = (chunks * granule + span - 1) / span;
   return {S, span};
