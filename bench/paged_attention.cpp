@@ -78,16 +78,26 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "--sequences") sequences = parse_flag_number<int64_t>(a, next());
-      else if (a == "--heads") H = parse_flag_number<int64_t>(a, next());
-      else if (a == "--kv-heads") G = parse_flag_number<int64_t>(a, next());
-      else if (a == "--head-dim") Hd = parse_flag_number<int64_t>(a, next());
-      else if (a == "--block-size") bs = parse_flag_number<int64_t>(a, next());
-      else if (a == "--width") width = parse_flag_number<int64_t>(a, next());
-      else if (a == "--layers") layers = parse_flag_number<int64_t>(a, next());
-      else if (a == "--iters") iters = parse_flag_number<int64_t>(a, next());
-      else if (a == "--kernels") kernels = split_list(next());
-      else if (a == "--no-check") check = false;
+      if (a == "--sequences")
+        sequences = parse_flag_number<int64_t>(a, next());
+      else if (a == "--heads")
+        H = parse_flag_number<int64_t>(a, next());
+      else if (a == "--kv-heads")
+        G = parse_flag_number<int64_t>(a, next());
+      else if (a == "--head-dim")
+        Hd = parse_flag_number<int64_t>(a, next());
+      else if (a == "--block-size")
+        bs = parse_flag_number<int64_t>(a, next());
+      else if (a == "--width")
+        width = parse_flag_number<int64_t>(a, next());
+      else if (a == "--layers")
+        layers = parse_flag_number<int64_t>(a, next());
+      else if (a == "--iters")
+        iters = parse_flag_number<int64_t>(a, next());
+      else if (a == "--kernels")
+        kernels = split_list(next());
+      else if (a == "--no-check")
+        check = false;
       else if (a == "--contexts") {
         contexts.clear();
         for (const std::string& c : split_list(next())) contexts.push_back(parse_flag_number<int64_t>(a, c));
@@ -143,7 +153,8 @@ int main(int argc, char** argv) {
     Tensor q_h = Tensor::empty({sequences, H, Hd});
     rng.fill_normal(q_h, 0, 1);
     q_h = q_h.to(DType::BF16).to(DType::F32);
-    const Tensor table = table_h.to(Device::CUDA), seq = seq_h.to(Device::CUDA), q = q_h.to(DType::BF16).to(Device::CUDA);
+    const Tensor table = table_h.to(Device::CUDA), seq = seq_h.to(Device::CUDA),
+                 q = q_h.to(DType::BF16).to(Device::CUDA);
     Tensor out = Tensor::empty({sequences, H, Hd}, DType::BF16, Device::CUDA);
 
     cudaEvent_t ev0, ev1;
@@ -170,7 +181,8 @@ int main(int argc, char** argv) {
             MT_THROW("kernel ", kernel, " at context ", ctx, ": relative L2 error ", err,
                      " against the CPU reference (allowed < 1e-2); not timing it");
         }
-        for (int64_t l = 0; l < layers; ++l) ops::paged_attention_fwd(q, kc[size_t(l)], vc[size_t(l)], table, bs, seq, pos, out);
+        for (int64_t l = 0; l < layers; ++l)
+          ops::paged_attention_fwd(q, kc[size_t(l)], vc[size_t(l)], table, bs, seq, pos, out);
         device_mem::synchronize(Device::CUDA);
         MT_CUDA_CHECK("paged_attention bench", cudaEventRecord(ev0, cuda::stream()));
         for (int64_t i = 0; i < iters; ++i)
@@ -182,25 +194,26 @@ int main(int argc, char** argv) {
         MT_CUDA_CHECK("paged_attention bench", cudaEventElapsedTime(&ms, ev0, ev1));
         const double us = 1e3 * double(ms) / double(iters * layers), gbps = kv_bytes / (us * 1e-6) / 1e9;
         step_us[kernel] += us;
-        nlohmann::json j{{"bench", "paged_attention"},
-                         {"gpu", prop.name},
-                         {"kernel", kernel},
-                         {"sequences", sequences},
-                         {"context", ctx},
-                         {"heads", H},
-                         {"kv_heads", G},
-                         {"head_dim", Hd},
-                         {"block_size", bs},
-                         {"table_width_blocks", M},
-                         {"layers_rotated", layers},
-                         {"splits_env", std::getenv("MOETRAIN_PAGED_SPLITS") ? std::getenv("MOETRAIN_PAGED_SPLITS") : ""},
-                         {"calls", iters * layers},
-                         {"us_per_call", us},
-                         {"kv_mbytes_per_call", kv_bytes / 1e6},
-                         {"gb_per_s", gbps},
-                         {"copy_gbps", copy_gbps},
-                         {"fraction_of_copy", gbps / copy_gbps},
-                         {"rel_l2_vs_cpu", err}};
+        nlohmann::json j{
+            {"bench", "paged_attention"},
+            {"gpu", prop.name},
+            {"kernel", kernel},
+            {"sequences", sequences},
+            {"context", ctx},
+            {"heads", H},
+            {"kv_heads", G},
+            {"head_dim", Hd},
+            {"block_size", bs},
+            {"table_width_blocks", M},
+            {"layers_rotated", layers},
+            {"splits_env", std::getenv("MOETRAIN_PAGED_SPLITS") ? std::getenv("MOETRAIN_PAGED_SPLITS") : ""},
+            {"calls", iters * layers},
+            {"us_per_call", us},
+            {"kv_mbytes_per_call", kv_bytes / 1e6},
+            {"gb_per_s", gbps},
+            {"copy_gbps", copy_gbps},
+            {"fraction_of_copy", gbps / copy_gbps},
+            {"rel_l2_vs_cpu", err}};
         std::printf("%s\n", j.dump().c_str());
         std::fflush(stdout);
       }

@@ -252,7 +252,8 @@ TEST(CudaPagedAttention, KernelChoiceErrorsNameTheValue) {
     cuda::paged_attention_fwd(q, kc, vc, table, 16, seq, pos, out);
     ADD_FAILURE() << "MOETRAIN_PAGED_SPLITS=0 did not throw";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("MOETRAIN_PAGED_SPLITS (0) must be an integer from 1 to 64"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("MOETRAIN_PAGED_SPLITS (0) must be an integer from 1 to 64"),
+              std::string::npos)
         << e.what();
   }
   unsetenv("MOETRAIN_PAGED_SPLITS");
