@@ -190,7 +190,13 @@ TEST(CudaFusedResidual, LinearForwardAddMatchesCpuAndLinearThenAdd) {
       }
       Tensor acc = r_g.clone();  // r being y itself: y += x w^T
       cuda::linear_fwd_add(x_g, w_g, acc, acc);
-      expect_same(acc, y_g, kSame, name + " in place");
+      // f32 (the model's residual stream): the same bits as the separate output. bf16 (no model use): cuBLASLt
+      // may pick another algorithm when C is D (measured on an H100: rel L2 0.002-0.003 between the two, one
+      // bf16 rounding), so both are held to the CPU's bf16 tolerance instead.
+      if (dt == DType::F32)
+        expect_same(acc, y_g, kSame, name + " in place");
+      else
+        EXPECT_LE(rel_l2(acc, want), 2 * kBf16Out) << name << " in place";
     }
   }
 }
