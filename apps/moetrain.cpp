@@ -24,7 +24,7 @@ static const char* kUsage =
     "commands:\n"
     "  train   [--config FILE.json] [--key value ...]   train a model (default: the demo model on synthetic addition)\n"
     "  sft     --model DIR --data FILE.jsonl [--key value ...]   fine-tune a HF model on chat data (see sft --help)\n"
-    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective] [--score-before-experts]\n"
+    "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective|moe] [--score-before-experts]\n"
     "          [--dp-shard N --dp-replicate N --ep N --tp N --etp 1|N] (under launch: the batch split over the ranks)\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N] [--temperature T] [--n N] ...\n"

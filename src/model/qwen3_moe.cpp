@@ -39,11 +39,22 @@ Recompute parse_recompute(const std::string& s) {
   if (s == "none") return Recompute::None;
   if (s == "full") return Recompute::Full;
   if (s == "selective") return Recompute::Selective;
-  MT_THROW("recompute '", s, "' is not supported; allowed: none, full, selective");
+  if (s == "moe") return Recompute::Moe;
+  MT_THROW("recompute '", s, "' is not supported; allowed: none, full, selective, moe");
 }
 
 const char* recompute_name(Recompute r) {
-  return r == Recompute::None ? "none" : r == Recompute::Full ? "full" : "selective";
+  switch (r) {
+    case Recompute::None:
+      return "none";
+    case Recompute::Full:
+      return "full";
+    case Recompute::Selective:
+      return "selective";
+    case Recompute::Moe:
+      return "moe";
+  }
+  return "?";
 }
 
 // What a block's backward needs. The first group is always kept for the whole micro-batch; the
@@ -274,84 +285,92 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float eps = float(cfg_.rms_norm_eps), theta = float(cfg_.rope_theta);
-  Arena& A = pass_.recompute == Recompute::None ? keep_ : work_;
+  const Recompute rc = pass_.recompute;
+  // A: the block's tensors the backward reads; Af: the FFN's hidden activations (for an MoE layer the
+  // R = T K rows: xp, gu, hh, yp), which recompute moe rebuilds while keeping the rest as none does.
+  Arena& A = rc == Recompute::None || rc == Recompute::Moe ? keep_ : work_;
+  Arena& Af = rc == Recompute::None ? keep_ : work_;
   // Selective recompute keeps the attention output and its statistics: attention is the one part
   // whose cost grows with S^2, so the recompute pass skips it and rebuilds only the cheap rest.
-  const bool keep_attention = pass_.recompute != Recompute::Full;
-  const bool attention_known = routing_known && pass_.recompute == Recompute::Selective;
-  // Under expert parallelism selective also keeps what the two all-to-alls delivered (the expert-side
-  // input rows and the outputs back at the source), so its recompute issues no all-to-all: the
-  // exchanges, not the expert GEMMs, are the expensive part there (keeps_exchanges(a)).
-  const bool exchanges_known = attention_known && keeps_exchanges(a);
+  const bool keep_attention = rc != Recompute::Full;
+  const bool attention_known = routing_known && rc == Recompute::Selective;
+  // Recompute moe's pass (routing_known) starts at the FFN: everything before it was kept.
+  const bool ffn_only = routing_known && rc == Recompute::Moe;
+  // Under expert parallelism selective (and moe) also keeps what the two all-to-alls delivered (the
+  // expert-side input rows and the outputs back at the source), so its recompute issues no all-to-all:
+  // the exchanges, not the expert GEMMs, are the expensive part there (keeps_exchanges(a)).
+  const bool exchanges_known = (attention_known || ffn_only) && keeps_exchanges(a);
   // The recompute pass (routing_known) needs the FFN's saved tensors, not the block output, so under
   // tp it skips the output's reduce-scatter.
   const bool need_out = !(par_.tp && routing_known);
 
-  a.xn1 = A.alloc({Tl, D}, act_);
-  a.rstd1 = A.alloc({Tl});
-  if (add_in.defined())  // the previous block's output add, done here: a.x becomes the block input
-    ops::add_rms_norm_fwd(a.x, add_in, w.in_norm, eps, a.xn1, a.rstd1);
-  else
-    ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
-  a.xg1 = tp_gather(a.xn1, A);  // column-parallel q/k/v read every row of the tp group
-  a.q = A.alloc({T, H * Hd}, act_);
-  a.k = A.alloc({T, G * Hd}, act_);
-  a.v = A.alloc({T, G * Hd}, act_);
-  ops::linear_fwd(a.xg1, w.q, a.q);
-  ops::linear_fwd(a.xg1, w.k, a.k);
-  ops::linear_fwd(a.xg1, w.v, a.v);
-  a.qr = A.alloc({T, H, Hd}, act_);
-  a.kr = A.alloc({T, G, Hd}, act_);
-  a.rstd_q = A.alloc({T * H});
-  a.rstd_k = A.alloc({T * G});
-  Tensor qr_rows = a.qr.view({T * H, Hd}), kr_rows = a.kr.view({T * G, Hd});
-  ops::rms_norm_fwd(a.q.view({T * H, Hd}), w.q_norm, eps, qr_rows, a.rstd_q);
-  ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
-  ops::rope_fwd(a.qr, pos_T_, theta);
-  ops::rope_fwd(a.kr, pos_T_, theta);
-  if (sp_) {
-    // Ulysses: whole sequences for this rank's heads, attention, and back to this rank's tokens. The
-    // recompute re-issues the same exchanges (selective: only the first; the backward needs q, k, v).
-    const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
-    a.qf = A.alloc({Tf, Hl, Hd}, act_);
-    a.kf = A.alloc({Tf, Gl, Hd}, act_);
-    a.vf = A.alloc({Tf, Gl, Hd}, act_);
-    par_.ulysses->to_heads(a.qr, a.kr, a.v.view({T, G, Hd}), B_, a.qf, a.kf, a.vf);
-    if (!attention_known) {
+  if (!ffn_only) {
+    a.xn1 = A.alloc({Tl, D}, act_);
+    a.rstd1 = A.alloc({Tl});
+    if (add_in.defined())  // the previous block's output add, done here: a.x becomes the block input
+      ops::add_rms_norm_fwd(a.x, add_in, w.in_norm, eps, a.xn1, a.rstd1);
+    else
+      ops::rms_norm_fwd(a.x, w.in_norm, eps, a.xn1, a.rstd1);
+    a.xg1 = tp_gather(a.xn1, A);  // column-parallel q/k/v read every row of the tp group
+    a.q = A.alloc({T, H * Hd}, act_);
+    a.k = A.alloc({T, G * Hd}, act_);
+    a.v = A.alloc({T, G * Hd}, act_);
+    ops::linear_fwd(a.xg1, w.q, a.q);
+    ops::linear_fwd(a.xg1, w.k, a.k);
+    ops::linear_fwd(a.xg1, w.v, a.v);
+    a.qr = A.alloc({T, H, Hd}, act_);
+    a.kr = A.alloc({T, G, Hd}, act_);
+    a.rstd_q = A.alloc({T * H});
+    a.rstd_k = A.alloc({T * G});
+    Tensor qr_rows = a.qr.view({T * H, Hd}), kr_rows = a.kr.view({T * G, Hd});
+    ops::rms_norm_fwd(a.q.view({T * H, Hd}), w.q_norm, eps, qr_rows, a.rstd_q);
+    ops::rms_norm_fwd(a.k.view({T * G, Hd}), w.k_norm, eps, kr_rows, a.rstd_k);
+    ops::rope_fwd(a.qr, pos_T_, theta);
+    ops::rope_fwd(a.kr, pos_T_, theta);
+    if (sp_) {
+      // Ulysses: whole sequences for this rank's heads, attention, and back to this rank's tokens. The
+      // recompute re-issues the same exchanges (selective: only the first; the backward needs q, k, v).
+      const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
+      a.qf = A.alloc({Tf, Hl, Hd}, act_);
+      a.kf = A.alloc({Tf, Gl, Hd}, act_);
+      a.vf = A.alloc({Tf, Gl, Hd}, act_);
+      par_.ulysses->to_heads(a.qr, a.kr, a.v.view({T, G, Hd}), B_, a.qf, a.kf, a.vf);
+      if (!attention_known) {
+        Arena& Att = keep_attention ? keep_ : work_;
+        a.att = Att.alloc({T, H, Hd}, act_);
+        a.attf = Att.alloc({Tf, Hl, Hd}, act_);
+        a.lse = Att.alloc({Tf, Hl});
+        ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse, doc_start_ptr());
+        par_.ulysses->to_tokens(a.attf, B_, a.att);
+      }
+    } else if (!attention_known) {
       Arena& Att = keep_attention ? keep_ : work_;
       a.att = Att.alloc({T, H, Hd}, act_);
-      a.attf = Att.alloc({Tf, Hl, Hd}, act_);
-      a.lse = Att.alloc({Tf, Hl});
-      ops::attention_fwd(a.qf, a.kf, a.vf, B_, S_full_, a.attf, a.lse, doc_start_ptr());
-      par_.ulysses->to_tokens(a.attf, B_, a.att);
+      a.lse = Att.alloc({T, H});
+      ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse, doc_start_ptr());
     }
-  } else if (!attention_known) {
-    Arena& Att = keep_attention ? keep_ : work_;
-    a.att = Att.alloc({T, H, Hd}, act_);
-    a.lse = Att.alloc({T, H});
-    ops::attention_fwd(a.qr, a.kr, a.v.view({T, G, Hd}), B_, S_, a.att, a.lse, doc_start_ptr());
-  }
-  a.h1 = A.alloc({Tl, D}, DType::F32);
-  a.xn2 = A.alloc({Tl, D}, act_);
-  a.rstd2 = A.alloc({Tl});
-  // h1 = x + o_proj(att): the add in the GEMM's epilogue (fuse_gemm_add), fused with norm2
-  // (fuse_norm_add), or an add_ of its own.
-  if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
-    Tensor part = work_.alloc({T, D}, DType::F32);
-    ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
-    tp_reduce_scatter(part, a.h1);
-  } else if (opt_.fuse_gemm_add) {
-    ops::linear_fwd_add(a.att.view({T, H * Hd}), w.o, a.x, a.h1);
-  } else {
-    ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
-  }
-  if (opt_.fuse_gemm_add && !par_.tp) {
-    ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
-  } else if (opt_.fuse_norm_add) {
-    ops::add_rms_norm_fwd(a.h1, a.x, w.post_norm, eps, a.xn2, a.rstd2);
-  } else {
-    ops::add_(a.h1, a.x);
-    ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+    a.h1 = A.alloc({Tl, D}, DType::F32);
+    a.xn2 = A.alloc({Tl, D}, act_);
+    a.rstd2 = A.alloc({Tl});
+    // h1 = x + o_proj(att): the add in the GEMM's epilogue (fuse_gemm_add), fused with norm2
+    // (fuse_norm_add), or an add_ of its own.
+    if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
+      Tensor part = work_.alloc({T, D}, DType::F32);
+      ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
+      tp_reduce_scatter(part, a.h1);
+    } else if (opt_.fuse_gemm_add) {
+      ops::linear_fwd_add(a.att.view({T, H * Hd}), w.o, a.x, a.h1);
+    } else {
+      ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
+    }
+    if (opt_.fuse_gemm_add && !par_.tp) {
+      ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+    } else if (opt_.fuse_norm_add) {
+      ops::add_rms_norm_fwd(a.h1, a.x, w.post_norm, eps, a.xn2, a.rstd2);
+    } else {
+      ops::add_(a.h1, a.x);
+      ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
+    }
   }
 
   if (w.sparse) {
@@ -359,7 +378,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     const bool etp = par_.tp && par_.expert_tp;
     const int64_t Tr = etp ? T : Tl, R = Tr * K, F = cfg_.moe_intermediate_size;
     if (!routing_known) {
-      Tensor logits = A.alloc({Tl, E});
+      Tensor logits = work_.alloc({Tl, E});  // read by nothing after the routing decision
       ops::linear_fwd(a.xn2, w.router, logits);
       a.probs = keep_.alloc({Tl, E});
       a.idx = keep_.alloc({Tl, K}, DType::I32);
@@ -392,9 +411,12 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     }
     const Tensor& wts_e = etp ? a.wts_g : a.wts;
     Tensor xe = a.xn2;
-    if (etp) xe = a.xg2 = tp_gather(a.xn2, A);
+    if (etp) xe = ffn_only ? a.xg2 : (a.xg2 = tp_gather(a.xn2, A));  // moe kept the gathered rows
+    // Whether this pass forms the layer's output: not recompute moe's, unless its combine must run to
+    // rebuild the rows the backward reads (a dispatcher whose exchanged rows were not kept).
+    const bool combine = !ffn_only || (par_.dispatcher && !exchanges_known);
     // etp: the F slices' partial outputs of all T rows, summed over tp into the local rows.
-    Tensor oute = etp ? work_.alloc({T, D}, DType::F32) : out;
+    Tensor oute = etp && combine ? work_.alloc({T, D}, DType::F32) : out;
     if (par_.dispatcher) {
       // Tokens travel to the ranks that own their experts (one all_to_all_v), this rank's experts run
       // on what arrived, and the outputs come back weighted (one all_to_all_v).
@@ -402,12 +424,12 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       const int64_t Rr = pl.rows_received;
       if (!exchanges_known)
         a.xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xe, wts_e) : par_.dispatcher->dispatch(pl, xe);
-      a.gu = A.alloc({Rr, 2 * F}, act_);
-      a.hh = A.alloc({Rr, F}, act_);
+      a.gu = Af.alloc({Rr, 2 * F}, act_);
+      a.hh = Af.alloc({Rr, F}, act_);
       // With ep > 1 the expert-side outputs are needed only until the combine has sent them (the
       // backward reads the combined rows ys): scratch, also under recompute none (the work arena is
       // reset per layer). With ep = 1 the combined rows are these rows themselves.
-      Tensor yp = (pl.ep > 1 ? work_ : A).alloc({Rr, D}, act_);
+      Tensor yp = (pl.ep > 1 ? work_ : Af).alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
@@ -416,23 +438,23 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
         par_.dispatcher->combine_finish(pl, a.ys, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
       }
     } else {
-      a.xp = A.alloc({R, D}, act_);
+      a.xp = Af.alloc({R, D}, act_);
       if (opt_.score_before_experts)
         ops::permute_weighted_fwd(xe, a.row_of_assign, wts_e, a.xp);
       else
         ops::permute_fwd(xe, a.assign_of_row, K, a.xp);
-      a.gu = A.alloc({R, 2 * F}, act_);
-      a.hh = A.alloc({R, F}, act_);
-      a.yp = A.alloc({R, D}, act_);
+      a.gu = Af.alloc({R, 2 * F}, act_);
+      a.hh = Af.alloc({R, F}, act_);
+      a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      ops::unpermute_fwd(a.yp, a.row_of_assign, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
+      if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
   } else {
     const int64_t I = cfg_.intermediate_size;
-    a.xg2 = tp_gather(a.xn2, A);  // column-parallel gate/up, row-parallel down
-    a.gu = A.alloc({T, 2 * I}, act_);
-    a.hh = A.alloc({T, I}, act_);
+    if (!ffn_only) a.xg2 = tp_gather(a.xn2, A);  // column-parallel gate/up, row-parallel down (moe: kept)
+    a.gu = Af.alloc({T, 2 * I}, act_);
+    a.hh = Af.alloc({T, I}, act_);
     ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
     ops::swiglu_fwd(a.gu, a.hh);
     if (par_.tp) {
@@ -465,6 +487,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   const bool acc = !pass_.overwrite_grads;  // parameter gradients: = on a step's first micro-batch
 
   // FFN: out = h1 + ffn(norm2(h1)). dxn2 sums the experts' (or the MLP's) input gradient and the
+    if (ffn_only) return;  // the down projection's output is not read by the backward
   // router's in f32: a bf16 sum would drop the router's share wherever it is below 2^-8 of the rest.
   Tensor dxn2 = W.zeros({Tl, D}, DType::F32);
   if (w.sparse) {
@@ -477,6 +500,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     // The experts' input gradient goes straight into the f32 dxn2, except under etp (partial sums of
     // all T rows, reduce-scattered in the compute dtype first).
     Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
+  if (ffn_only) return;  // recompute moe rebuilt what the backward reads; the output is not read
     Tensor dwts;
     if (par_.dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
@@ -714,10 +738,16 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   Tensor h = keep_.alloc({T, D}, DType::F32);
   ops::embedding_fwd(ids_T, w_.embed, h);
   release(embed);
-  // fuse_norm_add under recompute none: each block leaves its output's add (h1, kept in keep_) to the
-  // next block's input norm, or the final norm (pending). Under recompute h1 lives in the work arena,
-  // which the next block resets first, so the blocks add their outputs themselves.
-  const bool defer_add = opt_.fuse_norm_add && pass_.recompute == Recompute::None;
+  // fuse_norm_add under recompute none (and moe, which keeps h1 too): each block leaves its output's
+  // add (h1, kept in keep_) to the next block's input norm, or the final norm (pending). Under full and
+  // selective h1 lives in the work arena, which the next block resets first, so the blocks add their
+  // outputs themselves.
+  const Recompute rc = pass_.recompute;
+  const bool defer_add = opt_.fuse_norm_add && (rc == Recompute::None || rc == Recompute::Moe);
+  // Selective and moe keep the exchanged rows under expert parallelism (keeps_exchanges).
+  auto kept_exchanges = [&](const LayerActs& a) {
+    return (rc == Recompute::Selective || rc == Recompute::Moe) && keeps_exchanges(a);
+  };
   Tensor pending;
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = acts_[size_t(l)];
@@ -730,8 +760,8 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     Tensor add_in = pending;
     forward_layer(l, a, out, false, add_in, defer_add ? &pending : nullptr);
     for (int u : block_units(l)) release(u);
-    // Rebuilt by the recompute (EP keeps them off the arenas), except what selective keeps under EP.
-    if (pass_.recompute != Recompute::None && !(pass_.recompute == Recompute::Selective && keeps_exchanges(a))) {
+    // Rebuilt by the recompute (EP keeps them off the arenas), except what selective and moe keep under EP.
+    if (rc != Recompute::None && !kept_exchanges(a)) {
       a.xp = Tensor();
       a.ys = Tensor();
     }
@@ -864,13 +894,16 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     if (l - opt_.prefetch_depth >= 0)
       for (int u : block_units(l - opt_.prefetch_depth)) src_->prefetch(u);
     for (int u : us) grads_for(u);
-    // Selective recompute under expert parallelism kept the combined rows, so the combine's backward
-    // (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
+    // Selective and moe recompute under expert parallelism kept the combined rows, so the combine's
+    // backward (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
     std::optional<moe::CombineBwdPending> early;
-    if (pass_.recompute == Recompute::Selective && keeps_exchanges(a) && !(par_.tp && par_.expert_tp))
+    if (kept_exchanges(a) && !(par_.tp && par_.expert_tp))
       early = par_.dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, opt_.score_before_experts ? ones_TK(T) : a.wts);
-    if (pass_.recompute != Recompute::None) {
-      Tensor scratch_out = work_.alloc({T, D}, DType::F32), dropped;
+    if (rc != Recompute::None) {
+      // Moe's recompute forms no block output, except through a combine that must rebuild its rows
+      // (a dispatcher whose exchanged rows were not kept).
+      const bool want_out = rc != Recompute::Moe || (par_.dispatcher && cfg_.is_sparse_layer(l) && !kept_exchanges(a));
+      Tensor scratch_out = want_out ? work_.alloc({T, D}, DType::F32) : Tensor(), dropped;
       // a.x is the block input already (any deferred add was done in the forward); the output's add is
       // dropped with fuse_norm_add (nothing reads scratch_out's sum).
       forward_layer(l, a, scratch_out, true, Tensor(), opt_.fuse_norm_add ? &dropped : nullptr);

@@ -37,8 +37,14 @@ class UlyssesExchange;  // moe/ulysses.h
 // rest before the block's backward. selective: as full, but also keep the attention output and its
 // log-sum-exp, so the recompute skips attention (the S^2 part) and rebuilds only the cheap rest;
 // under expert parallelism it also keeps the rows both all-to-alls delivered (no exchange in the recompute).
-enum class Recompute { None, Full, Selective };
-Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selective"
+// moe: keep everything none keeps except the FFN's hidden activations, which are K times the tokens
+// for an MoE layer (the dispatched rows xp [R, D], the experts' gate_up gu [R, 2F] and SwiGLU hh
+// [R, F], their outputs yp [R, D]; a dense MLP's gu and hh): the recompute re-runs only the
+// dispatch gather and the experts (or the MLP's gate_up and SwiGLU) from the kept normed input and
+// routing. Under expert parallelism it keeps the exchanged rows as selective does (no all-to-all in
+// the recompute) and rebuilds gu and hh. docs/model.md has the bytes each policy keeps.
+enum class Recompute { None, Full, Selective, Moe };
+Recompute parse_recompute(const std::string& s);  // "none" | "full" | "selective" | "moe"
 const char* recompute_name(Recompute r);
 
 struct LossParts {

@@ -243,10 +243,10 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--kl-coef") opt.policy.kl_coef = std::stod(value());
     else if (a == "--kl") opt.policy.kl = rl::parse_kl_estimator(value());
     else if (a == "--entropy-coef") opt.policy.entropy_coef = std::stod(value());
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

@@ -137,9 +137,9 @@ const std::vector<Field>& fields() {
        "continue a run exactly: latest (bare --resume: the newest checkpoint of the run dir whose manifest "
        "verifies) or a checkpoint-N directory; \"\" = start fresh",
        [](const TrainConfig&) { return std::string(); }},
-      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full | selective",
+      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full | selective | moe (docs/model.md)",
        [](const TrainConfig& c) {
-         return one_of(c.recompute, {"none", "full", "selective"});
+         return one_of(c.recompute, {"none", "full", "selective", "moe"});
        }},
       {"score_before_experts", &TrainConfig::score_before_experts,
        "1: y = sum_k expert_k(w_k x) (routing weights on the experts' input); 0 (Qwen3-MoE): y = sum_k w_k expert_k(x)",

@@ -109,7 +109,7 @@ TEST_P(FusedResidual, LossAndEveryGradientEqualTheUnfusedModel) {
   const Variant v = GetParam();
   const ModelConfig c = config_of(v);
   const MicroBatch mb = random_batch(c, 2, 12, 41);
-  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
+  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective, Recompute::Moe}) {
     const PassRun base = run(c, {}, rc, mb, true);
     ASSERT_TRUE(std::isfinite(base.lp.loss));
     EXPECT_FALSE(ran(base, "add_rms_norm_fwd") || ran(base, "add_rms_norm_bwd") || ran(base, "linear_fwd_add"))
@@ -125,12 +125,14 @@ TEST_P(FusedResidual, LossAndEveryGradientEqualTheUnfusedModel) {
       EXPECT_TRUE(diff.empty()) << "gradients differ from the unfused model in:" << diff;
       // The switches reach the ops.
       // The forward's fused norm: the post-attention add when the GEMM does not take it, and the
-      // deferred block-output adds (recompute none; the last block here is sparse, so it always defers).
-      EXPECT_EQ(ran(r, "add_rms_norm_fwd"), f.norm && (!f.gemm || rc == Recompute::None));
+      // deferred block-output adds (recompute none and moe, which keep h1; the last block here is
+      // sparse, so it always defers).
+      const bool defers = rc == Recompute::None || rc == Recompute::Moe;
+      EXPECT_EQ(ran(r, "add_rms_norm_fwd"), f.norm && (!f.gemm || defers));
       EXPECT_EQ(ran(r, "add_rms_norm_bwd"), f.norm);
       EXPECT_EQ(ran(r, "linear_fwd_add"), f.gemm);
-      // Both on, recompute none: every residual add is inside a norm or a GEMM epilogue.
-      if (f.norm && f.gemm && rc == Recompute::None) {
+      // Both on, recompute none or moe: every residual add is inside a norm or a GEMM epilogue.
+      if (f.norm && f.gemm && defers) {
         EXPECT_FALSE(ran(r, "add_")) << "a separate add_ remained";
       }
     }

@@ -72,8 +72,11 @@ TEST_P(Golden, LossLogitsAndEveryGradientMatchTransformers) {
   ASSERT_TRUE(fs::exists(dir + "/expected.safetensors")) << dir;
   // Each recompute policy with the materialised logits; and cross-entropy as a per-token objective
   // (model/objective.h: log-probs, coefficients, the chunked backward), its logits from a forward.
-  for (int run = 0; run < 4; ++run) {
-    const Recompute rc = run == 1 ? Recompute::Full : run == 2 ? Recompute::Selective : Recompute::None;
+  for (int run = 0; run < 5; ++run) {
+    const Recompute rc = run == 1   ? Recompute::Full
+                         : run == 2 ? Recompute::Selective
+                         : run == 4 ? Recompute::Moe
+                                    : Recompute::None;
     const bool objective = run == 3;
     SCOPED_TRACE(objective ? "cross-entropy objective" : std::string("recompute ") + recompute_name(rc));
     Loaded l = load(dir);

@@ -122,7 +122,7 @@ TEST(ModelBalance, BiasSteersTheTopKUnderRecomputeButNotUnderReplay) {
   const int64_t E = c.num_experts, favoured = 6;
   std::vector<Tensor> grads;
   std::vector<double> losses;
-  for (Recompute policy : {Recompute::None, Recompute::Full, Recompute::Selective}) {
+  for (Recompute policy : {Recompute::None, Recompute::Full, Recompute::Selective, Recompute::Moe}) {
     Qwen3MoeModel m(c);
     init(m, 8);
     m.enable_router_bias();

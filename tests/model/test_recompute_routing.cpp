@@ -141,7 +141,7 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
   }
 
   std::vector<RunResult> runs;
-  for (Recompute policy : {Recompute::None, Recompute::Full, Recompute::Selective}) {
+  for (Recompute policy : {Recompute::None, Recompute::Full, Recompute::Selective, Recompute::Moe}) {
     original.grads().zero_();
     perturbed.grads().zero_();
     SwitchingSource src(original, perturbed);
@@ -155,7 +155,7 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
     r.lp = m.forward_backward(mb, po);
     r.grads = original.grads().clone();
     // Every block was acquired twice (forward, backward): the backward's acquire served the
-    // perturbed gates, and the recompute (full, selective) ran inside it.
+    // perturbed gates, and the recompute (full, selective, moe) ran inside it.
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) EXPECT_EQ(src.acquires(src.plan().block[size_t(l)]), 2);
     EXPECT_EQ(ops::sum_squares(perturbed.grads()), 0.0) << "gradients went to the perturbed copy";
     EXPECT_GT(ops::sum_squares(r.grads), 0.0);
@@ -165,7 +165,7 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
     runs.push_back(std::move(r));
   }
   for (size_t i = 1; i < runs.size(); ++i) {
-    const char* name = i == 1 ? "full" : "selective";
+    const char* name = i == 1 ? "full" : i == 2 ? "selective" : "moe";
     EXPECT_EQ(runs[0].lp.loss, runs[i].lp.loss) << name;
     EXPECT_EQ(runs[0].lp.ce_sum, runs[i].lp.ce_sum) << name;
     EXPECT_EQ(runs[0].lp.aux, runs[i].lp.aux) << name;

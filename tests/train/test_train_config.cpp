@@ -165,7 +165,7 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
   expect_override_error({"--beta2=-0.1"}, {"beta2 = -0.1", "[0, 1)"});
   expect_override_error({"--lr-schedule", "step"}, {"lr_schedule = \"step\"", "cosine, linear, constant"});
   expect_override_error({"--device", "gpu"}, {"device = \"gpu\"", "cpu, cuda, auto"});
-  expect_override_error({"--recompute", "partial"}, {"recompute = \"partial\"", "none, full, selective"});
+  expect_override_error({"--recompute", "partial"}, {"recompute = \"partial\"", "none, full, selective, moe"});
   expect_override_error({"--warmup-steps", "2501"}, {"warmup_steps = 2501", "steps = 2500"});
   expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
   expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
