@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -105,6 +106,18 @@ void Tensor::copy_from(const Tensor& src) {
   device_mem::copy(data_, device_, src.data_, src.device_, nbytes());
 }
 
+void Tensor::copy_from_async(const Tensor& src) {
+  MT_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy_from_async ", src.desc(), " into ", desc());
+  device_mem::copy_async(data_, device_, src.data_, src.device_, nbytes());
+}
+
+Tensor Tensor::pinned(const Shape& shape, DType dtype) {
+  const size_t bytes = std::max<size_t>(1, size_t(shape_numel(shape)) * dtype_size(dtype));
+  void* p = device_mem::host_pinned_alloc(bytes);
+  return Tensor(std::shared_ptr<void>(p, [](void* q) { device_mem::host_pinned_free(q); }), p, shape, dtype,
+                Device::CPU);
+}
+
 void Tensor::zero_() { device_mem::memset0(data_, device_, nbytes()); }
 
 void Tensor::fill_(float value) {
@@ -160,6 +173,9 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
 void cuda_memset0(void* p, size_t bytes);
 void cuda_synchronize();
 void cuda_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+void cuda_copy_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void* cuda_host_alloc(size_t bytes);  // null when no GPU is usable
+void cuda_host_free(void* p);
 
 void* alloc(Device d, size_t bytes) {
   if (d == Device::CUDA) return cuda_alloc(bytes);
@@ -180,6 +196,33 @@ void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t byt
     return;
   }
   cuda_copy(dst, dst_dev, src, src_dev, bytes);
+}
+
+void copy_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_dev == Device::CPU && src_dev == Device::CPU) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  cuda_copy_async(dst, dst_dev, src, src_dev, bytes);
+}
+
+// Page-locked blocks carry a one-word header saying how they were allocated (the GPU may be absent).
+void* host_pinned_alloc(size_t bytes) {
+  const size_t total = bytes + 256;
+  void* base = cuda_available() ? cuda_host_alloc(total) : nullptr;
+  const bool pinned = base != nullptr;
+  if (!pinned) base = std::aligned_alloc(256, (total + 255) / 256 * 256);
+  MT_CHECK(base != nullptr, "out of host memory allocating ", bytes, " bytes");
+  *static_cast<uint64_t*>(base) = pinned ? 1 : 0;
+  return static_cast<char*>(base) + 256;
+}
+
+void host_pinned_free(void* p) {
+  if (!p) return;
+  void* base = static_cast<char*>(p) - 256;
+  if (*static_cast<uint64_t*>(base) == 1) cuda_host_free(base);
+  else std::free(base);
 }
 
 void copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, Device d) {

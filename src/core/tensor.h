@@ -27,9 +27,13 @@ class Tensor {
   Tensor(std::shared_ptr<void> owner, void* data, Shape shape, DType dtype, Device device);
 
   static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
+  // A CPU tensor in page-locked memory when the build has CUDA and a GPU is visible (plain memory otherwise):
+  // the source or target of copy_from_async, whose transfers then run without staging or a host wait.
+  static Tensor pinned(const Shape& shape, DType dtype = DType::F32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device device = Device::CPU);
 
   bool defined() const { return data_ != nullptr; }  // false for a default-constructed Tensor
+  const std::shared_ptr<void>& owner() const { return owner_; }  // what keeps the memory alive (may be null)
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return int64_t(shape_.size()); }
   int64_t size(int64_t d) const;  // negative d counts from the end
@@ -52,6 +56,10 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
   void copy_from(const Tensor& src);  // same shape and dtype; any devices
+  // copy_from queued on the CUDA compute stream, in order with the kernels, without waiting: neither tensor
+  // may be touched by the host until that stream is synchronised (device_mem::synchronize). CPU to CPU
+  // copies at once.
+  void copy_from_async(const Tensor& src);
   void zero_();
   void fill_(float value);  // f32 only
 
@@ -113,6 +121,9 @@ int cuda_device_count();  // 0 without CUDA
 void set_cuda_device(int index);
 std::string cuda_pci_bus_id(int index);  // "0000:1b:00.0"; "" without CUDA
 void synchronize(Device d);  // waits for all work queued on the device (no-op on the CPU)
+void copy_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);  // see copy_from_async
+void* host_pinned_alloc(size_t bytes);  // page-locked when CUDA is usable, else plain; freed by host_pinned_free
+void host_pinned_free(void* p);
 // Bytes held by CUDA tensors and arenas now, and the most since the last reset (0 without CUDA).
 size_t cuda_bytes_in_use();
 size_t cuda_peak_bytes();

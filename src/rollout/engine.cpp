@@ -55,7 +55,57 @@ struct DecodeGraphs {
   std::vector<Tensor> routing;   // per sparse layer, i32 [max_b, K]
   Tensor tokens, logprobs;       // i32, f32 [max_b]: the draws
   std::map<int64_t, cuda_graph::Graph> graphs;
+  // The step's inputs (in's six tensors and sample_rows) are views of one device buffer, filled from one
+  // page-locked host buffer of the same layout by one asynchronous copy per step; the draws (tokens, then
+  // logprobs) are views of one device buffer read back by one copy. in_h, sample_rows_h, tokens_h and
+  // logprobs_h: the host views. The block table comes last, so a step copies only up to its bucket's rows.
+  Tensor stage_d, stage_h, draws_d, draws_h;
+  CachedBatch in_h;
+  Tensor sample_rows_h, tokens_h, logprobs_h;
+  size_t table_offset = 0;  // bytes
 };
+
+// Views of a flat buffer (i64 words) at 256-byte aligned byte offsets, in the order asked for (off: the running
+// offset in bytes).
+Tensor carve(const Tensor& buf, size_t& off, const Shape& shape, DType dt) {
+  off = (off + 255) / 256 * 256;
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dt);
+  MT_CHECK(off + bytes <= buf.nbytes(), "engine: staging buffer of ", buf.nbytes(), " bytes, need ", off + bytes);
+  Tensor t(buf.owner(), static_cast<char*>(buf.raw()) + off, shape, dt, buf.device());
+  off += bytes;
+  return t;
+}
+
+// Lays out the step inputs and the draws over dg's staging buffers (device and pinned host), max_b rows.
+void carve_stage(DecodeGraphs& dg, Device d) {
+  const int64_t B = dg.max_b, W = dg.width;
+  const size_t stage_bytes = 256 * 8 + size_t(B) * (8 + 8 + 8 * size_t(kSampleRowWords) + 3 * 4 + 4 * size_t(W));
+  const int64_t stage_words = int64_t(stage_bytes + 7) / 8;
+  dg.stage_d = Tensor::empty({stage_words}, DType::I64, d);
+  dg.stage_h = Tensor::pinned({stage_words}, DType::I64);
+  auto lay = [&](const Tensor& buf, CachedBatch& in, Tensor& rows) {
+    size_t off = 0;
+    in.tokens = carve(buf, off, {B}, DType::I64);
+    in.logit_rows = carve(buf, off, {B}, DType::I64);
+    rows = carve(buf, off, {B, kSampleRowWords}, DType::I64);
+    in.positions = carve(buf, off, {B}, DType::I32);
+    in.seq = carve(buf, off, {B}, DType::I32);
+    in.slots = carve(buf, off, {B}, DType::I32);
+    in.block_table = carve(buf, off, {B, W}, DType::I32);
+    dg.table_offset = size_t(static_cast<char*>(in.block_table.raw()) - static_cast<char*>(buf.raw()));
+  };
+  lay(dg.stage_d, dg.in, dg.sample_rows);
+  lay(dg.stage_h, dg.in_h, dg.sample_rows_h);
+  const size_t draw_bytes = 512 + size_t(B) * 8;
+  dg.draws_d = Tensor::empty({int64_t(draw_bytes / 8)}, DType::I64, d);
+  dg.draws_h = Tensor::pinned({int64_t(draw_bytes / 8)}, DType::I64);
+  size_t off = 0;
+  dg.tokens = carve(dg.draws_d, off, {B}, DType::I32);
+  dg.logprobs = carve(dg.draws_d, off, {B}, DType::F32);
+  off = 0;
+  dg.tokens_h = carve(dg.draws_h, off, {B}, DType::I32);
+  dg.logprobs_h = carve(dg.draws_h, off, {B}, DType::F32);
+}
 
 bool graphs_env_on() {
   const char* v = std::getenv("MOETRAIN_CUDA_GRAPHS");
@@ -231,46 +281,41 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     }
     std::vector<Tensor> routing;
     Tensor logits, drawn, drawn_lp;  // the draws are defined here when the decode graph's sampler made them
+    bool graph_step = false;         // ... into dg's draw buffers
     auto tf = Clock::now();
     if (use_graphs && graphs_off_.empty() && admitted.empty() && N > 0 && int64_t(M) <= dg.width) {
       // A decode step: N sequences, one token each, padded to the bucket; its graph replayed (captured first).
       const int64_t Bk = decode_bucket(N);
       if (!dg.logits.defined()) {
         const Device d = model_.device();
-        dg.in = CachedBatch{Tensor::empty({dg.max_b}, DType::I64, d),          Tensor::empty({dg.max_b}, DType::I32, d),
-                            Tensor::empty({dg.max_b}, DType::I32, d),          Tensor::empty({dg.max_b}, DType::I32, d),
-                            Tensor::empty({dg.max_b, dg.width}, DType::I32, d), Tensor::empty({dg.max_b}, DType::I64, d)};
-        dg.sample_rows = Tensor::empty({dg.max_b, kSampleRowWords}, DType::I64, d);
+        carve_stage(dg, d);
         dg.logits = Tensor::empty({dg.max_b, c.vocab_size}, DType::F32, d);
-        dg.tokens = Tensor::empty({dg.max_b}, DType::I32, d);
-        dg.logprobs = Tensor::empty({dg.max_b}, DType::F32, d);
         if (record)
           for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             if (c.is_sparse_layer(l)) dg.routing.push_back(Tensor::empty({dg.max_b, c.num_experts_per_tok}, DType::I32, d));
       }
-      Tensor h_tok = Tensor::zeros({Bk}, DType::I64), h_pos = Tensor::zeros({Bk}, DType::I32),
-             h_seq = Tensor::empty({Bk}, DType::I32), h_slot = Tensor::empty({Bk}, DType::I32),
-             h_table = Tensor::zeros({Bk, dg.width}, DType::I32), h_rows = Tensor::empty({Bk}, DType::I64);
+      // The step's inputs, written into the pinned host views (rows past N: padding) and copied in one go.
+      int64_t* h_tok = dg.in_h.tokens.data<int64_t>();
+      int64_t* h_rows = dg.in_h.logit_rows.data<int64_t>();
+      int32_t *h_pos = dg.in_h.positions.data<int32_t>(), *h_seq = dg.in_h.seq.data<int32_t>(),
+              *h_slot = dg.in_h.slots.data<int32_t>(), *h_table = dg.in_h.block_table.data<int32_t>();
       const int32_t scratch_slot = int32_t(blocks_.num_blocks() * opt_.block_size);
       for (int64_t i = 0; i < Bk; ++i) {
         const bool real = i < N;
-        h_tok.data<int64_t>()[i] = real ? tok[size_t(i)] : 0;
-        h_pos.data<int32_t>()[i] = real ? int32_t(pos[size_t(i)]) : 0;
-        h_seq.data<int32_t>()[i] = int32_t(i);
-        h_slot.data<int32_t>()[i] = real ? int32_t(slot[size_t(i)]) : scratch_slot;
-        h_rows.data<int64_t>()[i] = i;
-        int32_t* trow = h_table.data<int32_t>() + i * dg.width;
-        if (real) std::copy(tables[size_t(i)]->begin(), tables[size_t(i)]->end(), trow);
-        else std::fill(trow, trow + dg.width, int32_t(blocks_.num_blocks()));  // reads only its own key, just written
+        h_tok[i] = real ? tok[size_t(i)] : 0;
+        h_pos[i] = real ? int32_t(pos[size_t(i)]) : 0;
+        h_seq[i] = int32_t(i);
+        h_slot[i] = real ? int32_t(slot[size_t(i)]) : scratch_slot;
+        h_rows[i] = i;
+        int32_t* trow = h_table + i * dg.width;
+        if (real) {
+          const std::vector<int32_t>& t = *tables[size_t(i)];
+          std::copy(t.begin(), t.end(), trow);
+          std::fill(trow + t.size(), trow + dg.width, 0);
+        } else {
+          std::fill(trow, trow + dg.width, int32_t(blocks_.num_blocks()));  // reads only its own key, just written
+        }
       }
-      CachedBatch in{dg.in.tokens.rows(0, Bk), dg.in.positions.rows(0, Bk), dg.in.seq.rows(0, Bk),
-                     dg.in.slots.rows(0, Bk),  dg.in.block_table.rows(0, Bk), dg.in.logit_rows.rows(0, Bk)};
-      in.tokens.copy_from(h_tok);  // ordered after the previous step's kernels (the compute stream blocks)
-      in.positions.copy_from(h_pos);
-      in.seq.copy_from(h_seq);
-      in.slots.copy_from(h_slot);
-      in.block_table.copy_from(h_table);
-      in.logit_rows.copy_from(h_rows);
       // The draws' rows (the step's counters among them: a replay draws new numbers); padding rows greedy.
       std::vector<SamplingParams> pad_params(params);
       std::vector<DrawCounter> pad_counters(counters);
@@ -278,8 +323,14 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
       greedy.temperature = 0.0f;
       pad_params.resize(size_t(Bk), greedy);
       pad_counters.resize(size_t(Bk), DrawCounter{});
+      const Tensor packed = pack_sample_rows(pad_params, pad_counters);
+      std::copy_n(packed.data<int64_t>(), Bk * kSampleRowWords, dg.sample_rows_h.data<int64_t>());
+      // One copy, ordered after the previous step's kernels on the compute stream; the host does not wait.
+      const int64_t used = int64_t(dg.table_offset + size_t(Bk * dg.width) * sizeof(int32_t) + 7) / 8;  // words
+      dg.stage_d.rows(0, used).copy_from_async(dg.stage_h.rows(0, used));
+      CachedBatch in{dg.in.tokens.rows(0, Bk), dg.in.positions.rows(0, Bk), dg.in.seq.rows(0, Bk),
+                     dg.in.slots.rows(0, Bk),  dg.in.block_table.rows(0, Bk), dg.in.logit_rows.rows(0, Bk)};
       Tensor srows = dg.sample_rows.rows(0, Bk), stok = dg.tokens.rows(0, Bk), slp = dg.logprobs.rows(0, Bk);
-      srows.copy_from(pack_sample_rows(pad_params, pad_counters));
       Tensor out = dg.logits.rows(0, Bk);
       std::vector<Tensor>* rec = record && !dg.routing.empty() ? &dg.routing : nullptr;
       auto decode_step = [&] {
@@ -304,6 +355,7 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
         stats_.graph_capture_seconds += since(tc);
       }
       logits = dg.logits.rows(0, N);
+      graph_step = true;
       drawn = dg.tokens.rows(0, N);
       drawn_lp = dg.logprobs.rows(0, N);
       for (const Tensor& t : dg.routing) routing.push_back(t.rows(0, N));
@@ -341,7 +393,16 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
       drawn_lp = Tensor::empty({R}, DType::F32, dev);
       ops::sample_tokens(logits, dev == Device::CPU ? sample_rows : sample_rows.to(dev), drawn, drawn_lp);
     }
-    const Tensor tokens_h = drawn.to(Device::CPU), logprobs_h = drawn_lp.to(Device::CPU);  // the step's one sync
+    Tensor tokens_h, logprobs_h;  // the step's one sync
+    if (graph_step) {  // tokens and log-probs in one buffer: one copy into pinned memory
+      dg.draws_h.copy_from_async(dg.draws_d);
+      device_mem::synchronize(Device::CUDA);
+      tokens_h = dg.tokens_h.rows(0, N);
+      logprobs_h = dg.logprobs_h.rows(0, N);
+    } else {
+      tokens_h = drawn.to(Device::CPU);
+      logprobs_h = drawn_lp.to(Device::CPU);
+    }
     for (Tensor& t : routing)
       if (t.device() != Device::CPU) t = t.to(Device::CPU);  // after the sync: no layer waited for these
     std::vector<std::unique_ptr<Seq>> next_running;

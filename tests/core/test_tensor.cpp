@@ -73,3 +73,19 @@ TEST(Rng, DeterministicAndRoughlyNormal) {
   EXPECT_NEAR(s / n, 0.0, 0.03);
   EXPECT_NEAR(s2 / n, 1.0, 0.05);
 }
+
+// Tensor::pinned is a CPU tensor (page-locked only when a GPU is usable); copy_from_async between CPU tensors
+// copies at once.
+TEST(Tensor, PinnedIsAHostTensorAndAsyncCopiesBetweenHostTensors) {
+  Tensor p = Tensor::pinned({5, 3}, DType::I32);
+  EXPECT_EQ(p.device(), Device::CPU);
+  EXPECT_EQ(p.shape(), (Shape{5, 3}));
+  for (int i = 0; i < 15; ++i) p.data<int32_t>()[i] = i * i;
+  Tensor q = Tensor::empty({5, 3}, DType::I32);
+  q.copy_from_async(p);
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(q.data<int32_t>()[i], i * i);
+  Tensor bad = Tensor::empty({15}, DType::I32);
+  EXPECT_THROW(bad.copy_from_async(p), std::exception);
+  Tensor none = Tensor::pinned({0}, DType::F32);  // an empty pinned tensor is valid
+  EXPECT_EQ(none.numel(), 0);
+}

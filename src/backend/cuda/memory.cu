@@ -111,6 +111,25 @@ void cuda_copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_
   MT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
 }
 
+// On the compute stream, not waited for (Tensor::copy_from_async).
+void cuda_copy_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes) {
+  cudaMemcpyKind kind = dst_dev == Device::CUDA
+                            ? (src_dev == Device::CUDA ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+                            : cudaMemcpyDeviceToHost;
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, mt::cuda::stream()));
+}
+
+void* cuda_host_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;  // the caller falls back to plain memory
+  }
+  return p;
+}
+
+void cuda_host_free(void* p) { MT_CUDA_CHECK(cudaFreeHost(p)); }
+
 // On the compute stream (a blocking stream, so ordered with the kernels and the legacy-stream copies).
 void cuda_copy_2d(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
   MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice, mt::cuda::stream()));

@@ -10,6 +10,9 @@ void cuda_copy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void cuda_memset0(void*, size_t) { no_cuda(); }
 void cuda_copy_2d(void*, size_t, const void*, size_t, size_t, size_t) { no_cuda(); }
 void cuda_synchronize() {}
+void cuda_copy_async(void*, Device, const void*, Device, size_t) { no_cuda(); }
+void* cuda_host_alloc(size_t) { return nullptr; }
+void cuda_host_free(void*) {}
 size_t cuda_bytes_in_use() { return 0; }
 size_t cuda_peak_bytes() { return 0; }
 size_t cuda_free_bytes() { return 0; }
