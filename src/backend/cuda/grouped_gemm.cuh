@@ -29,12 +29,35 @@ namespace mt::cuda {
 // True when this build has the CUTLASS kernels and the current GPU runs them (compute capability 9.0).
 bool grouped_gemm_available();
 
+// The tile configuration of a rows-grouped GEMM (grouped_gemm_cutlass_impl.cuh describes them):
+//   large    128x256x64, cooperative: the training shapes (hundreds to thousands of rows per expert);
+//   m64n256  64x256x64, pingpong, TN only: few rows per expert (decode: 16 in bench-4L);
+//   m64n128  64x128x64, pingpong, TN only: the same with half-width tiles (twice the tiles).
+// The rows per expert live on the device (and CUDA graphs capture these calls), so automatic decides
+// from what the host knows, with no sync: a TN call (b_is_nk) with R <= kSmallRowsPerExpert * E rows
+// (on average at most one 64-row tile per expert) takes m64n256, anything else large. The NN product
+// (the backward's dh, dxp) always runs large.
+// MOETRAIN_GROUPED_SMALL (read at every call, for A/B runs) overrides automatic for TN calls:
+// unset or "auto" as above, "0" large, "1" m64n256, "64x256" / "64x128" that tile.
+enum class RowsTile { automatic, large, m64n256, m64n128 };
+constexpr int64_t kSmallRowsPerExpert = 64;
+
+// The tile a call with these arguments runs (automatic resolved as above; an explicit tile as given).
+// Throws for a bad MOETRAIN_GROUPED_SMALL (naming it, its value and the allowed ones) and for a
+// small tile asked of an NN product.
+RowsTile grouped_rows_tile(int64_t E, int64_t R, bool b_is_nk, RowsTile tile = RowsTile::automatic);
+// "large", "m64n256", "m64n128" or "automatic".
+const char* rows_tile_name(RowsTile tile);
+
 // For each expert e with rows [r0, r1) = [off[e], off[e+1]) and M_e = r1 - r0:
 //   C[r0:r1, 0:N] = A[r0:r1, 0:K] @ op(B_e)   (bf16, =)
 // A is [R, K], C is [R, N]; B_e = B + e*N*K is stored [N, K] when b_is_nk (op(B_e) = B_e^T, the "TN"
 // case of gu = xp @ w_gate_up[e]^T) or [K, N] otherwise (op(B_e) = B_e, as in dxp = dgu @ w_gate_up[e]).
+// tile: as grouped_rows_tile resolves it; the tiles differ in speed, not in what they compute (f32
+// accumulation over K, no split-K, one bf16 rounding of C).
 void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t N, int64_t K,
-                       const __nv_bfloat16* A, const __nv_bfloat16* B, bool b_is_nk, __nv_bfloat16* C);
+                       const __nv_bfloat16* A, const __nv_bfloat16* B, bool b_is_nk, __nv_bfloat16* C,
+                       RowsTile tile = RowsTile::automatic);
 
 // For each expert e with rows [r0, r1):  W_e += A[r0:r1, 0:M]^T @ B[r0:r1, 0:N]   (f32 +=)
 // A is [R, M], B is [R, N], W_e = W + e*M*N is [M, N] f32. Experts without rows keep W_e untouched.

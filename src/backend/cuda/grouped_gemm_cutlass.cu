@@ -1,6 +1,7 @@
 // The grouped GEMMs of grouped_gemm.cuh on CUTLASS: argument checks, the deferred report of bad
-// offsets, and dispatch to the three kernels (grouped_gemm_cutlass_{tn,nn,wgrad}.cu). Compiled only
-// when CMake finds the CUTLASS headers; grouped_gemm_fallback.cu replaces it otherwise.
+// offsets, and dispatch to the kernels (grouped_gemm_cutlass_{tn,nn,wgrad,tn_m64n256,tn_m64n128}.cu;
+// the TN product's tile as grouped_gemm_tile.cu chooses it). Compiled only when CMake finds the
+// CUTLASS headers; grouped_gemm_fallback.cu replaces it otherwise.
 #include <algorithm>
 #include <climits>
 #include <initializer_list>
@@ -80,14 +81,19 @@ bool grouped_gemm_available() {
 }
 
 void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t N, int64_t K,
-                       const __nv_bfloat16* A, const __nv_bfloat16* B, bool b_is_nk, __nv_bfloat16* C) {
+                       const __nv_bfloat16* A, const __nv_bfloat16* B, bool b_is_nk, __nv_bfloat16* C, RowsTile tile) {
   unsigned long long* err = check_args(op, E, offsets_E1, R, {{"N", N}, {"K", K}}, {{"A", A}, {"B", B}, {"C", C}});
+  const RowsTile run = grouped_rows_tile(E, R, b_is_nk, tile);
   if (R == 0) return;
   const grouped::RowsProblem p{int(E), offsets_E1, R, int(N), int(K), A, B, C, err};
-  if (b_is_nk)
-    grouped::run_rows_tn(op, p);
-  else
+  if (!b_is_nk)
     grouped::run_rows_nn(op, p);
+  else if (run == RowsTile::m64n256)
+    grouped::run_rows_tn_m64n256(op, p);
+  else if (run == RowsTile::m64n128)
+    grouped::run_rows_tn_m64n128(op, p);
+  else
+    grouped::run_rows_tn(op, p);
   offsets_error().publish(op);
 }
 

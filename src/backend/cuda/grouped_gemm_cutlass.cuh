@@ -1,8 +1,10 @@
-// Internal interface between grouped_gemm_cutlass.cu (argument checks, deferred offset errors) and the
-// three kernel files (one CUTLASS instantiation each, so that they compile in parallel):
+// Internal interface between grouped_gemm_cutlass.cu (argument checks, deferred offset errors, the tile
+// choice) and the kernel files (one CUTLASS instantiation each, so that they compile in parallel):
 //   grouped_gemm_cutlass_tn.cu     rows-grouped, B_e stored [N, K]   (gu = xp @ Wgu^T, yp = h @ Wd^T)
 //   grouped_gemm_cutlass_nn.cu     rows-grouped, B_e stored [K, N]   (dh = dyp @ Wd, dxp = dgu @ Wgu)
 //   grouped_gemm_cutlass_wgrad.cu  K-grouped, f32 +=                 (dWd += dyp^T h, dWgu += dgu^T xp)
+//   grouped_gemm_cutlass_tn_m64n256.cu, _tn_m64n128.cu   the TN product on 64-row pingpong tiles (few
+//                                  rows per expert: the experts' forward at decode)
 // Each run_* launches a setup kernel that writes the per-expert problem shapes, pointers and strides
 // from the offsets into device scratch, then the grouped GEMM, both on mt::cuda::stream().
 #pragma once
@@ -36,6 +38,8 @@ struct WgradProblem {
 };
 
 void run_rows_tn(const char* op, const RowsProblem& p);
+void run_rows_tn_m64n256(const char* op, const RowsProblem& p);
+void run_rows_tn_m64n128(const char* op, const RowsProblem& p);
 void run_rows_nn(const char* op, const RowsProblem& p);
 void run_wgrad(const char* op, const WgradProblem& p);
 

@@ -1,14 +1,23 @@
-// The CUTLASS side of the grouped GEMMs: one kernel configuration, the device-side setup of the
-// per-expert arrays, and the launch. Included only by the grouped_gemm_cutlass_{tn,nn,wgrad}.cu files.
+// The CUTLASS side of the grouped GEMMs: the kernel configurations, the device-side setup of the
+// per-expert arrays, and the launch. Included only by the grouped_gemm_cutlass_{tn,nn,wgrad,tn_m64*}.cu
+// files (one instantiation each).
 //
-// Configuration (the same for all three): sm90 pointer-array grouped GEMM, TMA loads, warp-specialized
-// cooperative schedule (two consumer warp groups on one 128x256 tile, K step 64), cluster 1x1, bf16
-// operands, f32 accumulation, epilogue D = alpha * acc + beta * C through TMA. The scheduler is
-// persistent over (expert, tile) pairs read from the device problem shapes: with no host copy of the
-// shapes CUTLASS launches one CTA per SM, and experts without tiles (M_e = 0) are skipped.
+// Large configuration (all three training products): sm90 pointer-array grouped GEMM, TMA loads,
+// warp-specialized cooperative schedule (two consumer warp groups on one 128x256 tile, K step 64),
+// cluster 1x1, bf16 operands, f32 accumulation, epilogue D = alpha * acc + beta * C through TMA. The
+// scheduler is persistent over (expert, tile) pairs read from the device problem shapes: with no host
+// copy of the shapes CUTLASS launches one CTA per SM, and experts without tiles (M_e = 0) are skipped.
 // Measured on an H200 in bench-4L (E=128, D=2048, F=768, R=32768, 4 layers): the experts' forward and
 // backward take 11.4 ms per training step (62 ms on the per-expert cuBLASLt path). Of that, the two
 // weight-gradient GEMMs are bound by their f32 += traffic (read and write 2.4 GB of dW per layer).
+//
+// Small configurations (the rows-grouped TN product only, i.e. the experts' forward, when rows per
+// expert are few: decode, 16 rows per expert in bench-4L): the pingpong schedule on 64-row tiles,
+// 64x256x64 or 64x128x64. Cooperative needs M >= 128 per tile, so at 16 rows 7/8 of its MMA work is
+// padding; pingpong gives each consumer warp group a whole 64-row tile and alternates them, one
+// group's MMAs overlapping the other's epilogue. The smaller A stage leaves room for more pipeline
+// stages (StageCountAutoCarveout fills shared memory: about 5 stages of 40 KB at 64x256, 8 of 24 KB
+// at 64x128, against 4 of 48 KB at 128x256). Which one a call runs is grouped_gemm.cuh's RowsTile.
 //
 // CUTLASS's view of a product is D[M,N] = A[M,K] * B[K,N] with A given by (M, K) strides and B by
 // (N, K) strides. In ours every matrix is row-major, so:
@@ -43,25 +52,37 @@ namespace mt::cuda::grouped {
 
 using GroupShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 using ShapeMNK = GroupShape::UnderlyingProblemShape;
-using TileMNK = cute::Shape<cute::_128, cute::_256, cute::_64>;
 using ClusterMNK = cute::Shape<cute::_1, cute::_1, cute::_1>;
 using Bf16 = cutlass::bfloat16_t;
 static_assert(sizeof(Bf16) == sizeof(__nv_bfloat16));
 
+// The tile and schedule of a configuration (see the top of this file).
+struct LargeTile {
+  using TileMNK = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using MainloopSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <int kTileN>
+struct SmallTile {
+  using TileMNK = cute::Shape<cute::_64, cute::Int<kTileN>, cute::_64>;
+  using MainloopSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
 // ElementC void: no source operand (beta must be 0). Alignments are in elements: 16 bytes.
-template <class LayoutA, class LayoutB, class ElementC, class ElementD>
+template <class LayoutA, class LayoutB, class ElementC, class ElementD, class Tile = LargeTile>
 struct GroupedGemm {
+  using TileMNK = typename Tile::TileMNK;
   static constexpr int kAlignD = 16 / int(sizeof(ElementD));
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileMNK, ClusterMNK,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor*, kAlignD,
-      ElementD, cutlass::layout::RowMajor*, kAlignD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      ElementD, cutlass::layout::RowMajor*, kAlignD, typename Tile::EpilogueSchedule>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float, TileMNK,
       ClusterMNK,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Tile::MainloopSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;

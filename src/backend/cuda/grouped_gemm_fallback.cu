@@ -18,7 +18,7 @@ bool grouped_gemm_available() {
 }
 
 void grouped_gemm_rows(const char* op, int64_t, const int64_t*, int64_t, int64_t, int64_t, const __nv_bfloat16*,
-                       const __nv_bfloat16*, bool, __nv_bfloat16*) {
+                       const __nv_bfloat16*, bool, __nv_bfloat16*, RowsTile) {
   no_cutlass(op);
 }
 
