@@ -457,6 +457,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     a.hh = Af.alloc({T, I}, act_);
     ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
     ops::swiglu_fwd(a.gu, a.hh);
+    if (ffn_only) return;  // the down projection's output is not read by the backward
     if (par_.tp) {
       Tensor part = work_.alloc({T, D}, DType::F32);
       ops::linear_fwd(a.hh, w.mlp_down, part);
@@ -469,6 +470,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       ops::linear_fwd(a.hh, w.mlp_down, out);
     }
   }
+  if (ffn_only) return;  // recompute moe rebuilt what the backward reads; the output is not read
   // out += h1: the caller's (with the next norm; a recompute drops it), or here.
   if (add_out)
     *add_out = a.h1;
@@ -487,7 +489,6 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   const bool acc = !pass_.overwrite_grads;  // parameter gradients: = on a step's first micro-batch
 
   // FFN: out = h1 + ffn(norm2(h1)). dxn2 sums the experts' (or the MLP's) input gradient and the
-    if (ffn_only) return;  // the down projection's output is not read by the backward
   // router's in f32: a bf16 sum would drop the router's share wherever it is below 2^-8 of the rest.
   Tensor dxn2 = W.zeros({Tl, D}, DType::F32);
   if (w.sparse) {
@@ -500,7 +501,6 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     // The experts' input gradient goes straight into the f32 dxn2, except under etp (partial sums of
     // all T rows, reduce-scattered in the compute dtype first).
     Tensor dxe = etp ? W.zeros({T, D}, act_) : dxn2;
-  if (ffn_only) return;  // recompute moe rebuilt what the backward reads; the output is not read
     Tensor dwts;
     if (par_.dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
