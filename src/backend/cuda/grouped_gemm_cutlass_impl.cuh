@@ -16,8 +16,9 @@
 // 64x256x64 or 64x128x64. Cooperative needs M >= 128 per tile, so at 16 rows 7/8 of its MMA work is
 // padding; pingpong gives each consumer warp group a whole 64-row tile and alternates them, one
 // group's MMAs overlapping the other's epilogue. The smaller A stage leaves room for more pipeline
-// stages (StageCountAutoCarveout fills shared memory: about 5 stages of 40 KB at 64x256, 8 of 24 KB
-// at 64x128, against 4 of 48 KB at 128x256). Which one a call runs is grouped_gemm.cuh's RowsTile.
+// stages (StageCountAutoCarveout fills shared memory; as compiled with CUTLASS 4.2: 5 stages of 40 KB
+// at 64x256 and 9 of 24 KB at 64x128, against 4 of 48 KB at 128x256, so 160 / 144 / 128 KB of
+// weights in flight per SM; no register spills). Which one a call runs is grouped_gemm.cuh's RowsTile.
 //
 // CUTLASS's view of a product is D[M,N] = A[M,K] * B[K,N] with A given by (M, K) strides and B by
 // (N, K) strides. In ours every matrix is row-major, so:
