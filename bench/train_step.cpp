@@ -34,6 +34,10 @@
 // train_step --model bench-4L with and without it on the same machine (docs/cuda.md).
 // MOETRAIN_FUSE_NORM_ADD=0|1 and MOETRAIN_FUSE_GEMM_ADD=0|1 (default 1): the residual-stream fusions
 // (ModelOptions::fuse_norm_add, fuse_gemm_add), for their A/B; the JSON line says which ran.
+// MOETRAIN_WGRAD_STREAM=0|1 (default 0): the experts' weight-gradient GEMMs on the side stream beside
+// the rest of their layer's backward (ModelOptions::wgrad_stream); MOETRAIN_WGRAD_SMS=N: those GEMMs'
+// CTAs (default: all SMs on the compute stream, half on the side stream); MOETRAIN_WGRAD_PRIORITY=
+// high|low (default high): the urgent side stream or the optimizer's. The JSON line says all three.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -263,6 +267,9 @@ int main(int argc, char** argv) {
                      {"deterministic", deterministic()},
                      {"fuse_norm_add", so.model.fuse_norm_add},
                      {"fuse_gemm_add", so.model.fuse_gemm_add},
+                     {"wgrad_stream", so.model.wgrad_stream},
+                     {"wgrad_sms", so.model.wgrad_sms},
+                     {"wgrad_priority", so.model.wgrad_priority == streams::Side::high ? "high" : "low"},
                      {"peak_reserved_gib", dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
                      {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
                                  {"optimizer_and_rest", opt_s / double(steps)}}},

@@ -35,6 +35,47 @@ bool fuse_gemm_add_default() {
   return on;
 }
 
+bool wgrad_stream_default() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOETRAIN_WGRAD_STREAM");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "0") return false;
+    if (s == "1") return true;
+    MT_THROW("MOETRAIN_WGRAD_STREAM (\"", s, "\") must be 0 or 1");
+  }();
+  return on;
+}
+
+int parse_wgrad_sms(const std::string& s) {
+  if (s.empty()) return 0;
+  const bool digits = s.size() <= 6 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int n = digits ? std::stoi(s) : 0;
+  if (n < 1)
+    MT_THROW("MOETRAIN_WGRAD_SMS (\"", s,
+             "\") must be a whole number of SMs >= 1 (at most the GPU's SM count), or "
+             "unset for all SMs on the compute stream and half on the side stream");
+  return n;
+}
+
+streams::Side wgrad_priority_default() {
+  static const streams::Side side = [] {
+    const char* v = std::getenv("MOETRAIN_WGRAD_PRIORITY");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "high") return streams::Side::high;
+    if (s == "low") return streams::Side::low;
+    MT_THROW("MOETRAIN_WGRAD_PRIORITY ("", s, "") must be high or low");
+  }();
+  return side;
+}
+
+int wgrad_sms_default() {
+  static const int n = [] {
+    const char* v = std::getenv("MOETRAIN_WGRAD_SMS");
+    return parse_wgrad_sms(v ? v : "");
+  }();
+  return n;
+}
+
 Recompute parse_recompute(const std::string& s) {
   if (s == "none") return Recompute::None;
   if (s == "full") return Recompute::Full;
@@ -102,6 +143,7 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
       table_(config),
       keep_(0, device),
       work_(0, device) {
+  wgrad_done_.resize(1, device);
   MT_CHECK(!(source && weights == Weights::Frozen), "Weights::Frozen applies to a model that holds its own "
            "parameters; an external source decides for itself (FsdpOptions::weights)");
   if (source) {
@@ -488,6 +530,14 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Arena& W = work_;
   const bool acc = !pass_.overwrite_grads;  // parameter gradients: = on a step's first micro-batch
 
+  // wgrad_stream: the experts' weight gradients run on the side stream from their call to the end of
+  // this function, beside the rest of the layer's backward. They read dyp (this layer's work arena),
+  // xp and hh (kept, or this layer's work arena under recompute), the offsets (kept) and the experts'
+  // dgu scratch, and write this layer's expert gradients. Nothing here rewrites those (later
+  // allocations of the arena are new memory); the compute stream waits for them below, before the
+  // caller hands the gradients over (grads_done), resets the work arena for the next layer or returns.
+  bool side_dw = false;
+
   // FFN: out = h1 + ffn(norm2(h1)). dxn2 sums the experts' (or the MLP's) input gradient and the
   // router's in f32: a bf16 sum would drop the router's share wherever it is below 2^-8 of the rest.
   Tensor dxn2 = W.zeros({Tl, D}, DType::F32);
@@ -527,8 +577,14 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
         ops::permute_weighted_fwd(dout_e, a.row_of_assign, ones_TK(Tr), dyp);
       else
         ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
-      ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp, g.experts_gate_up,
-                       g.experts_down, acc);
+      side_dw = opt_.wgrad_stream && device_ == Device::CUDA;
+      if (side_dw) wgrad_done_.resize(1, device_, opt_.wgrad_priority);
+      {
+        const streams::WgradScope place({side_dw, opt_.wgrad_sms, opt_.wgrad_priority});
+        ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                         g.experts_gate_up, g.experts_down, acc);
+      }
+      if (side_dw) wgrad_done_.record_side(0);
       if (opt_.score_before_experts)
         ops::permute_weighted_bwd(dxp, etp ? a.xg2 : a.xn2, a.row_of_assign, wts_e, dxe, dwts);
       else
@@ -620,6 +676,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     ops::rms_norm_bwd(dxn1, a.x, w.in_norm, a.rstd1, dx, g.in_norm, acc);
     ops::add_(dx, dh1);
   }
+  if (side_dw) wgrad_done_.compute_waits(0);
 }
 
 LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bool backward) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/streams.h"
 #include "model/config.h"
 #include "model/param_source.h"
 #include "model/params.h"
@@ -97,6 +98,14 @@ struct CachedBatch {
 // process (anything else is an error naming the variable and its value).
 bool fuse_norm_add_default();
 bool fuse_gemm_add_default();
+// The defaults of ModelOptions::wgrad_stream, wgrad_sms and wgrad_priority, read once per process:
+// MOETRAIN_WGRAD_STREAM "0" (or unset/empty) off, "1" on; MOETRAIN_WGRAD_SMS unset/empty 0 (automatic),
+// else a whole number >= 1 (parse_wgrad_sms); MOETRAIN_WGRAD_PRIORITY "high" (or unset/empty) or "low".
+// Anything else is an error naming the variable and value.
+bool wgrad_stream_default();
+int wgrad_sms_default();
+int parse_wgrad_sms(const std::string& value);
+streams::Side wgrad_priority_default();
 
 // How the model runs, fixed for its life.
 struct ModelOptions {
@@ -124,6 +133,18 @@ struct ModelOptions {
   // reduce-scattered outputs keep the add (fused with the next norm when fuse_norm_add is on).
   bool fuse_norm_add = fuse_norm_add_default();
   bool fuse_gemm_add = fuse_gemm_add_default();
+  // P13: the experts' two weight-gradient GEMMs (f32 += traffic, memory bound) on the side stream,
+  // beside the rest of their layer's backward (router, norms, attention, q/k/v/o: compute bound), on
+  // CUDA with the local dispatch (no expert parallelism) and the grouped experts path; elsewhere a
+  // no-op (the CPU has one stream). The same GEMMs in the same order into each gradient: the same
+  // bits. The compute stream waits for them at the end of the layer's backward (core/streams.h,
+  // WgradScope). wgrad_sms: the weight-gradient GEMMs' CTAs (persistent grid), on either stream; 0:
+  // all SMs on the compute stream, half on the side stream. wgrad_priority: which side stream, high
+  // (the urgent one: the GEMMs' CTAs take SMs as soon as they free up, the compute stream keeps the
+  // rest) or low (the optimizer's: they get SMs only where the compute stream leaves some idle).
+  bool wgrad_stream = wgrad_stream_default();
+  int wgrad_sms = wgrad_sms_default();
+  streams::Side wgrad_priority = wgrad_priority_default();
 };
 
 // The parallel parts the model calls (parallel/parallel_model.cpp attaches them once, before the first
@@ -331,6 +352,8 @@ class Qwen3MoeModel {
   // The units block l reads: the block's, and its experts' under expert parallelism.
   std::vector<int> block_units(int64_t l) const;
   Arena keep_, work_;
+  // Event 0: the side stream's experts weight gradients of the layer being run (wgrad_stream).
+  streams::EventSet wgrad_done_;
   // Per micro-batch state planned before the layers run.
   // S_: the local sequence length, padded at the end of each sequence when B × S does not divide by tp
   // (the real tokens are then the first valid_ of each sequence).

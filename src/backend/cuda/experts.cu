@@ -17,7 +17,13 @@
 // the CPU it shares code with the grouped form, so CUDA-vs-CPU tests, not ref-vs-grouped on the GPU,
 // are what check it.
 //
+// The grouped backward's two weight-gradient GEMMs may run on the side stream, beside whatever the
+// caller queues next on the compute stream (core/streams.h, WgradScope; ModelOptions::wgrad_stream).
+// Their inputs and outputs are then the caller's to order, except this file's own scratch: a later
+// experts_bwd waits for the side GEMMs before it writes dh / dgu again.
+//
 // Shapes are checked by the dispatch (ops/op_checks.h); device, dtypes and offsets here.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -27,6 +33,7 @@
 #include "backend/cuda/grouped_gemm.cuh"
 #include "backend/cuda/moe_dispatch.cuh"
 #include "core/log.h"
+#include "core/streams.h"
 
 namespace mt::cuda {
 
@@ -98,13 +105,48 @@ int64_t check_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& gu_R2
   return xp_RD.size(0);
 }
 
-// The backward's bf16 intermediates dh [R, F] and dgu [R, 2F], reused across calls (stream-ordered).
+// The side stream's weight-gradient GEMMs (WgradScope): event 0 marks the last call's, and pending
+// says that no compute-stream wait has followed it yet. Never destroyed (events outlive static order).
+struct SideWgrad {
+  streams::EventSet done;
+  bool pending = false;
+};
+SideWgrad& side_wgrad() {
+  static SideWgrad* s = new SideWgrad;
+  return *s;
+}
+
+// The compute stream waits for the side stream's weight-gradient GEMMs of an earlier call: they read
+// dgu and the grouped GEMMs' argument arrays, which this call is about to rewrite.
+void after_side_wgrad() {
+  SideWgrad& s = side_wgrad();
+  if (!s.pending) return;
+  s.done.compute_waits(0);
+  s.pending = false;
+}
+
+// The backward's bf16 intermediates dh [R, F] and dgu [R, 2F], reused across calls (stream-ordered;
+// after an earlier call's side-stream weight gradients, which read dgu).
 struct BwdScratch {
   __nv_bfloat16 *dh, *dgu;
 };
 BwdScratch bwd_scratch(int64_t R, int64_t F, const char* op) {
   static DeviceScratch dh_buf, dgu_buf;
+  after_side_wgrad();
   return {dh_buf.as<__nv_bfloat16>(R * F, op), dgu_buf.as<__nv_bfloat16>(R * 2 * F, op)};
+}
+
+// The weight-gradient GEMMs' grid under a WgradScope: its ctas, else all SMs on the compute stream and
+// half of them on the side stream (the compute stream's kernels keep the other half).
+int wgrad_ctas(const streams::WgradPlacement& place, const char* op) {
+  if (place.ctas > 0 || !place.side) return place.ctas;
+  static const int half = [op] {
+    int dev = 0, count = 0;
+    MT_CUDA_CHECK(op, cudaGetDevice(&dev));
+    MT_CUDA_CHECK(op, cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(1, count / 2);
+  }();
+  return half;
 }
 
 enum class Path { automatic, reference, grouped };
@@ -208,6 +250,7 @@ void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor
   check_dispatch_plan_errors(op);
   if (R == 0) {
     if (!accumulate_dw) {
+      after_side_wgrad();  // an earlier side-stream GEMM may still write them (the caller's to order; cheap)
       dw_gate_up_E2FD.zero_();
       dw_down_EDF.zero_();
     }
@@ -226,11 +269,30 @@ void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor
   swiglu_bwd(dh_RF, gu_R2F, dgu_R2F);
   grouped_gemm_rows("experts_bwd dxp", E, off, R, D, 2 * F, t.dgu, bf16_in(w_gate_up_E2FD), false, bf16_out(dxp_RD));
   if (after_dx) after_dx();
-  // dw_down[e] += dyp^T @ h; dw_gate_up[e] += dgu^T @ xp
-  grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>(),
-                     accumulate_dw);
-  grouped_gemm_wgrad("experts_bwd dw_gate_up", E, off, R, 2 * F, D, t.dgu, bf16_in(xp_RD),
-                     dw_gate_up_E2FD.data<float>(), accumulate_dw);
+  // dw_down[e] += dyp^T @ h; dw_gate_up[e] += dgu^T @ xp. Under a WgradScope with side, on the side
+  // stream once it has caught up with the compute stream (dyp, h, dgu, xp are final there).
+  const streams::WgradPlacement place = streams::wgrad_placement();
+  const int ctas = wgrad_ctas(place, op);
+  auto weight_grads = [&] {
+    grouped_gemm_wgrad("experts_bwd dw_down", E, off, R, D, F, dyp, bf16_in(h_RF), dw_down_EDF.data<float>(),
+                       accumulate_dw, ctas);
+    grouped_gemm_wgrad("experts_bwd dw_gate_up", E, off, R, 2 * F, D, t.dgu, bf16_in(xp_RD),
+                       dw_gate_up_E2FD.data<float>(), accumulate_dw, ctas);
+  };
+  if (!place.side) {
+    weight_grads();
+    return;
+  }
+  SideWgrad& s = side_wgrad();
+  s.done.resize(1, Device::CUDA, place.stream);
+  s.done.side_waits_compute();
+  {
+    const streams::SideScope on_side(Device::CUDA, place.stream);
+    weight_grads();
+  }
+  s.done.record_side(0);
+  s.pending = true;
+  streams::count_wgrad_side_call();
 }
 
 void experts_fwd_reference(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,

@@ -62,8 +62,11 @@ void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int
 // For each expert e with rows [r0, r1):  W_e += A[r0:r1, 0:M]^T @ B[r0:r1, 0:N]   (f32 +=)
 // A is [R, M], B is [R, N], W_e = W + e*M*N is [M, N] f32. Experts without rows keep W_e untouched.
 // With accumulate false it is = instead (C is not read), and experts without rows get W_e = 0.
+// ctas: the persistent grid (0: one CTA per SM; otherwise 1 to the SM count, an error beyond). Fewer
+// CTAs leave SMs to work on another stream (core/streams.h, WgradScope); the result is the same bits
+// (every tile is computed whole by one CTA, no split-K).
 void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t M, int64_t N,
-                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate = true);
+                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate = true, int ctas = 0);
 
 // ---- the experts' paths (experts.cu); experts_fwd / experts_bwd pick one per call ----
 // MOETRAIN_EXPERTS=reference forces the reference path, =grouped makes an unusable grouped path an

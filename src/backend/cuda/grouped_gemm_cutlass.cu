@@ -98,8 +98,11 @@ void grouped_gemm_rows(const char* op, int64_t E, const int64_t* offsets_E1, int
 }
 
 void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, int64_t R, int64_t M, int64_t N,
-                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate) {
+                        const __nv_bfloat16* A, const __nv_bfloat16* B, float* W, bool accumulate, int ctas) {
   unsigned long long* err = check_args(op, E, offsets_E1, R, {{"M", M}, {"N", N}}, {{"A", A}, {"B", B}, {"W", W}});
+  const int sms = grouped::device_sm_count(op);
+  MT_CHECK(ctas >= 0 && ctas <= sms, op, ": ctas (", ctas, ") must be in [0, ", sms,
+           "] (0: one CTA per SM; MOETRAIN_WGRAD_SMS sets it for the experts' weight gradients)");
   if (!accumulate) {
     MT_CHECK(E <= 65535, op, ": E (", E, ") exceeds the grid's y range");
     const int64_t MN = M * N;
@@ -108,6 +111,7 @@ void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, in
     MT_CUDA_LAUNCH_CHECK(op);
   }
   if (R == 0) return;
+  grouped::GridCap cap(ctas);
   grouped::run_wgrad(
       op, grouped::WgradProblem{int(E), offsets_E1, R, int(M), int(N), A, B, W, err, accumulate ? 1.0f : 0.0f});
   offsets_error().publish(op);
@@ -115,7 +119,18 @@ void grouped_gemm_wgrad(const char* op, int64_t E, const int64_t* offsets_E1, in
 
 namespace grouped {
 
-int sm_count(const char* op) {
+namespace {
+thread_local int t_grid_cap = 0;  // GridCap's: the persistent grid of the launch under way (0: none)
+}  // namespace
+
+GridCap::GridCap(int ctas) : prev_(t_grid_cap) {
+  t_grid_cap = ctas;
+}
+GridCap::~GridCap() {
+  t_grid_cap = prev_;
+}
+
+int device_sm_count(const char* op) {
   static const int n = [op] {
     int dev = 0, count = 0;
     MT_CUDA_CHECK(op, cudaGetDevice(&dev));
@@ -123,6 +138,13 @@ int sm_count(const char* op) {
     return count;
   }();
   return n;
+}
+
+// What launch_grouped gives CUTLASS as hw_info.sm_count: its persistent scheduler launches that many
+// CTAs. The device's SMs, or fewer under a GridCap (grouped_gemm_wgrad's ctas).
+int sm_count(const char* op) {
+  const int n = device_sm_count(op);
+  return t_grid_cap > 0 && t_grid_cap < n ? t_grid_cap : n;
 }
 
 }  // namespace grouped

@@ -43,7 +43,20 @@ void run_rows_tn_m64n128(const char* op, const RowsProblem& p);
 void run_rows_nn(const char* op, const RowsProblem& p);
 void run_wgrad(const char* op, const WgradProblem& p);
 
-// The SM count of the current device (cached), the persistent grid size of the grouped kernels.
+// The persistent grid size of the grouped kernels: the SM count of the current device (cached), or
+// less while a GridCap is alive on this thread. device_sm_count: the SM count itself.
 int sm_count(const char* op);
+int device_sm_count(const char* op);
+// While alive, sm_count() returns at most ctas (0: no cap). grouped_gemm_wgrad's ctas argument.
+class GridCap {
+ public:
+  explicit GridCap(int ctas);
+  ~GridCap();
+  GridCap(const GridCap&) = delete;
+  GridCap& operator=(const GridCap&) = delete;
+
+ private:
+  int prev_;
+};
 
 }  // namespace mt::cuda::grouped

@@ -23,7 +23,7 @@ void grouped_gemm_rows(const char* op, int64_t, const int64_t*, int64_t, int64_t
 }
 
 void grouped_gemm_wgrad(const char* op, int64_t, const int64_t*, int64_t, int64_t, int64_t, const __nv_bfloat16*,
-                        const __nv_bfloat16*, float*, bool) {
+                        const __nv_bfloat16*, float*, bool, int) {
   no_cutlass(op);
 }
 

@@ -1,11 +1,33 @@
 // The side stream and its events (core/streams.h).
+#include <atomic>
+
 #include "backend/cuda/common.cuh"
 #include "core/streams.h"
 
 namespace mt::streams {
 
-SideScope::SideScope(Device device) : on_(device == Device::CUDA) {
-  if (on_) cuda::set_stream_override(cuda::side_stream());
+namespace {
+
+// The urgent side stream: non-blocking, of the highest priority (the NCCL streams' too).
+cudaStream_t urgent_stream() {
+  static cudaStream_t s = [] {
+    int least = 0, greatest = 0;
+    MT_CUDA_CHECK("urgent side stream", cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t st = nullptr;
+    MT_CUDA_CHECK("urgent side stream", cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, greatest));
+    return st;
+  }();
+  return s;
+}
+
+cudaStream_t side_of(Side side) {
+  return side == Side::low ? cuda::side_stream() : urgent_stream();
+}
+
+}  // namespace
+
+SideScope::SideScope(Device device, Side side) : on_(device == Device::CUDA) {
+  if (on_) cuda::set_stream_override(side_of(side));
 }
 
 SideScope::~SideScope() {
@@ -17,9 +39,10 @@ EventSet::~EventSet() {
   if (compute_mark_) cudaEventDestroy(static_cast<cudaEvent_t>(compute_mark_));
 }
 
-void EventSet::resize(size_t n, Device device) {
+void EventSet::resize(size_t n, Device device, Side side) {
   n_ = n;
   cuda_ = device == Device::CUDA;
+  side_ = side;
   if (!cuda_) return;
   while (ev_.size() < n) {
     cudaEvent_t e = nullptr;
@@ -35,7 +58,7 @@ void EventSet::resize(size_t n, Device device) {
 
 void EventSet::record_side(size_t i) {
   MT_CHECK(i < n_, "event ", i, " of ", n_);
-  if (cuda_) MT_CUDA_CHECK("EventSet::record_side", cudaEventRecord(static_cast<cudaEvent_t>(ev_[i]), cuda::side_stream()));
+  if (cuda_) MT_CUDA_CHECK("EventSet::record_side", cudaEventRecord(static_cast<cudaEvent_t>(ev_[i]), side_of(side_)));
 }
 
 void EventSet::compute_waits(size_t i) {
@@ -52,7 +75,28 @@ void EventSet::side_waits_compute() {
   if (!cuda_) return;
   cudaEvent_t mark = static_cast<cudaEvent_t>(compute_mark_);
   MT_CUDA_CHECK("EventSet::side_waits_compute", cudaEventRecord(mark, cuda::stream()));
-  MT_CUDA_CHECK("EventSet::side_waits_compute", cudaStreamWaitEvent(cuda::side_stream(), mark, 0));
+  MT_CUDA_CHECK("EventSet::side_waits_compute", cudaStreamWaitEvent(side_of(side_), mark, 0));
+}
+
+namespace {
+thread_local WgradPlacement t_wgrad;
+std::atomic<size_t> g_wgrad_side_calls{0};
+}  // namespace
+
+WgradScope::WgradScope(WgradPlacement p) : prev_(t_wgrad) {
+  t_wgrad = p;
+}
+WgradScope::~WgradScope() {
+  t_wgrad = prev_;
+}
+WgradPlacement wgrad_placement() {
+  return t_wgrad;
+}
+size_t wgrad_side_calls() {
+  return g_wgrad_side_calls.load();
+}
+void count_wgrad_side_call() {
+  ++g_wgrad_side_calls;
 }
 
 }  // namespace mt::streams
