@@ -6,8 +6,10 @@
 //   - E in {1, 8, 12, 128}, top-k 1..min(8, E), T from 1 to 300 tokens;
 //   - routings whose per-expert counts include 0 and 1, runs of empty experts, and all tokens on
 //     the same K experts (OneSet; with K = 1 every row on one expert);
-//   - widths that are not multiples of the CUTLASS tile (128 x 256 x 64), and widths that are not
-//     multiples of 8, which the grouped path refuses with a message naming D and F;
+//   - widths that are not multiples of the CUTLASS tiles (128 x 256 x 64; the forward's 64 x 256 x 64
+//     when rows per expert are few: each case also runs the grouped path on the tile that
+//     grouped_gemm.cuh's automatic choice does not take, forced by MOETRAIN_GROUPED_SMALL), and
+//     widths that are not multiples of 8, which the grouped path refuses with a message naming D and F;
 //   - two calls that reuse the same output buffers and scratch with different routings: the first
 //     writes the weight gradients with = (pre-filled with NaN: nothing may be read, experts without
 //     rows must come back 0), the second adds to them with +=.
@@ -24,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -302,6 +305,25 @@ TEST_P(CudaExpertsSweep, GroupedPathMatchesCpu) {
   MT_REQUIRE_GPU();
   const SweepCase c = GetParam();
   if (!cuda::grouped_gemm_available()) GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU";
+  run_grouped_form(c, Impl::Grouped);
+}
+
+// The grouped path on the forward tile that the automatic choice does not take for this case
+// (MOETRAIN_GROUPED_SMALL forces it), so both the 128x256 and the 64x256 tile meet every sweep shape.
+TEST_P(CudaExpertsSweep, GroupedPathOtherTileMatchesCpu) {
+  MT_REQUIRE_GPU();
+  const SweepCase c = GetParam();
+  if (!cuda::grouped_gemm_available()) GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU";
+  struct Restore {  // puts the variable back however the test ends
+    const char* name = "MOETRAIN_GROUPED_SMALL";
+    const char* was = std::getenv(name);
+    std::string old = was ? was : "";
+    ~Restore() { was ? setenv(name, old.c_str(), 1) : unsetenv(name); }
+  } restore;
+  unsetenv(restore.name);
+  const bool auto_small = cuda::grouped_rows_tile(c.E, c.T * c.K, true) != cuda::RowsTile::large;
+  setenv(restore.name, auto_small ? "0" : "1", 1);
+  SCOPED_TRACE(std::string("forward tile forced: MOETRAIN_GROUPED_SMALL=") + (auto_small ? "0" : "1"));
   run_grouped_form(c, Impl::Grouped);
 }
 
