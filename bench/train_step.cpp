@@ -5,7 +5,7 @@
 // the step is numerically sane (finite loss near log(V) at init, finite gradient norm).
 //
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
-//                   [--recompute none|full] [--device cuda|cpu] [--no-profile] [--zero-grads]
+//                   [--recompute none|full|selective|moe] [--device cuda|cpu] [--no-profile] [--zero-grads]
 //                   [--grad-accum N]
 // --grad-accum N: N micro-batches of --batch rows per optimizer step, accumulated as the trainer does
 // (TrainSession::train_step over N micro-batches: the first writes the gradients, the rest add, one
@@ -262,6 +262,8 @@ int main(int argc, char** argv) {
                      {"gemm_bf16_tflops_measured", gemm_tflops},
                      {"mfu", gemm_tflops > 0 ? tflops / gemm_tflops : 0.0},
                      {"peak_mem_gib", double(peak) / double(1 << 30)},
+                     // The activation arenas' peaks (keep + work; docs/model.md's table predicts them).
+                     {"activation_peak_gib", double(m.activation_peak_bytes()) / double(1 << 30)},
                      {"optimizer_overlap", overlap},
                      {"ep_backward_overlap", ep_overlap},
                      {"deterministic", deterministic()},

@@ -1,5 +1,7 @@
 #include "core/arena.h"
 
+#include <algorithm>
+
 #include "core/cuda_graph.h"
 
 namespace mt {
@@ -44,6 +46,9 @@ Tensor Arena::zeros(const Shape& shape, DType dtype) {
 
 void Arena::reset() {
   if (blocks_.size() > 1) {
+    size_t held = 0;
+    for (const Block& b : blocks_) held += b.mem.use_count() > 1 ? b.size : 0;
+    held_at_merge_ = std::max(held_at_merge_, held);
     blocks_.clear();
     add_block(peak_);
   }

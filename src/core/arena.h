@@ -19,6 +19,9 @@ class Arena {
   size_t used() const { return used_before_ + offset_; }  // bytes handed out since reset
   size_t peak() const { return peak_; }                   // largest used() ever
   size_t capacity() const;                                // bytes held in blocks
+  // The most bytes a merging reset() found still held by tensors (blocks it dropped that stay alive
+  // beside the new one until those tensors go): what a caller forgot to release before resetting.
+  size_t held_at_merge() const { return held_at_merge_; }
   Device device() const { return device_; }
 
  private:
@@ -32,6 +35,7 @@ class Arena {
   size_t offset_ = 0;       // within the last block
   size_t used_before_ = 0;  // bytes used in earlier blocks of the chain
   size_t peak_ = 0;
+  size_t held_at_merge_ = 0;
   Device device_;
 };
 

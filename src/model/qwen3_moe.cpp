@@ -734,6 +734,11 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
 
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
+  // The last pass's activations hold their arena blocks: drop them first, so that a reset that merges
+  // a chain into one block as large as the peak frees the chain instead of sitting beside it (on the
+  // first micro-batch after a growth that was the whole kept set twice: arena_held_at_merge_bytes()).
+  for (LayerActs& a : acts_) a = LayerActs{};
+  counts_E_ = sums_E_ = zsum_ = Tensor();
   keep_.reset();
   work_.reset();
   B_ = ids.size(0);
@@ -966,8 +971,12 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
       forward_layer(l, a, scratch_out, true, Tensor(), opt_.fuse_norm_add ? &dropped : nullptr);
     }
     backward_layer(l, a, dA, dB, aux_scale, early ? &*early : nullptr);
-    a.xp = Tensor();  // under expert parallelism the exchanged rows live outside the arenas: free them now
-    a.ys = Tensor();
+    // The layer's activations are spent: free them now (under expert parallelism the exchanged rows live
+    // outside the arenas; the recomputed ones hold a work-arena block the next layer's reset may merge
+    // away). The routing ids stay for last_routing().
+    Tensor idx = a.idx;
+    a = LayerActs{};
+    a.idx = idx;
     for (int u : us) release(u);
     for (int u : us) src_->grads_done(u);
     std::swap(dA, dB);

@@ -302,6 +302,9 @@ class Qwen3MoeModel {
   Tensor& expert_load() { return load_LE_; }
   void reset_expert_load();
   size_t activation_peak_bytes() const { return keep_.peak() + work_.peak(); }
+  // Arena blocks a merging reset found still held by the model's tensors (Arena::held_at_merge; the
+  // keep arena's, then the work arena's): memory that stood twice for a moment.
+  size_t arena_held_at_merge_bytes(bool work) const { return work ? work_.held_at_merge() : keep_.held_at_merge(); }
   // Wall time of the last call's forward (through the loss) and backward (including recompute).
   double last_forward_seconds() const { return forward_s_; }
   double last_backward_seconds() const { return backward_s_; }

@@ -59,6 +59,20 @@ TEST(Arena, AlignsGrowsAndSettlesAtPeak) {
   EXPECT_EQ(a.alloc({3}).raw(), first);  // no new block was needed
 }
 
+TEST(Arena, MergeReportsBlocksStillHeldByTensors) {
+  Arena a(1024);
+  a.alloc({3});
+  a.alloc({1000});  // a second block of 4,000 bytes (rounded to 4,096)
+  a.reset();        // no tensor holds them: freed at the merge
+  EXPECT_EQ(a.held_at_merge(), 0u);
+  Tensor kept = a.alloc({3});
+  Tensor big = a.alloc({5000});  // chains again (20,000 bytes do not fit the merged block)
+  const size_t chain = a.capacity();
+  a.reset();  // `kept` and `big` still hold both blocks: the merge's new block sits beside them
+  EXPECT_EQ(a.held_at_merge(), chain);
+  EXPECT_GE(chain, 20000u);
+}
+
 TEST(Rng, DeterministicAndRoughlyNormal) {
   Rng a(7), b(7);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(a.next_u64(), b.next_u64());

@@ -112,6 +112,26 @@ TEST(Model, RecomputeNeedsLessActivationMemory) {
   EXPECT_LT(peak[3], peak[2]);  // full keeps less than selective
 }
 
+// The arenas grow by chaining blocks on the first micro-batch and merge them at the next reset; the
+// model drops its activations first, so the merge frees the chain instead of holding it beside the new
+// block (on a GPU that was the whole kept set twice at the second micro-batch's start).
+TEST(Model, ArenaMergesFreeTheChainTheyReplace) {
+  ModelConfig c = tiny_config(false, false);
+  MicroBatch mb = random_batch(c, 4, 128, 8);  // 512 tokens: more than the arenas' first 1 MiB block
+  for (Recompute policy : {Recompute::None, Recompute::Moe, Recompute::Full}) {
+    Qwen3MoeModel m(c);
+    init_random(m, 4);
+    PassOptions po;
+    po.ce_scale = 1e-3;
+    po.recompute = policy;
+    for (int i = 0; i < 3; ++i) m.forward_backward(mb, po);
+    EXPECT_EQ(m.arena_held_at_merge_bytes(false), 0u) << recompute_name(policy);
+    // Under none nothing the model holds lives in the work arena (under recompute the first forward's
+    // layer-0 tensors still do when layer 1 merges it).
+    if (policy == Recompute::None) EXPECT_EQ(m.arena_held_at_merge_bytes(true), 0u);
+  }
+}
+
 TEST(Model, MicroBatchesAddUpToTheWholeBatch) {
   ModelConfig c = tiny_config(false, true);
   MicroBatch whole = random_batch(c, 2, 10, 9);

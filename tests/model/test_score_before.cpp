@@ -100,7 +100,7 @@ TEST(ScoreBeforeExperts, ExpertAndTensorParallelEqualOneProcess) {
   const std::string bpath = test::tmp_path("score_before", "batch.safetensors");
   test::make_batch(model, bpath);
   const std::string& bin = test::kMoetrainBin;
-  for (const char* rc : {"none", "full", "selective"}) {
+  for (const char* rc : {"none", "full", "selective", "moe"}) {
     const std::string ref = test::tmp_path("score_before", std::string("ref_") + rc + ".safetensors");
     test::ShellRun r = test::sh(bin + " grads --score-before-experts --model " + model + " --batch " + bpath +
                                 " --out " + ref + " --recompute " + rc);

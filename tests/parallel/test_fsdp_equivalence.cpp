@@ -46,7 +46,7 @@ TEST_P(FsdpGrads, EveryLayoutEqualsOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string model = kGoldens + "/" + GetParam();
   const std::string batch = make_batch(model);
-  for (const char* rc : {"none", "full", "selective"}) {
+  for (const char* rc : {"none", "full", "selective", "moe"}) {
     const std::string ref = tmp(GetParam() + "_ref_" + rc + ".safetensors");
     ShellRun r = sh(kBin + " grads --model " + model + " --batch " + batch + " --out " + ref + " --recompute " + rc);
     ASSERT_EQ(r.code, 0) << r.out;
@@ -185,15 +185,17 @@ TEST(MoeCapacity, LargeCapacityIsDroplessTightCapacityDrops) {
            " --eval-problems 0 --out-dir " + dir;
   };
   const std::string a = tmp("cap_none"), b = tmp("cap_large"), c = tmp("cap_tight"), d = tmp("cap_ep"),
-                    bs = tmp("cap_large_selective"), bf = tmp("cap_large_full");
+                    bs = tmp("cap_large_selective"), bf = tmp("cap_large_full"), bm = tmp("cap_large_moe");
   // A capacity in one process goes through the dispatcher with ep = 1, whose combined rows alias the
-  // expert outputs: under every recompute policy the losses stay those of the plain path.
-  for (auto [dir, extra] : std::vector<std::pair<std::string, std::string>>{
-           {a, ""},
-           {b, " --moe-capacity-factor 1000"},
-           {bs, " --moe-capacity-factor 1000 --recompute selective"},
-           {bf, " --moe-capacity-factor 1000 --recompute full"},
-           {c, " --moe-capacity-factor 0.5"}}) {
+  // expert outputs: under every recompute policy the losses stay those of the plain path (moe re-runs
+  // the local dispatch and combine there, as its exchanged rows are not kept).
+  for (auto [dir, extra] :
+       std::vector<std::pair<std::string, std::string>>{{a, ""},
+                                                        {b, " --moe-capacity-factor 1000"},
+                                                        {bs, " --moe-capacity-factor 1000 --recompute selective"},
+                                                        {bf, " --moe-capacity-factor 1000 --recompute full"},
+                                                        {bm, " --moe-capacity-factor 1000 --recompute moe"},
+                                                        {c, " --moe-capacity-factor 0.5"}}) {
     ShellRun r = sh(kBin + cmd(dir) + extra);
     ASSERT_EQ(r.code, 0) << r.out;
   }
@@ -204,13 +206,16 @@ TEST(MoeCapacity, LargeCapacityIsDroplessTightCapacityDrops) {
   ASSERT_EQ(mb.size(), 3u);
   ASSERT_EQ(mc.size(), 3u);
   ASSERT_EQ(md.size(), 3u);
-  auto ms = test::read_step_metrics(bs + "/metrics.jsonl"), mf = test::read_step_metrics(bf + "/metrics.jsonl");
+  auto ms = test::read_step_metrics(bs + "/metrics.jsonl"), mf = test::read_step_metrics(bf + "/metrics.jsonl"),
+       mm = test::read_step_metrics(bm + "/metrics.jsonl");
   ASSERT_EQ(ms.size(), 3u);
   ASSERT_EQ(mf.size(), 3u);
+  ASSERT_EQ(mm.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(ma[i]["loss"].get<double>(), mb[i]["loss"].get<double>()) << "step " << i + 1;
     EXPECT_EQ(ma[i]["loss"].get<double>(), ms[i]["loss"].get<double>()) << "selective, step " << i + 1;
     EXPECT_EQ(ma[i]["loss"].get<double>(), mf[i]["loss"].get<double>()) << "full, step " << i + 1;
+    EXPECT_EQ(ma[i]["loss"].get<double>(), mm[i]["loss"].get<double>()) << "moe, step " << i + 1;
     EXPECT_EQ(mb[i]["moe_dropped_rank0"].get<int64_t>(), 0);
     EXPECT_GT(mc[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;
     EXPECT_GT(md[i]["moe_dropped_rank0"].get<int64_t>(), 0) << "step " << i + 1;

@@ -203,7 +203,7 @@ TEST_P(HsdpEpGrads, EqualsOneProcessAndReplicasAreIdentical) {
   MT_SKIP_WITHOUT_GLOO();
   check_grads(GetParam(), 4, 12,
               {Layout{4, "--dp-replicate 2 --dp-shard 2 --ep 2", "dp_replicate 2 x dp_shard 2 x ep 2"}},
-              {"none", "full", "selective"}, /*replicas=*/true);
+              {"none", "full", "selective", "moe"}, /*replicas=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HsdpEpGrads, ::testing::Values("tiny", "aux", "tied"));

@@ -82,6 +82,13 @@ TEST(TpGradsSelective, SelectiveRecomputeEqualsOneProcess) {
   check_layouts("dense_layer", {Layout{2, "--tp 2 --etp 2", "tp 2 etp 2"}}, {"selective"});
 }
 
+// Recompute moe keeps the gathered FFN inputs (etp 2, and the dense MLP under tp) and rebuilds only
+// the FFN's hidden activations.
+TEST(TpGradsMoe, MoeRecomputeEqualsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  check_layouts("dense_layer", {Layout{2, "--tp 2 --etp 2", "tp 2 etp 2"}, Layout{2, "--tp 2", "tp 2 etp 1"}}, {"moe"});
+}
+
 // Expert parallelism beside tensor parallelism on 8 ranks (dp_shard 4 × tp 2; experts in 2 groups):
 // etp 1 (the tp ranks are expert-data-parallel / ep ranks) and etp 2 (experts F-sliced over tp).
 TEST(TpGrads8, ExpertParallelTimesTensorParallel) {
