@@ -63,7 +63,7 @@ streams::Side wgrad_priority_default() {
     const std::string s = v ? v : "";
     if (s.empty() || s == "high") return streams::Side::high;
     if (s == "low") return streams::Side::low;
-    MT_THROW("MOETRAIN_WGRAD_PRIORITY ("", s, "") must be high or low");
+    MT_THROW("MOETRAIN_WGRAD_PRIORITY (\"", s, "\") must be high or low");
   }();
   return side;
 }
