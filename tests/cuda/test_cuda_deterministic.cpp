@@ -284,8 +284,8 @@ TEST(CudaDeterministic, AttentionBackwardRepeatsBitwise) {
 // ---------------------------------------------------------------- the model and the trainer
 
 // The tiny model with the aux loss and z-loss on, 16 x 64 tokens of a 512-token vocabulary (every id
-// repeated): forward + backward twice gives the same loss and gradients bit for bit, and full recompute
-// gives them too (the recompute reuses the routing, and every sum now has one order).
+// repeated): forward + backward twice gives the same loss and gradients bit for bit, and full and moe
+// recompute give them too (the recompute reuses the routing, and every sum now has one order).
 TEST(CudaDeterministic, ModelForwardBackwardRepeatsBitwise) {
   MT_REQUIRE_GPU();
   DeterministicScope det(true);
@@ -298,9 +298,9 @@ TEST(CudaDeterministic, ModelForwardBackwardRepeatsBitwise) {
   MicroBatch mb{Tensor::empty({16, 64}, DType::I64), Tensor::empty({16, 64}, DType::I64)};
   for (int64_t i = 0; i < 16 * 64; ++i)
     mb.input_ids.data<int64_t>()[i] = mb.labels.data<int64_t>()[i] = rng.randint(0, c.vocab_size);
-  LossParts lp[3];
-  Tensor g[3];
-  for (int r = 0; r < 3; ++r) {
+  LossParts lp[4];
+  Tensor g[4];
+  for (int r = 0; r < 4; ++r) {
     Qwen3MoeModel m(c, Device::CUDA);
     m.params().copy_from(host.to(Device::CUDA));
     m.refresh_compute_weights();
@@ -308,12 +308,12 @@ TEST(CudaDeterministic, ModelForwardBackwardRepeatsBitwise) {
     po.ce_scale = 1.0 / double(16 * 63);
     po.aux_scale = c.router_aux_loss_coef;
     po.z_loss_scale = 1e-3;
-    po.recompute = r == 2 ? Recompute::Full : Recompute::None;
+    po.recompute = r == 2 ? Recompute::Full : r == 3 ? Recompute::Moe : Recompute::None;
     lp[r] = m.forward_backward(mb, po);
     g[r] = m.grads().to(Device::CPU);
   }
-  for (int r : {1, 2}) {
-    SCOPED_TRACE(r == 1 ? "second run" : "full recompute");
+  for (int r : {1, 2, 3}) {
+    SCOPED_TRACE(r == 1 ? "second run" : r == 2 ? "full recompute" : "moe recompute");
     EXPECT_EQ(lp[r].loss, lp[0].loss);
     EXPECT_EQ(lp[r].aux, lp[0].aux);
     EXPECT_EQ(lp[r].z, lp[0].z);

@@ -58,7 +58,7 @@ TEST_P(CudaGolden, LossLogitsAndGradientsWithinBf16Tolerance) {
     cpu.forward(mb, nullptr);
     cpu_routing = cpu.last_routing();
   }
-  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {
+  for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective, Recompute::Moe}) {
     Qwen3MoeModel m(cfg, Device::CUDA);
     LoadReport rep = load_hf_weights(dir, cfg, m.table(), m.params());
     m.refresh_compute_weights();
