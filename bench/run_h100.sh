@@ -2,7 +2,7 @@
 # The benchmark set behind bench/NOTES.md's P9 / P13 tables, on one GPU, JSON lines into OUT/bench.jsonl
 # (and each program's stderr into OUT/<name>.err): generate (bench-4L, 256 prompts x 512 new tokens, and
 # n = 8), the grouped GEMM at decode sizes, train_step at 65,536 tokens per optimizer step (recompute none
-# with and without the experts' weight gradients on a side stream; batch 4 under recompute moe and none,
+# with and without the experts' weight gradients on a side stream; batch 4 under recompute moe, none and full,
 # batch 2 under none).
 # usage: bench/run_h100.sh BUILD_DIR OUT [which...]   which: generate grouped train (default: all)
 set -uo pipefail
@@ -35,5 +35,6 @@ if want train; then
   run train_b1x16_none_wgrad_stream 120 MOETRAIN_WGRAD_STREAM=1 -- "${ts[@]}" --batch 1 --grad-accum 16 --recompute none
   run train_b4x4_moe 150 -- "${ts[@]}" --batch 4 --grad-accum 4 --recompute moe
   run train_b4x4_none 150 -- "${ts[@]}" --batch 4 --grad-accum 4 --recompute none
+  run train_b4x4_full 150 -- "${ts[@]}" --batch 4 --grad-accum 4 --recompute full
   run train_b2x8_none 150 -- "${ts[@]}" --batch 2 --grad-accum 8 --recompute none
 fi
