@@ -27,6 +27,20 @@ inline Tensor rand_bf16_exact(const Shape& s, Rng& rng, float std = 1.0f) {
 
 // CPU f32 -> CUDA tensor of dtype dt (bf16 or f32).
 inline Tensor to_cuda(const Tensor& cpu_f32, DType dt) { return cpu_f32.to(dt).to(Device::CUDA); }
+
+// A CUDA tensor of dtype dt filled with v (NaN marks "must be overwritten").
+inline Tensor cuda_filled(const Shape& s, DType dt, float v) {
+  Tensor t = Tensor::empty(s);
+  t.fill_(v);
+  return to_cuda(t, dt);
+}
+
+// A host f32 tensor of N(0, std^2) draws.
+inline Tensor randn(const Shape& s, Rng& rng, float std = 1.0f) {
+  Tensor t = Tensor::empty(s);
+  rng.fill_normal(t, 0.0f, std);
+  return t;
+}
 // Any CUDA/CPU tensor -> CPU f32.
 inline Tensor to_host_f32(const Tensor& t) { return t.to(Device::CPU).to(DType::F32); }
 

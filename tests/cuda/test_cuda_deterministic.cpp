@@ -38,6 +38,8 @@ using namespace mt;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
+using cudatest::cuda_filled;
+using cudatest::randn;
 using cudatest::to_host_f32;
 namespace fs = std::filesystem;
 
@@ -45,17 +47,7 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-Tensor randn(const Shape& s, Rng& rng, float std = 1.0f) {
-  Tensor t = Tensor::empty(s);
-  rng.fill_normal(t, 0.0f, std);
-  return t;
-}
 
-Tensor cuda_filled(const Shape& s, DType dt, float v) {
-  Tensor t = Tensor::empty(s);
-  t.fill_(v);
-  return to_cuda(t, dt);
-}
 
 // The bytes of two tensors (any device, same dtype) are equal; names the first differing element.
 void expect_same_bits(const Tensor& a_any, const Tensor& b_any, const std::string& what) {

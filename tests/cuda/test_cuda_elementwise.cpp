@@ -32,6 +32,8 @@ using mt::testutil::error_of;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
+using cudatest::cuda_filled;
+using cudatest::randn;
 using cudatest::to_host_f32;
 
 namespace {
@@ -39,18 +41,7 @@ namespace {
 constexpr double kBf16Out = 5e-3;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// A CUDA tensor of dtype dt filled with v (NaN marks "must be overwritten").
-Tensor cuda_filled(const Shape& s, DType dt, float v) {
-  Tensor t = Tensor::empty(s);
-  t.fill_(v);
-  return to_cuda(t, dt);
-}
 
-Tensor randn(const Shape& s, Rng& rng, float std = 1.0f) {
-  Tensor t = Tensor::empty(s);
-  rng.fill_normal(t, 0.0f, std);
-  return t;
-}
 
 Tensor random_ids(int64_t T, int64_t V, Rng& rng) {
   Tensor t = Tensor::empty({T}, DType::I64);

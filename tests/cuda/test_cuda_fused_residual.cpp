@@ -33,6 +33,8 @@ using namespace mt;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
+using cudatest::cuda_filled;
+using cudatest::randn;
 using cudatest::to_host_f32;
 using mt::testutil::error_of;
 using mt::testutil::same_bits;
@@ -43,17 +45,7 @@ constexpr double kBf16Out = 5e-3;
 constexpr double kSame = 1e-6;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-Tensor cuda_filled(const Shape& s, DType dt, float v) {
-  Tensor t = Tensor::empty(s);
-  t.fill_(v);
-  return to_cuda(t, dt);
-}
 
-Tensor randn(const Shape& s, Rng& rng, float std = 1.0f) {
-  Tensor t = Tensor::empty(s);
-  rng.fill_normal(t, 0.0f, std);
-  return t;
-}
 
 // rel_l2 within tol, and a line saying whether the two were bit-equal.
 void expect_same(const Tensor& got, const Tensor& want, double tol, const std::string& what) {
