@@ -9,11 +9,10 @@
 
 namespace mt::ops {
 
-// True when the (non-empty) tensors are on CUDA; mixed devices are an error naming the op.
 // The backend an op runs on: the device of its first non-empty tensor. When every tensor is empty (an
 // expert-parallel rank's idle decode step: zero tokens, yet it must step with its ep group), the device they
 // were allocated on decides, so a CUDA model's empty pass stays on the CUDA ops (whose dtype rules differ
-// from the CPU's) instead of falling through to the CPU backend.
+// from the CPU's) instead of falling through to the CPU backend. Mixed devices are an error naming the op.
 static bool on_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   check_same_device(ts, op);
   for (const Tensor* t : ts)
