@@ -1,7 +1,7 @@
 // `moetrain grpo --resume` (CPU, fp32, the real binary): N steps straight equal N/2 steps, a save, a new
 // process and --resume to N: the same per-step metrics after the resume point and byte-identical final
 // weights, for GRPO and for PPO (the critic's state too); a corrupt newest checkpoint is reported and the
-// previous good one used; a changed reference model stops the resume.
+// previous good one used; a changed reference model stops the resume; the cosine learning rate (--min-lr).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -79,6 +79,27 @@ TEST(GrpoResume, StraightEqualsSaveAndResume) {
   EXPECT_NE(r.out.find("resume: step 2 from"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prompt sampler position 4"), std::string::npos) << r.out;
   expect_same_run(d + "/straight", d + "/split", 4, false);
+}
+
+// --min-lr: a linear warm-up (steps 1, 2 of --warmup-steps 2), then a cosine from --lr at the warm-up's end down to
+// --min-lr at the last step, the same across a save and --resume; a bad value is refused before any work.
+TEST(GrpoResume, CosineLearningRateFollowsItsScheduleAcrossAResume) {
+  const std::string d = setup("cosine");
+  ShellRun r = sh(grpo(d, "straight", "--min-lr 1e-3"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto steps = read_step_metrics(d + "/straight/metrics.jsonl");
+  ASSERT_EQ(steps.size(), 4u);
+  // lr 1e-2, warm-up 2 of 4 steps: 5e-3, 1e-2, then 1e-3 + 9e-3 (1 + cos(pi (s - 2) / 2)) / 2 = 5.5e-3, 1e-3.
+  const double want[4] = {5e-3, 1e-2, 5.5e-3, 1e-3};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(steps[i].at("lr").get<double>(), want[i], 1e-12) << "step " << i + 1;
+  r = sh(grpo(d, "split", "--min-lr 1e-3 --max-steps 2"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(grpo(d, "split", "--min-lr 1e-3 --resume"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_run(d + "/straight", d + "/split", 4, false);
+  r = sh(grpo(d, "bad", "--min-lr 0.5"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--min-lr 0.5; need 0 <= min-lr <= --lr (0.01)"), std::string::npos) << r.out;
 }
 
 TEST(GrpoResume, PpoCriticStraightEqualsSaveAndResume) {
