@@ -31,15 +31,24 @@ cudaStream_t stream() { return t_override ? t_override : ctx().stream; }
 void set_stream_override(cudaStream_t s) { t_override = s; }
 cudaStream_t compute_stream() { return ctx().stream; }
 
+namespace {
+// A non-blocking stream of the device's lowest or highest priority.
+cudaStream_t make_side_stream(bool highest, const char* what) {
+  int least = 0, greatest = 0;
+  MT_CUDA_CHECK(what, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  cudaStream_t s = nullptr;
+  MT_CUDA_CHECK(what, cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, highest ? greatest : least));
+  return s;
+}
+}  // namespace
+
 cudaStream_t side_stream() {
-  static cudaStream_t side = [] {
-    int least = 0, greatest = 0;
-    MT_CUDA_CHECK("side stream", cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cudaStream_t s = nullptr;
-    MT_CUDA_CHECK("side stream", cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, least));
-    return s;
-  }();
+  static cudaStream_t side = make_side_stream(false, "side stream");
   return side;
+}
+cudaStream_t urgent_stream() {
+  static cudaStream_t urgent = make_side_stream(true, "urgent side stream");
+  return urgent;
 }
 cublasLtHandle_t cublaslt() { return ctx().lt; }
 void* cublaslt_workspace() { return ctx().workspace; }

@@ -33,7 +33,8 @@ namespace mt::cuda {
 // The stream ops run on: the compute stream, or the side stream inside a streams::SideScope.
 cudaStream_t stream();
 cudaStream_t compute_stream();  // the compute stream, also inside a SideScope
-cudaStream_t side_stream();     // the side stream (core/streams.h)
+cudaStream_t side_stream();     // the side stream (core/streams.h), of the lowest priority
+cudaStream_t urgent_stream();   // the urgent side stream: non-blocking, of the highest priority (the NCCL streams' too)
 void set_stream_override(cudaStream_t s);  // what SideScope sets (null: back to the compute stream)
 cublasLtHandle_t cublaslt();
 // Scratch for cuBLASLt (32 MiB), valid on stream().

@@ -1,6 +1,4 @@
 // The side stream and its events (core/streams.h).
-#include <atomic>
-
 #include "backend/cuda/common.cuh"
 #include "core/streams.h"
 
@@ -8,20 +6,8 @@ namespace mt::streams {
 
 namespace {
 
-// The urgent side stream: non-blocking, of the highest priority (the NCCL streams' too).
-cudaStream_t urgent_stream() {
-  static cudaStream_t s = [] {
-    int least = 0, greatest = 0;
-    MT_CUDA_CHECK("urgent side stream", cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    cudaStream_t st = nullptr;
-    MT_CUDA_CHECK("urgent side stream", cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, greatest));
-    return st;
-  }();
-  return s;
-}
-
 cudaStream_t side_of(Side side) {
-  return side == Side::low ? cuda::side_stream() : urgent_stream();
+  return side == Side::low ? cuda::side_stream() : cuda::urgent_stream();
 }
 
 }  // namespace
@@ -76,27 +62,6 @@ void EventSet::side_waits_compute() {
   cudaEvent_t mark = static_cast<cudaEvent_t>(compute_mark_);
   MT_CUDA_CHECK("EventSet::side_waits_compute", cudaEventRecord(mark, cuda::stream()));
   MT_CUDA_CHECK("EventSet::side_waits_compute", cudaStreamWaitEvent(side_of(side_), mark, 0));
-}
-
-namespace {
-thread_local WgradPlacement t_wgrad;
-std::atomic<size_t> g_wgrad_side_calls{0};
-}  // namespace
-
-WgradScope::WgradScope(WgradPlacement p) : prev_(t_wgrad) {
-  t_wgrad = p;
-}
-WgradScope::~WgradScope() {
-  t_wgrad = prev_;
-}
-WgradPlacement wgrad_placement() {
-  return t_wgrad;
-}
-size_t wgrad_side_calls() {
-  return g_wgrad_side_calls.load();
-}
-void count_wgrad_side_call() {
-  ++g_wgrad_side_calls;
 }
 
 }  // namespace mt::streams
