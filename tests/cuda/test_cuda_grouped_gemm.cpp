@@ -33,6 +33,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/grouped_gemm.cuh"
+#include "core/cuda_graph.h"
 #include "cuda_test_util.h"
 
 namespace mt::cuda {
@@ -213,28 +214,16 @@ TEST(CudaGroupedGemmNoSync, ExpertsForwardAndBackwardCaptureIntoAGraph) {
   ASSERT_EQ(cudaMemset(dxp.raw(), 0xff, dxp.nbytes()), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
-  cudaStream_t s = cuda::stream();
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  std::string error;
-  try {
-    cuda::experts_fwd_grouped(xp, doff, wgu, wd, gu, h, yp);
-    cuda::experts_bwd_grouped(dyp, xp, doff, wgu, wd, gu, h, dxp, dwgu, dwd);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  cudaGetLastError();
-  ASSERT_EQ(error, "") << "the grouped path did something a stream capture refuses (a host synchronisation?)";
-  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cuda_graph::Graph g;
+  std::string why;
+  ASSERT_TRUE(g.capture([&] {
+        cuda::experts_fwd_grouped(xp, doff, wgu, wd, gu, h, yp);
+        cuda::experts_bwd_grouped(dyp, xp, doff, wgu, wd, gu, h, dxp, dwgu, dwd);
+      }, &why)) << "the grouped path did something a stream capture refuses (a host synchronisation?): " << why;
+  g.replay();
+  ASSERT_EQ(cudaStreamSynchronize(cuda::stream()), cudaSuccess);
   EXPECT_EQ(rel_l2(yp, yp_direct), 0.0);
   EXPECT_EQ(rel_l2(dxp, dxp_direct), 0.0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // Offsets that are not non-decreasing from 0 to R: the call computes nothing for the bad expert and

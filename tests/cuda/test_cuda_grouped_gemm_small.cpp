@@ -31,6 +31,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/grouped_gemm.cuh"
+#include "core/cuda_graph.h"
 #include "cuda_test_util.h"
 
 namespace mt::cuda {
@@ -264,26 +265,12 @@ TEST(CudaGroupedGemmSmallDecode, SmallTileCapturesIntoAGraph) {
   const Tensor direct = to_host_f32(c);
   ASSERT_EQ(cudaMemset(c.raw(), 0xff, c.nbytes()), cudaSuccess);  // bf16 0xffff is a NaN
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  cudaStream_t s = cuda::stream();
-  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  std::string error;
-  try {
-    call();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t end = cudaStreamEndCapture(s, &graph);
-  cudaGetLastError();
-  ASSERT_EQ(error, "") << "the small tile did something a stream capture refuses";
-  ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
-  cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cuda_graph::Graph g;
+  std::string why;
+  ASSERT_TRUE(g.capture(call, &why)) << "the small tile did something a stream capture refuses: " << why;
+  g.replay();
+  ASSERT_EQ(cudaStreamSynchronize(cuda::stream()), cudaSuccess);
   EXPECT_EQ(rel_l2(c, direct), 0.0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 // The choice: R <= 64 * E takes the small tile for TN, NN always large, the variable overrides TN
