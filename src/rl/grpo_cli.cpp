@@ -447,7 +447,7 @@ int grpo_main(const std::vector<std::string>& args) {
   std::string model_dir = kDemoModel, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
   std::string prompts_path, eval_prompts_path, resume;
   int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
-  double min_lr = -1;  // < 0: no decay
+  std::optional<double> min_lr;  // --min-lr: a cosine decay to it; unset: constant after the warm-up
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
@@ -656,8 +656,8 @@ int grpo_main(const std::vector<std::string>& args) {
   if (per_step < 1) MT_THROW("grpo: --prompts-per-step ", per_step, "; need >= 1");
   if (eval_n < 1) MT_THROW("grpo: --eval-problems ", eval_n, "; need >= 1");
   if (warmup < 0) MT_THROW("grpo: --warmup-steps ", warmup, "; need >= 0");
-  if (min_lr != -1 && !(min_lr >= 0 && min_lr <= o.lr))
-    MT_THROW("grpo: --min-lr ", min_lr, "; need 0 <= min-lr <= --lr (", o.lr, ")");
+  if (min_lr && !(*min_lr >= 0 && *min_lr <= o.lr))
+    MT_THROW("grpo: --min-lr ", *min_lr, "; need 0 <= min-lr <= --lr (", o.lr, ")");
   if (save_every < 0) MT_THROW("grpo: --save-every ", save_every, "; need >= 0 (0: only at the end)");
   if (keep_last < 0) MT_THROW("grpo: --keep-last ", keep_last, "; need >= 0 (0: keep all)");
   if (max_steps < 0 || max_steps > steps)
@@ -1018,9 +1018,9 @@ int grpo_main(const std::vector<std::string>& args) {
   // last step.
   auto lr_at = [&](int64_t step) {
     if (warmup > 0 && step <= warmup) return o.lr * double(step) / double(warmup);
-    if (!(min_lr >= 0) || steps <= warmup) return o.lr;
+    if (!min_lr || steps <= warmup) return o.lr;
     const double progress = std::clamp(double(step - warmup) / double(steps - warmup), 0.0, 1.0);
-    return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    return *min_lr + (o.lr - *min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
   };
 
   // A checkpoint: the HF weights (a model directory: config, safetensors, tokenizer.json), the policy's and
@@ -1064,7 +1064,7 @@ int grpo_main(const std::vector<std::string>& args) {
       st["problems_drawn"] = problems_drawn;
     }
     st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
-    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr >= 0 ? min_lr : o.lr},
+    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr.value_or(o.lr)},
                          {"next_lr", lr_at(step + 1)}};
     st["model_dir"] = model_dir;
     st["model_fingerprint"] = fingerprint;
