@@ -532,9 +532,10 @@ int grpo_main(const std::vector<std::string>& args) {
       advantage_given = v;
       if (v == "outcome")
         process = false;
-      else if (v == "process")
+      else if (v == "process") {  // the same token rewards, DeepSeekMath's advantages (not per position)
         process = true;
-      else if (v == "position")
+        per_position = false;
+      } else if (v == "position")
         process = per_position = true;
       else
         MT_THROW("grpo: --advantage '", v, "' is unknown; use outcome, process or position");
@@ -1121,6 +1122,7 @@ int grpo_main(const std::vector<std::string>& args) {
              has_eval ? "; held-out " + eval_name + " before: " + shown(before) : std::string("; no evaluation"), "; ",
              resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
              per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ", o.sampling.temperature,
+             ", advantages: ", !process ? "outcome" : per_position ? "position" : "process",
              o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)

@@ -87,6 +87,20 @@ TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
   EXPECT_EQ(lines, 2);
 }
 
+// Each --advantage value reaches the loop as itself (`process` once ran as `position`: the default's
+// per-position switch stayed on), and the run's first line names it.
+TEST(GrpoCli, EachAdvantageModeRunsAsNamed) {
+  for (const std::string mode : {"", "outcome", "process", "position"}) {
+    const std::string out = tmp_path("grpocli", "adv" + mode);
+    ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+                    "/tiny --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
+                    "--dynamic-sampling off --out-dir " + out + (mode.empty() ? "" : " --advantage " + mode));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::string want = ", advantages: " + (mode.empty() ? std::string("position") : mode) + ",";
+    EXPECT_NE(r.out.find(want), std::string::npos) << "--advantage " << mode << ": " << r.out;
+  }
+}
+
 TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {
   ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens + "/tiny --n 1");
   EXPECT_NE(r.code, 0);
