@@ -137,11 +137,13 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
       MT_THROW("convert: --tokenizer '", opt.tokenizer, "' is neither a directory nor a file");
     }
   }
-  std::vector<const char*> files(std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
+  // A single tokenizer.json given: none of the source's tokenizer files (its tokenizer.json would replace the
+  // one given, and its tokenizer_config.json would describe another tokenizer).
+  std::vector<const char*> files;
+  if (!tok_dir.empty()) files.assign(std::begin(kTokenizerFiles), std::end(kTokenizerFiles));
   files.push_back("generation_config.json");
   for (const char* f : files) {
-    const fs::path src =
-        tok_dir.empty() || std::string(f) == "generation_config.json" ? fs::path(opt.from) / f : tok_dir / f;
+    const fs::path src = std::string(f) == "generation_config.json" ? fs::path(opt.from) / f : tok_dir / f;
     if (!fs::is_regular_file(src)) continue;
     fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec);
     if (ec) MT_THROW("convert: cannot copy '", src.string(), "' to '", tmp, "': ", ec.message());
