@@ -120,7 +120,8 @@ const char* kUsage =
     "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
     "                            --max-generate-rounds R (4)\n"
     "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
-    "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty (default off)\n"
+    "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty on the sample's reward\n"
+    "                            (with --advantage outcome; default off)\n"
     "  --epochs E, --mini-batches M, --micro-batch-samples S   the update (defaults 1, 1, 0 = one)\n"
     "  --eval-problems N         built-in task: held-out problems (default 200)\n"
     "  --baseline sft --sft-seconds S   instead of GRPO, S seconds of SFT on the task's problems (the comparison)\n"
@@ -731,6 +732,13 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW("grpo: --reward '", reward_spec, "' is unknown; use digits, prefix or exact");
   }
   o.max_new_tokens = from_file ? max_new_tokens : max_answer_tokens(task.hi);
+  // The soft overlong penalty is added to the sample's reward; per-token rewards replace that reward in the
+  // advantages (and in PPO's returns), so the penalty would only change the reward metrics.
+  if (process && o.overlong_penalty > 0)
+    MT_THROW("grpo: --overlong-penalty ", o.overlong_penalty, " shapes the sample's reward, which --advantage ",
+             advantage_given.empty() ? "position (the default)" : advantage_given,
+             " does not train on (its advantages come from the per-token rewards); add --advantage outcome or drop "
+             "--overlong-penalty");
   rl::validate(o);
   if (!from_file && eval_n > max_eval_problems(task.hi))
     MT_THROW("grpo: --eval-problems ", eval_n, " > the ", max_eval_problems(task.hi), " held-out pairs of the task");

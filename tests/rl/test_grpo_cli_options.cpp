@@ -1,0 +1,35 @@
+// `moetrain grpo` options that once did not do what they said (the real binary, the tiny golden model, one
+// step each, well under a second): each test fails on the code before its fix.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "parallel/launch_test_util.h"
+
+using namespace mt::test;
+
+namespace {
+
+// One step on the built-in task with `extra` options.
+ShellRun grpo(const std::string& tag, const std::string& extra) {
+  return sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+            "/tiny --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
+            "--dynamic-sampling off --out-dir " +
+            tmp_path("grpoclioptions", tag) + " " + extra);
+}
+
+}  // namespace
+
+// The soft overlong penalty is added to the sample's reward, which per-token advantages (the built-in task's
+// default, position, and process) never read: it once ran and changed nothing but the reward metrics.
+TEST(GrpoCliOptions, OverlongPenaltyNeedsOutcomeAdvantages) {
+  for (const std::string adv : {"", "--advantage position", "--advantage process"}) {
+    const ShellRun r = grpo("overlong", "--overlong-penalty 1 --overlong-buffer 2 " + adv);
+    EXPECT_NE(r.code, 0) << adv << ": " << r.out;
+    EXPECT_NE(r.out.find("--overlong-penalty 1 shapes the sample's reward, which --advantage "), std::string::npos)
+        << adv << ": " << r.out;
+    EXPECT_EQ(r.out.find("grpo: step 1/1"), std::string::npos) << "refused before any work: " << r.out;
+  }
+  const ShellRun ok = grpo("overlong_outcome", "--overlong-penalty 1 --overlong-buffer 2 --advantage outcome");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
