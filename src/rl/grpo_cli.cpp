@@ -732,6 +732,7 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW("grpo: --reward '", reward_spec, "' is unknown; use digits, prefix or exact");
   }
   o.max_new_tokens = from_file ? max_new_tokens : max_answer_tokens(task.hi);
+  rl::validate(o);
   // The soft overlong penalty is added to the sample's reward; per-token rewards replace that reward in the
   // advantages (and in PPO's returns), so the penalty would only change the reward metrics.
   if (process && o.overlong_penalty > 0)
@@ -739,7 +740,6 @@ int grpo_main(const std::vector<std::string>& args) {
              advantage_given.empty() ? "position (the default)" : advantage_given,
              " does not train on (its advantages come from the per-token rewards); add --advantage outcome or drop "
              "--overlong-penalty");
-  rl::validate(o);
   if (!from_file && eval_n > max_eval_problems(task.hi))
     MT_THROW("grpo: --eval-problems ", eval_n, " > the ", max_eval_problems(task.hi), " held-out pairs of the task");
   const Device device = resolve_device(device_name);
