@@ -507,14 +507,10 @@ int grpo_main(const std::vector<std::string>& args) {
       task_flags.push_back(a);
     } else if (a == "--algorithm") {
       const std::string v = value();
-      if (v == "grpo")
-        o.normalize_std = true;
-      else if (v == "dr-grpo")
-        o.normalize_std = false;
-      else if (v == "ppo")
-        ppo = true;
-      else
+      if (v != "grpo" && v != "dr-grpo" && v != "ppo")
         MT_THROW("grpo: --algorithm '", v, "' is unknown; use grpo, dr-grpo or ppo");
+      ppo = v == "ppo";  // the last one given runs
+      o.normalize_std = v != "dr-grpo";
     } else if (a == "--critic-lr") {
       o.critic_lr = parse_flag_number<double>(a, value());
     } else if (a == "--gamma") {

@@ -33,3 +33,17 @@ TEST(GrpoCliOptions, OverlongPenaltyNeedsOutcomeAdvantages) {
   const ShellRun ok = grpo("overlong_outcome", "--overlong-penalty 1 --overlong-buffer 2 --advantage outcome");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
+
+// --algorithm given twice: the last one runs (grpo or dr-grpo after ppo once still ran PPO with a critic).
+TEST(GrpoCliOptions, TheLastAlgorithmGivenIsTheOneThatRuns) {
+  ShellRun r = grpo("algo_last_grpo", "--algorithm ppo --algorithm grpo");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("PPO: critic"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" value loss "), std::string::npos) << r.out;
+  r = grpo("algo_last_dr", "--algorithm ppo --algorithm dr-grpo --critic-lr 1e-3");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("set the critic of --algorithm ppo"), std::string::npos) << r.out;
+  r = grpo("algo_last_ppo", "--algorithm grpo --algorithm ppo");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("PPO: critic"), std::string::npos) << r.out;
+}
