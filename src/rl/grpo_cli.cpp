@@ -105,7 +105,8 @@ const char* kUsage =
     "                            {prompt, response, metadata} in, a number or {\"reward\": x} out)\n"
     "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
     "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
-    "                            against the group's same position (default position; outcome with --prompts)\n"
+    "                            against the group's same position (default position; outcome with --prompts);\n"
+    "                            under ppo GAE gets the per-token rewards, or the sample's with outcome\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
     "  --aux-loss-coef C, --router-z-loss-coef C   MoE load-balancing loss (needs output_router_logits in the\n"
@@ -683,6 +684,11 @@ int grpo_main(const std::vector<std::string>& args) {
     MT_THROW(
         "grpo: --critic-lr, --gamma, --lam and --value-clip set the critic of --algorithm ppo; the algorithm "
         "here has none");
+  if (ppo && !advantage_given.empty() && advantage_given != "outcome")
+    MT_THROW("grpo: --advantage ", advantage_given,
+             " is a group estimator; under --algorithm ppo the advantages are GAE's over the critic's values, on "
+             "the per-token rewards (the default) or, with --advantage outcome, on the sample's reward at its last "
+             "token");
   // The reward: the built-in task's kinds, or a prompt file's.
   FileReward file_reward = FileReward::Exact;
   std::string program_cmd;
@@ -1126,7 +1132,11 @@ int grpo_main(const std::vector<std::string>& args) {
              has_eval ? "; held-out " + eval_name + " before: " + shown(before) : std::string("; no evaluation"), "; ",
              resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
              per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ", o.sampling.temperature,
-             ", advantages: ", !process ? "outcome" : per_position ? "position" : "process",
+             ", advantages: ",
+             ppo            ? (process ? "GAE on per-token rewards" : "GAE on the outcome reward")
+             : !process     ? "outcome"
+             : per_position ? "position"
+                            : "process",
              o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)

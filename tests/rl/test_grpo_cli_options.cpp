@@ -47,3 +47,21 @@ TEST(GrpoCliOptions, TheLastAlgorithmGivenIsTheOneThatRuns) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("PPO: critic"), std::string::npos) << r.out;
 }
+
+// Under ppo the advantages are GAE's over the critic's values: --advantage position and process (group
+// estimators) both ran as the same per-token rewards into GAE, and the first line named the estimator that
+// did not run. They are refused there; the first line says what runs.
+TEST(GrpoCliOptions, PpoNamesItsAdvantagesAndRefusesTheGroupEstimators) {
+  for (const std::string adv : {"position", "process"}) {
+    const ShellRun r = grpo("ppo_adv", "--algorithm ppo --advantage " + adv);
+    EXPECT_NE(r.code, 0) << adv << ": " << r.out;
+    EXPECT_NE(r.out.find("--advantage " + adv + " is a group estimator; under --algorithm ppo"), std::string::npos)
+        << r.out;
+  }
+  ShellRun r = grpo("ppo_default", "--algorithm ppo");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", advantages: GAE on per-token rewards,"), std::string::npos) << r.out;
+  r = grpo("ppo_outcome", "--algorithm ppo --advantage outcome");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", advantages: GAE on the outcome reward,"), std::string::npos) << r.out;
+}
