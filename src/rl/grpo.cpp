@@ -498,6 +498,12 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       set_token_values(u.p, PolicyObjective::kOldLogp, old);
       set_token_values(u.p, PolicyObjective::kWeight, w_t);
       if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
+      if (o.loss.kind == PolicyLoss::Gspo) {  // the sequence ratio's grouping: each token's sample
+        std::vector<std::vector<float>> sample_id;
+        for (size_t k = 0; k < u.samples.size(); ++k)
+          sample_id.emplace_back(kept[u.samples[k]].s.response.size(), float(k));
+        set_token_values(u.p, PolicyObjective::kSample, sample_id);
+      }
       if (critic) {
         std::vector<RolloutSample> cs;
         std::vector<std::vector<float>> ret_t, val_t, cw_t;

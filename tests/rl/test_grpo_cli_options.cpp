@@ -65,3 +65,13 @@ TEST(GrpoCliOptions, PpoNamesItsAdvantagesAndRefusesTheGroupEstimators) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find(", advantages: GAE on the outcome reward,"), std::string::npos) << r.out;
 }
+
+// --loss gspo once stopped at the first update ("the micro-batch carries 4 token values; this loss needs 5"):
+// the loop never gave the objective each token's sample, which GSPO's sequence ratio groups by.
+TEST(GrpoCliOptions, GspoLossRunsItsUpdates) {
+  for (const std::string adv : {"--advantage outcome", "--advantage position --reference off"}) {
+    const ShellRun r = grpo("gspo", "--loss gspo --epochs 2 " + adv);
+    EXPECT_EQ(r.code, 0) << adv << ": " << r.out;
+    EXPECT_NE(r.out.find("grpo: step 1/1 "), std::string::npos) << adv << ": " << r.out;
+  }
+}
