@@ -470,8 +470,10 @@ int grpo_main(const std::vector<std::string>& args) {
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
   o.progress_every_s = 10;
+  std::set<std::string> given;  // the options on the command line
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    given.insert(a);
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) MT_THROW("grpo: ", a, " needs a value; ", kUsage);
       return args[++i];
@@ -742,6 +744,24 @@ int grpo_main(const std::vector<std::string>& args) {
              advantage_given.empty() ? "position (the default)" : advantage_given,
              " does not train on (its advantages come from the per-token rewards); add --advantage outcome or drop "
              "--overlong-penalty");
+  // Options that refine another one: without it they would do nothing.
+  auto refines = [&](const char* flag, bool applies, const std::string& why) {
+    if (given.count(flag) && !applies) MT_THROW("grpo: ", flag, " ", why);
+  };
+  for (const char* f : {"--reward-timeout", "--reward-on-error"})
+    refines(f, file_reward == FileReward::Program && from_file,
+            "sets the reward program's deadline or failure handling; there is no program without --prompts FILE "
+            "--reward program:CMD");
+  refines("--tis-level", o.mismatch.tis_cap > 0,
+          "chooses the level of truncated importance sampling, which is off without --tis-cap C");
+  refines("--overlong-buffer", o.overlong_penalty > 0,
+          "is the soft overlong penalty's buffer, which is off without --overlong-penalty F");
+  refines("--max-generate-rounds", o.dynamic_sampling,
+          "caps dynamic sampling's generate rounds, which is off here (--dynamic-sampling off, or --algorithm ppo "
+          "without --dynamic-sampling on)");
+  for (const char* f : {"--clip-low", "--clip-high", "--dual-clip"})
+    refines(f, o.loss.kind != rl::PolicyLoss::PolicyGradient,
+            "clips the policy ratio; --loss pg has no ratio to clip (use --loss ppo or gspo, or drop it)");
   if (!from_file && eval_n > max_eval_problems(task.hi))
     MT_THROW("grpo: --eval-problems ", eval_n, " > the ", max_eval_problems(task.hi), " held-out pairs of the task");
   const Device device = resolve_device(device_name);

@@ -66,6 +66,33 @@ TEST(GrpoCliOptions, PpoNamesItsAdvantagesAndRefusesTheGroupEstimators) {
   EXPECT_NE(r.out.find(", advantages: GAE on the outcome reward,"), std::string::npos) << r.out;
 }
 
+// Options that refine another option, given without it, once ran and did nothing; each is now an error that
+// names the option it needs.
+TEST(GrpoCliOptions, AnOptionWithoutTheOneItRefinesIsAnError) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"--reward-timeout 5", "--reward-timeout sets the reward program's"},
+      {"--reward-on-error stop", "--reward-on-error sets the reward program's"},
+      {"--tis-level sequence", "--tis-level chooses the level of truncated importance sampling"},
+      {"--overlong-buffer 2", "--overlong-buffer is the soft overlong penalty's buffer"},
+      {"--max-generate-rounds 8", "--max-generate-rounds caps dynamic sampling's generate rounds"},
+      {"--loss pg --clip-low 0.1", "--clip-low clips the policy ratio; --loss pg"},
+      {"--loss pg --clip-high 0.5", "--clip-high clips the policy ratio; --loss pg"},
+      {"--loss pg --dual-clip 3", "--dual-clip clips the policy ratio; --loss pg"},
+  };
+  for (const auto& [opts, want] : cases) {
+    const ShellRun r = grpo("refine", opts);  // dynamic sampling is off in grpo()
+    EXPECT_NE(r.code, 0) << opts << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << opts << ": " << r.out;
+  }
+  // With the option each refines, they run.
+  for (const std::string opts : {"--tis-cap 2 --tis-level sequence", "--dynamic-sampling on --max-generate-rounds 2",
+                                 "--advantage outcome --overlong-penalty 1 --overlong-buffer 2",
+                                 "--loss gspo --clip-low 0.1 --dual-clip 3"}) {
+    const ShellRun r = grpo("refine_ok", opts);
+    EXPECT_EQ(r.code, 0) << opts << ": " << r.out;
+  }
+}
+
 // --loss gspo once stopped at the first update ("the micro-batch carries 4 token values; this loss needs 5"):
 // the loop never gave the objective each token's sample, which GSPO's sequence ratio groups by.
 TEST(GrpoCliOptions, GspoLossRunsItsUpdates) {
