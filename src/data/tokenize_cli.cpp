@@ -12,12 +12,15 @@
 // Errors name the stdin line and what was wrong in it; a summary goes to stderr at the end.
 #include "data/tokenize_cli.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/cli_args.h"
 #include "core/error.h"
@@ -157,8 +160,10 @@ int tokenize_main(const std::vector<std::string>& args) {
   int passes = 3;
   std::string out_dir, eos = "auto", bad_lines = "skip";
   int64_t shard_tokens = 100'000'000;
+  std::set<std::string> given;  // the options on the command line
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
+    given.insert(a);
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) MT_THROW(a, " needs a value\n", kUsage);
       return args[++i];
@@ -205,6 +210,31 @@ int tokenize_main(const std::vector<std::string>& args) {
   if (tokenizer_path.empty()) MT_THROW("--tokenizer FILE (a Hugging Face tokenizer.json) is required\n", kUsage);
   if (passes < 1) MT_THROW("--passes ", passes, " must be at least 1");
   if (int(decode) + int(chat) + int(do_bench) > 1) MT_THROW("--decode, --chat and --bench are exclusive");
+  if (do_bench && !out_dir.empty()) MT_THROW("--bench and --out are exclusive");
+  // Each option is read by some modes only; given to another, it would be ignored.
+  const std::string mode = do_bench           ? "--bench"
+                           : !out_dir.empty() ? "--out"
+                           : decode           ? "--decode"
+                           : chat             ? "--chat"
+                                              : "encode";
+  const std::pair<const char*, std::vector<std::string>> kReadBy[] = {{"--jsonl", {"encode", "--decode"}},
+                                                                      {"--skip-special", {"--decode"}},
+                                                                      {"--text", {"--chat"}},
+                                                                      {"--add-generation-prompt", {"--chat"}},
+                                                                      {"--enable-thinking", {"--chat"}},
+                                                                      {"--passes", {"--bench"}},
+                                                                      {"--file", {"--bench", "--out"}},
+                                                                      {"--eos", {"--out"}},
+                                                                      {"--shard-tokens", {"--out"}},
+                                                                      {"--bad-lines", {"--out"}}};
+  for (const auto& [flag, modes] : kReadBy) {
+    if (!given.count(flag) || std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
+    auto name = [](const std::string& m) { return m == "encode" ? std::string("when encoding") : "with " + m; };
+    std::string allowed = name(modes[0]);  // "when encoding or with --decode", "with --bench or --out"
+    if (modes.size() > 1) allowed += " or " + (modes[0] == "encode" ? name(modes[1]) : modes[1]);
+    MT_THROW(flag, " is read only ", allowed, "; this run ", mode == "encode" ? "encodes stdin" : "is " + mode,
+             ", which would ignore it\n", kUsage);
+  }
   const Tokenizer tok = Tokenizer::from_file(tokenizer_path);
   if (do_bench) return bench(tok, file, passes);
   if (!out_dir.empty()) {
