@@ -134,9 +134,9 @@ int sft_main(const std::vector<std::string>& args) {
           "  Qwen3 chat template, loss on the assistant turns only, documents packed with boundaries (docs/data.md).\n"
           "  --model may also be a preset with --tokenizer (random init, for demonstrations).\n"
           "  SFT defaults: out_dir %s, steps %lld, micro_batch_size %lld, seq_len %lld, lr %g, min_lr %g, warmup_steps "
-          "%lld, data_format %s\noptions (as moetrain train):\n%s",
+          "%lld, data_format %s\noptions (as moetrain train, with sft's defaults):\n%s",
           d.out_dir.c_str(), (long long)d.steps, (long long)d.micro_batch_size, (long long)d.seq_len, d.lr, d.min_lr,
-          (long long)d.warmup_steps, d.data_format.c_str(), train_config_help().c_str());
+          (long long)d.warmup_steps, d.data_format.c_str(), train_config_help(d).c_str());
       return 0;
     }
   const TrainConfig cfg = prepare_sft(sft_config_from_args(args));

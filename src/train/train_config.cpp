@@ -459,8 +459,7 @@ std::vector<std::string> train_config_keys() {
   return keys;
 }
 
-std::string train_config_help() {
-  TrainConfig defaults;
+std::string train_config_help(const TrainConfig& defaults) {
   std::string out;
   for (const Field& f : fields()) {
     std::string flag = "--" + std::string(f.key);

@@ -93,8 +93,8 @@ void validate_train_config(const TrainConfig& c);
 // Every field as a JSON object, in declaration order, 2-space indented; load_train_config reads it back.
 std::string to_json(const TrainConfig& c);
 std::vector<std::string> train_config_keys();
-// One line per field: key, default and meaning (for `--help`).
-std::string train_config_help();
+// One line per field: key, meaning and its value in `defaults` (for `--help`; sft passes its own defaults).
+std::string train_config_help(const TrainConfig& defaults = TrainConfig{});
 // The settings that change the arithmetic of a run and differ between a saved config (to_json's object,
 // from a checkpoint) and `c`, as "key saved -> now, ..."; "" when none do. Settings that only change
 // where and how the same steps run (layout, device, logging, saving, resume) are not compared.

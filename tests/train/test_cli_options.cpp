@@ -45,3 +45,27 @@ TEST(ConvertCli, AGivenTokenizerFileIsTheOneExported) {
   ASSERT_EQ(d.code, 0) << d.out;
   EXPECT_EQ(slurp(to + "/tokenizer_config.json"), "{\"from\": \"the checkpoint\"}");
 }
+
+// `sft --help` listed every option with moetrain train's defaults (steps 2500, eval-problems 200, out-dir
+// runs/demo, ...) under a summary line giving sft's own: each option's line now shows what sft uses.
+TEST(SftCli, HelpShowsSftsOwnDefaults) {
+  const ShellRun r = sh(kMoetrainBin + " sft --help");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto line_of = [&](const std::string& flag) {
+    const size_t b = r.out.find("\n  " + flag + "  ");  // the option's line, not the prose
+    return b == std::string::npos ? std::string() : r.out.substr(b + 1, r.out.find('\n', b + 1) - b - 1);
+  };
+  for (const auto& [flag, want] : {std::pair<std::string, std::string>{"--steps", "(default 100)"},
+                                   {"--eval-problems", "(default 0)"},
+                                   {"--eval-every", "(default 0)"},
+                                   {"--out-dir", "(default \"runs/sft\")"},
+                                   {"--lr", "(default 2e-05)"},
+                                   {"--data-format", "(default \"messages\")"},
+                                   {"--model", "(default \"\")"}}) {
+    const std::string line = line_of(flag);
+    EXPECT_NE(line.find(want), std::string::npos) << flag << ": '" << line << "' in\n" << r.out;
+  }
+  // moetrain train's help keeps train's.
+  const ShellRun t = sh(kMoetrainBin + " train --help");
+  EXPECT_NE(t.out.find("(default 2500)"), std::string::npos) << t.out;
+}
