@@ -21,7 +21,7 @@ struct ConvertOptions {
   std::string from;                          // a checkpoint-N directory or an HF model directory
   std::string to;                            // the new directory (must not exist, or be empty)
   DType dtype = DType::BF16;                 // BF16 or F32
-  size_t max_shard_bytes = size_t(5) << 30;  // as transformers' save_pretrained("5GB")
+  size_t max_shard_bytes = size_t(5) * 1000 * 1000 * 1000;  // "5GB", as transformers' save_pretrained(max_shard_size)
   std::string tokenizer;  // a directory or tokenizer.json to copy the tokenizer files from ("" = the source's)
 };
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "parallel/launch_test_util.h"
+#include "train/convert.h"
 
 using namespace mt::test;
 namespace fs = std::filesystem;
@@ -68,4 +69,12 @@ TEST(SftCli, HelpShowsSftsOwnDefaults) {
   // moetrain train's help keeps train's.
   const ShellRun t = sh(kMoetrainBin + " train --help");
   EXPECT_NE(t.out.find("(default 2500)"), std::string::npos) << t.out;
+}
+
+// convert's help says the default --max-shard-size is 5GB, and the option reads GB as 10^9 bytes (as
+// transformers' save_pretrained does); the default was 5 << 30 (5 GiB, 7% more).
+TEST(ConvertCli, DefaultMaxShardSizeIsTheHelps5GB) {
+  const ShellRun r = sh(kMoetrainBin + " convert --help");
+  ASSERT_NE(r.out.find("(default 5GB)"), std::string::npos) << r.out;
+  EXPECT_EQ(mt::ConvertOptions{}.max_shard_bytes, size_t(5) * 1000 * 1000 * 1000);
 }
