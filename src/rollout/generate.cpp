@@ -144,11 +144,16 @@ int generate_main(const std::vector<std::string>& args) {
   if (!(kv_fraction > 0 && kv_fraction <= 1))
     MT_THROW("--kv-cache-fraction ", kv_fraction, " must be in (0, 1]");
   if (base.max_new_tokens < 1) MT_THROW("--max-new-tokens ", base.max_new_tokens, " must be >= 1");
+  if (threads < 0) MT_THROW("--threads ", threads, "; need >= 0 (0: all cores)");
   validate_sampling_params(base.sampling);
   if (threads > 0) ops::set_cpu_threads(int(threads));
   const Device device = resolve_device(device_name);
 
   ModelConfig cfg = load_model_config(model_dir);
+  for (int32_t id : base.stop_token_ids)  // one outside the vocabulary is never sampled: it would stop nothing
+    if (id < 0 || id >= cfg.vocab_size)
+      MT_THROW("--stop-token-ids: ", id, " is not a token id of the model (vocabulary [0, ", cfg.vocab_size, ") of ",
+               model_dir, ")");
   // The model directory's tokenizer, when it has one: text and chat prompts, and each sample's text.
   std::optional<Tokenizer> tokenizer;
   if (std::filesystem::exists(model_dir + "/tokenizer.json")) tokenizer = Tokenizer::from_file(model_dir + "/tokenizer.json");
