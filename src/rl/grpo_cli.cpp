@@ -759,6 +759,8 @@ int grpo_main(const std::vector<std::string>& args) {
   refines("--max-generate-rounds", o.dynamic_sampling,
           "caps dynamic sampling's generate rounds, which is off here (--dynamic-sampling off, or --algorithm ppo "
           "without --dynamic-sampling on)");
+  refines("--kl-estimator", use_reference,
+          "measures the KL to the reference model, which --reference off drops (no KL metric, loss or reward term)");
   for (const char* f : {"--clip-low", "--clip-high", "--dual-clip"})
     refines(f, o.loss.kind != rl::PolicyLoss::PolicyGradient,
             "clips the policy ratio; --loss pg has no ratio to clip (use --loss ppo or gspo, or drop it)");

@@ -102,3 +102,15 @@ TEST(GrpoCliOptions, GspoLossRunsItsUpdates) {
     EXPECT_NE(r.out.find("grpo: step 1/1 "), std::string::npos) << adv << ": " << r.out;
   }
 }
+
+// --kl-estimator picks how the KL to the reference is measured (the metric, the loss term, the reward term);
+// with --reference off there is none, and it once ran ignored.
+TEST(GrpoCliOptions, KlEstimatorNeedsTheReference) {
+  ShellRun r = grpo("klest", "--reference off --kl-estimator k1");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("--kl-estimator measures the KL to the reference model, which --reference off drops"),
+            std::string::npos)
+      << r.out;
+  r = grpo("klest_ok", "--kl-estimator k1");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
