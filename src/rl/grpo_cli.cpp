@@ -589,6 +589,8 @@ int grpo_main(const std::vector<std::string>& args) {
       if (comma == std::string::npos) MT_THROW("grpo: ", a, " '", v, "'; use LOW,HIGH (e.g. 0.5,2)");
       const double lo = parse_flag_number<double>(a, v.substr(0, comma)),
                    hi = parse_flag_number<double>(a, v.substr(comma + 1));
+      if (!(lo >= 0 && lo < hi))  // the loop reads HIGH <= 0 as "no mask"
+        MT_THROW("grpo: ", a, " '", v, "'; need 0 <= LOW < HIGH (e.g. 0.5,2)");
       (a == "--token-mask" ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low) = lo;
       (a == "--token-mask" ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high) = hi;
     }

@@ -114,3 +114,15 @@ TEST(GrpoCliOptions, KlEstimatorNeedsTheReference) {
   r = grpo("klest_ok", "--kl-estimator k1");
   EXPECT_EQ(r.code, 0) << r.out;
 }
+
+// A mask band whose HIGH is 0 or below once turned the mask off without a word (the loop reads high <= 0 as
+// "off"), whatever LOW said.
+TEST(GrpoCliOptions, AMaskBandNeedsLowBelowHigh) {
+  for (const std::string opts : {"--token-mask 0.5,0", "--seq-mask 0.5,-1", "--token-mask 2,0.5"}) {
+    const ShellRun r = grpo("mask", opts);
+    EXPECT_NE(r.code, 0) << opts << ": " << r.out;
+    EXPECT_NE(r.out.find("; need 0 <= LOW < HIGH"), std::string::npos) << opts << ": " << r.out;
+  }
+  const ShellRun ok = grpo("mask_ok", "--token-mask 0.5,2 --seq-mask 0.8,1.25");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
