@@ -804,7 +804,13 @@ int grpo_main(const std::vector<std::string>& args) {
         MT_THROW("grpo: resume: ", resume_dir,
                  ppo ? " has no critic: it was not an --algorithm ppo run"
                      : " holds a critic: resume it with --algorithm ppo");
-      if (state.value("args", json::array()) != recorded_args(args))
+      // --model is checked above on its own (a resume may leave it out): the other options are compared.
+      auto without_model = [](json a) {
+        for (size_t k = 0; k + 1 < a.size(); ++k)
+          if (a[k] == "--model") a.erase(a.begin() + std::ptrdiff_t(k), a.begin() + std::ptrdiff_t(k) + 2);
+        return a;
+      };
+      if (without_model(state.value("args", json::array())) != without_model(recorded_args(args)))
         log_info("grpo: resume: warning: the options differ from the saved run's (", state["args"].dump(), " -> ",
                  recorded_args(args).dump(), ")");
     }

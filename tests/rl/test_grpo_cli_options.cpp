@@ -126,3 +126,22 @@ TEST(GrpoCliOptions, AMaskBandNeedsLowBelowHigh) {
   const ShellRun ok = grpo("mask_ok", "--token-mask 0.5,2 --seq-mask 0.8,1.25");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
+
+// A resume may leave --model out (the run's model directory is recorded and checked on its own), but the
+// recorded command line still held it, so such a resume warned that the options differed.
+TEST(GrpoCliOptions, AResumeWithoutModelDoesNotWarnOfChangedOptions) {
+  const std::string dir = tmp_path("grpoclioptions", "resume");
+  const std::string opts =
+      " grpo --device cpu --steps 3 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
+      "--dynamic-sampling off --run-dir " + dir;
+  ShellRun r = sh(kMoetrainBin + opts + " --model " + kGoldens + "/tiny --max-steps 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(kMoetrainBin + opts + " --max-steps 2 --resume");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("grpo: resume: step 1 from "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("options differ"), std::string::npos) << r.out;
+  // A changed option still warns.
+  r = sh(kMoetrainBin + opts + " --resume --lr 1e-3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("grpo: resume: warning: the options differ"), std::string::npos) << r.out;
+}
