@@ -145,3 +145,19 @@ TEST(GrpoCliOptions, AResumeWithoutModelDoesNotWarnOfChangedOptions) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("grpo: resume: warning: the options differ"), std::string::npos) << r.out;
 }
+
+// On a model without MoE layers (a dense Qwen3) there are no routers: --freeze-router on and
+// --router-z-loss-coef once ran and did nothing (train already refused router_z_loss_coef there).
+TEST(GrpoCliOptions, RouterOptionsNeedMoeLayers) {
+  const std::string base = kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+                           "/dense_qwen3 --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 "
+                           "--eval-problems 4 --dynamic-sampling off --out-dir " +
+                           tmp_path("grpoclioptions", "dense");
+  for (const std::string opts : {"--freeze-router on", "--router-z-loss-coef 0.1"}) {
+    const ShellRun r = sh(base + " " + opts);
+    EXPECT_NE(r.code, 0) << opts << ": " << r.out;
+    EXPECT_NE(r.out.find("has no MoE layers, so no routers"), std::string::npos) << opts << ": " << r.out;
+  }
+  const ShellRun ok = sh(base + " --freeze-router off");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
