@@ -75,6 +75,17 @@ TrainSummary run_training(const TrainConfig& cfg) {
              "backward (slower; docs/cuda.md)");
   ModelConfig mc = resolve_model_config(cfg.model);
 
+  // Load balancing beside the aux loss (docs/model.md), capacity and the routing weights' side: all need MoE
+  // layers (checked before the session, which would otherwise fail on the capacity without naming it).
+  int64_t n_sparse = 0;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;
+  for (auto [key, v] : {std::pair<const char*, double>{"router_z_loss_coef", cfg.router_z_loss_coef},
+                        {"router_bias_update_rate", cfg.router_bias_update_rate},
+                        {"moe_capacity_factor", cfg.moe_capacity_factor},
+                        {"score_before_experts", double(cfg.score_before_experts)}})
+    if (v != 0 && n_sparse == 0)
+      MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
+               "); use 0");
   // Parallel layout: with more than one rank the parameters are FSDP-sharded over dp_shard (and
   // replicated over dp_replicate); every rank draws the same global micro-batches and trains on its
   // rows of each, so the loss and gradients are those of the global batch.
@@ -109,14 +120,6 @@ TrainSummary run_training(const TrainConfig& cfg) {
   ParallelModel& pm = session.parallel();
   FsdpParams* fsdp = session.fsdp();
   Qwen3MoeModel& model = session.model();
-  // Load balancing beside the aux loss (docs/model.md): both need MoE layers.
-  int64_t n_sparse = 0;
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;
-  for (auto [key, v] : {std::pair<const char*, double>{"router_z_loss_coef", cfg.router_z_loss_coef},
-                        {"router_bias_update_rate", cfg.router_bias_update_rate}})
-    if (v != 0 && n_sparse == 0)
-      MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
-               "); use 0");
   if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
   Tensor& master = session.master();
   auto all_ranks_agree = [&](double v) {  // rank 0's value on every rank (and a barrier)

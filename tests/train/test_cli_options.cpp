@@ -78,3 +78,21 @@ TEST(ConvertCli, DefaultMaxShardSizeIsTheHelps5GB) {
   ASSERT_NE(r.out.find("(default 5GB)"), std::string::npos) << r.out;
   EXPECT_EQ(mt::ConvertOptions{}.max_shard_bytes, size_t(5) * 1000 * 1000 * 1000);
 }
+
+// MoE settings on a model without MoE layers (a dense Qwen3): score_before_experts once ran and did nothing,
+// moe_capacity_factor stopped with "num_experts (0) must be at least 1"; both are refused as
+// router_z_loss_coef already was, naming the setting.
+TEST(TrainCli, MoeSettingsNeedMoeLayers) {
+  const std::string base = kMoetrainBin + " train --device cpu --model " + kGoldens +
+                           "/dense_qwen3 --steps 1 --warmup-steps 0 --eval-problems 0 --tensorboard 0 --out-dir " +
+                           tmp_path("clioptions", "dense");
+  for (const auto& [opts, want] :
+       {std::pair<std::string, std::string>{"--score-before-experts 1", "score_before_experts = 1 needs MoE layers"},
+        {"--moe-capacity-factor 1.25", "moe_capacity_factor = 1.25 needs MoE layers"}}) {
+    const ShellRun r = sh(base + " " + opts);
+    EXPECT_NE(r.code, 0) << opts << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << opts << ": " << r.out;
+  }
+  const ShellRun ok = sh(base);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
