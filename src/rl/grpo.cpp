@@ -431,13 +431,11 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   for (int64_t b = 0; b < mini; ++b) {
     const size_t g0 = size_t(b * kept_groups / mini), g1 = size_t((b + 1) * kept_groups / mini);
     const size_t s0 = g0 * size_t(n), s1 = g1 * size_t(n);
-    // The mini-batch's normalisers (the aggregation over its trained tokens and samples).
-    int64_t mb_tokens = 0, mb_samples = 0;
+    // The critic's normaliser: the mini-batch's tokens of unfiltered samples (the policy's token weights are
+    // set below, once the mini-batch's old log-probs are known: the masks decide its normalisers).
+    int64_t mb_tokens = 0;
     for (size_t i = s0; i < s1; ++i)
-      if (!kept[i].filtered) {
-        mb_tokens += int64_t(kept[i].s.response.size());
-        ++mb_samples;
-      }
+      if (!kept[i].filtered) mb_tokens += int64_t(kept[i].s.response.size());
     const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : s1 - s0;
     for (size_t c0 = s0; c0 < s1; c0 += per) {
       UpdateMicroBatch u;
@@ -462,7 +460,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
         m.logprob_s += since(t);
       }
-      std::vector<std::vector<float>> adv_t, w_t;
+      std::vector<std::vector<float>> adv_t;
       for (size_t k = 0; k < u.samples.size(); ++k) {
         const Kept& x = kept[u.samples[k]];
         const int64_t len = int64_t(x.s.response.size());
@@ -483,20 +481,9 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         }
         tokens_all += len;
         adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
-        const double w = x.filtered ? 0.0
-                                    : aggregation_norm(o.aggregation, len, std::max<int64_t>(mb_tokens, 1),
-                                                       std::max<int64_t>(mb_samples, 1), double(o.max_new_tokens));
-        // The rollout/trainer mismatch corrections (truncated importance sampling, token and sequence masks)
-        // on the trainer's old log-probs against the engine's.
-        const std::vector<double> old_d(old[k].begin(), old[k].end()), roll_d(x.s.logprobs.begin(), x.s.logprobs.end());
-        int64_t masked = 0;
-        const std::vector<double> wt = token_weights(old_d, roll_d, w, o.mismatch, &masked);
-        masked_tokens += x.filtered ? 0 : masked;
-        w_t.emplace_back(wt.begin(), wt.end());
       }
       set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
       set_token_values(u.p, PolicyObjective::kOldLogp, old);
-      set_token_values(u.p, PolicyObjective::kWeight, w_t);
       if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
       if (o.loss.kind == PolicyLoss::Gspo) {  // the sequence ratio's grouping: each token's sample
         std::vector<std::vector<float>> sample_id;
@@ -523,6 +510,24 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         set_token_values(u.critic, ValueLossObjective::kWeight, cw_t);
       }
       minis[size_t(b)].push_back(std::move(u));
+    }
+    // The token weights (policy_loss.h minibatch_weights): the rollout/trainer mismatch masks and truncated
+    // importance sampling on the trainer's old log-probs against the engine's, and the aggregation's
+    // normaliser over the mini-batch's tokens and samples that neither overlong filtering nor a mask left out.
+    std::vector<std::vector<double>> old_d, roll_d;
+    std::vector<bool> filtered;
+    for (size_t i = s0; i < s1; ++i) {
+      old_d.emplace_back(kept[i].old_lp.begin(), kept[i].old_lp.end());
+      roll_d.emplace_back(kept[i].s.logprobs.begin(), kept[i].s.logprobs.end());
+      filtered.push_back(kept[i].filtered);
+    }
+    const MiniBatchWeights mw =
+        minibatch_weights(old_d, roll_d, filtered, o.aggregation, double(o.max_new_tokens), o.mismatch);
+    masked_tokens += mw.masked;
+    for (UpdateMicroBatch& u : minis[size_t(b)]) {
+      std::vector<std::vector<float>> w_t;
+      for (size_t i : u.samples) w_t.emplace_back(mw.w[i - s0].begin(), mw.w[i - s0].end());
+      set_token_values(u.p, PolicyObjective::kWeight, w_t);
     }
   }
   m.logprob_diff_mean = dsum / double(tokens_all);

@@ -87,34 +87,76 @@ double kl_grad(KlEstimator k, double logp, double ref) {
   return 0;
 }
 
-std::vector<double> token_weights(std::span<const double> old_logp, std::span<const double> rollout_logp, double norm,
-                                  const MismatchConfig& m, int64_t* masked) {
+namespace {
+// The mismatch corrections of one sample's tokens: the TIS weight, 0 where a mask takes the token (`kept`
+// false there).
+std::vector<double> corrections(std::span<const double> old_logp, std::span<const double> rollout_logp,
+                                const MismatchConfig& m, std::vector<bool>& kept) {
   if (old_logp.size() != rollout_logp.size())
     MT_THROW("token_weights: ", old_logp.size(), " trainer log-probs but ", rollout_logp.size(), " rollout log-probs");
   const size_t T = old_logp.size();
-  std::vector<double> w(T, norm);
-  int64_t n_masked = 0;
+  std::vector<double> w(T, 1.0);
+  kept.assign(T, true);
   double sum = 0;
   for (size_t t = 0; t < T; ++t) sum += old_logp[t] - rollout_logp[t];
   const bool seq_on = m.seq_mask_high > 0 && T > 0;
   const double geo = T > 0 ? std::exp(sum / double(T)) : 1.0;
   if (seq_on && (geo < m.seq_mask_low || geo > m.seq_mask_high)) {
     std::fill(w.begin(), w.end(), 0.0);
-    n_masked = int64_t(T);
-  } else {
-    const double seq_tis = m.tis_cap > 0 && m.tis_sequence ? std::min(std::exp(sum), m.tis_cap) : 1.0;
-    for (size_t t = 0; t < T; ++t) {
-      const double ratio = std::exp(old_logp[t] - rollout_logp[t]);
-      if (m.token_mask_high > 0 && (ratio < m.token_mask_low || ratio > m.token_mask_high)) {
-        w[t] = 0;
-        ++n_masked;
-        continue;
-      }
-      w[t] *= m.tis_cap > 0 ? (m.tis_sequence ? seq_tis : std::min(ratio, m.tis_cap)) : 1.0;
-    }
+    kept.assign(T, false);
+    return w;
   }
-  if (masked) *masked = n_masked;
+  const double seq_tis = m.tis_cap > 0 && m.tis_sequence ? std::min(std::exp(sum), m.tis_cap) : 1.0;
+  for (size_t t = 0; t < T; ++t) {
+    const double ratio = std::exp(old_logp[t] - rollout_logp[t]);
+    if (m.token_mask_high > 0 && (ratio < m.token_mask_low || ratio > m.token_mask_high)) {
+      w[t] = 0;
+      kept[t] = false;
+      continue;
+    }
+    w[t] = m.tis_cap > 0 ? (m.tis_sequence ? seq_tis : std::min(ratio, m.tis_cap)) : 1.0;
+  }
   return w;
+}
+}  // namespace
+
+std::vector<double> token_weights(std::span<const double> old_logp, std::span<const double> rollout_logp, double norm,
+                                  const MismatchConfig& m, int64_t* masked) {
+  std::vector<bool> kept;
+  std::vector<double> w = corrections(old_logp, rollout_logp, m, kept);
+  for (double& x : w) x *= norm;
+  if (masked) *masked = int64_t(std::count(kept.begin(), kept.end(), false));
+  return w;
+}
+
+MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_logp,
+                                   const std::vector<std::vector<double>>& rollout_logp,
+                                   const std::vector<bool>& filtered, LossAggregation a, double constant,
+                                   const MismatchConfig& m) {
+  const size_t B = old_logp.size();
+  if (rollout_logp.size() != B || filtered.size() != B)
+    MT_THROW("minibatch_weights: ", B, " samples of trainer log-probs, ", rollout_logp.size(),
+             " of rollout log-probs and ", filtered.size(), " filter flags; need one each per sample");
+  MiniBatchWeights out;
+  out.w.resize(B);
+  std::vector<int64_t> length(B, 0);
+  for (size_t i = 0; i < B; ++i) {
+    std::vector<bool> kept;
+    out.w[i] = corrections(old_logp[i], rollout_logp[i], m, kept);
+    if (filtered[i]) {
+      std::fill(out.w[i].begin(), out.w[i].end(), 0.0);
+      continue;
+    }
+    length[i] = int64_t(std::count(kept.begin(), kept.end(), true));
+    out.masked += int64_t(kept.size()) - length[i];
+    out.tokens += length[i];
+    out.samples += length[i] > 0 ? 1 : 0;
+  }
+  for (size_t i = 0; i < B; ++i) {
+    const double norm = length[i] > 0 ? aggregation_norm(a, length[i], out.tokens, out.samples, constant) : 0.0;
+    for (double& x : out.w[i]) x *= norm;
+  }
+  return out;
 }
 
 double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples,

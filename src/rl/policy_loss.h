@@ -74,6 +74,21 @@ std::vector<double> token_weights(std::span<const double> old_logp, std::span<co
 // The normaliser of one sample of `length` response tokens under an aggregation, given the step's totals.
 double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples,
                         double constant);
+// The token weights of one mini-batch (what the loop gives PolicyObjective): the mismatch masks first, then
+// the aggregation's normaliser over what is left, times the TIS weight. A masked token and every token of a
+// `filtered` sample (overlong filtering) get weight 0 and count in no denominator: `tokens` is the
+// mini-batch's unmasked tokens of unfiltered samples, `samples` its unfiltered samples with at least one of
+// them, and a sample's length (seq-mean-token-mean) its unmasked tokens; so masking a sample's every token
+// trains the same update as filtering it. old_logp / rollout_logp: per sample, per response token.
+struct MiniBatchWeights {
+  std::vector<std::vector<double>> w;  // per sample, per response token
+  int64_t tokens = 0, samples = 0;     // the normaliser's counts
+  int64_t masked = 0;                  // tokens of unfiltered samples the masks gave weight 0
+};
+MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_logp,
+                                   const std::vector<std::vector<double>>& rollout_logp,
+                                   const std::vector<bool>& filtered, LossAggregation a, double constant,
+                                   const MismatchConfig& m);
 
 // Metrics of the last coefficients() calls (sums; the loop divides by the token counts it knows).
 struct PolicyMetrics {

@@ -152,6 +152,56 @@ TEST(RlPolicyLoss, MismatchCorrectionsAndAggregationByHand) {
   expect_error([] { aggregation_norm(LossAggregation::Constant, 10, 100, 4, 0); }, "constant normaliser 0 must be > 0");
 }
 
+// The mini-batch's weights: the masks decide the normalisers. Four samples; sample 2 overlong-filtered.
+// Ratios e^(old - rollout): sample 0 {1, e = 2.718, 1}, sample 1 {e^0.1 = 1.105, e^-0.1 = 0.905, 1},
+// sample 3 {e^-1 = 0.368, e}. The token band [0.5, 2] masks sample 0's middle token and both of sample 3's,
+// so 2 + 3 = 5 tokens of 2 samples are trained (sample 3, wholly masked, is no sample of the normaliser):
+// token-mean 1/5; seq-mean-token-sum 1/2; seq-mean-token-mean 1/(2 x 2) for sample 0 (2 unmasked
+// tokens), 1/(2 x 3) for sample 1; constant 1/(2 x 10). Counting the masked tokens (7 tokens of 3 samples,
+// sample 0 of length 3) would give 1/7, 1/3, 1/9, 1/6 and 1/30: the bug this test was written for.
+TEST(RlPolicyLoss, MiniBatchWeightsLeaveMaskedTokensOutOfTheDenominators) {
+  const std::vector<std::vector<double>> old = {{-1, -1, -1}, {-1, -1, -1}, {-2, -2}, {-1, -1}},
+                                         roll = {{-1, -2, -1}, {-1.1, -0.9, -1}, {-2, -2}, {0, -2}};
+  const std::vector<bool> filtered = {false, false, true, false};
+  const MismatchConfig band{.token_mask_low = 0.5, .token_mask_high = 2};
+  struct Case {
+    LossAggregation a;
+    double w0, w1;  // sample 0's and sample 1's normaliser
+  };
+  for (const Case& c :
+       {Case{LossAggregation::TokenMean, 1.0 / 5, 1.0 / 5}, Case{LossAggregation::SeqMeanTokenSum, 0.5, 0.5},
+        Case{LossAggregation::SeqMeanTokenMean, 1.0 / 4, 1.0 / 6},
+        Case{LossAggregation::Constant, 1.0 / 20, 1.0 / 20}}) {
+    const MiniBatchWeights mw = minibatch_weights(old, roll, filtered, c.a, 10, band);
+    const std::string what = "aggregation " + std::to_string(int(c.a));
+    EXPECT_EQ(mw.tokens, 5) << what;
+    EXPECT_EQ(mw.samples, 2) << what;
+    EXPECT_EQ(mw.masked, 3) << what << ": sample 0's one and sample 3's two (the filtered sample's are not masks')";
+    expect_vec(mw.w[0], {c.w0, 0, c.w0}, 1e-15, what + " sample 0");
+    expect_vec(mw.w[1], {c.w1, c.w1, c.w1}, 1e-15, what + " sample 1");
+    expect_vec(mw.w[2], {0, 0}, 0, what + " filtered");
+    expect_vec(mw.w[3], {0, 0}, 0, what + " masked");
+  }
+  // With truncated importance sampling (cap 1.05) on top: the TIS weight times the same normaliser.
+  MismatchConfig tis = band;
+  tis.tis_cap = 1.05;
+  const MiniBatchWeights t = minibatch_weights(old, roll, filtered, LossAggregation::TokenMean, 0, tis);
+  expect_vec(t.w[1], {0.2 * 1.05, 0.2 * std::exp(-0.1), 0.2}, 1e-15, "tis");
+  // The sequence band [0.9, 1.1] masks sample 0 (geometric mean e^(1/3) = 1.396) and keeps 1 and 3
+  // (e^0 = 1): 3 + 2 = 5 tokens, token-mean 1/5.
+  const MiniBatchWeights q = minibatch_weights(old, roll, filtered, LossAggregation::TokenMean, 0,
+                                               {.seq_mask_low = 0.9, .seq_mask_high = 1.1});
+  EXPECT_EQ(q.tokens, 5);
+  EXPECT_EQ(q.masked, 3);
+  expect_vec(q.w[0], {0, 0, 0}, 0, "sequence-masked");
+  expect_vec(q.w[3], {0.2, 0.2}, 1e-15, "sample 3 under the sequence band");
+  // Everything masked or filtered: all weights 0, no division by zero.
+  const MiniBatchWeights none = minibatch_weights({{-1}}, {{-9}}, {false}, LossAggregation::TokenMean, 0, band);
+  EXPECT_EQ(none.tokens, 0);
+  expect_vec(none.w[0], {0}, 0, "all masked");
+  expect_error([&] { minibatch_weights(old, roll, {false}, LossAggregation::TokenMean, 0, {}); }, "1 filter flags");
+}
+
 namespace {
 
 // Rows of one micro-batch: 6 tokens, the first a prompt token (label -100), two samples (ids 0 and 1).

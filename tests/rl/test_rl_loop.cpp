@@ -574,6 +574,41 @@ TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
   expect_error([&] { run(bad); }, "token mask [2, 1]");
 }
 
+// A mask leaves its tokens out of the aggregation's denominators, as overlong filtering does: masking every
+// token of one sample (its engine log-probs moved by +20, a ratio e^-20 outside the token band) trains the
+// same update as filtering that sample. The old loop counted masked tokens (and wholly masked samples) in
+// the normaliser, so the masked run's gradient was the filtered run's times (trained tokens / all tokens)
+// under token-mean (here 90 / 96) and the loss differed likewise.
+TEST(RlMismatch, MaskingASampleTrainsTheSameUpdateAsFilteringIt) {
+  Rig r = make_rig(31);
+  const RolloutGroups base = engine_rollouts(r, 4, 6);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 0;  // every run on the same weights
+  // The trainer and the engine agree to rounding on the CPU: nothing else is masked.
+  o.mismatch.token_mask_low = 1e-3;
+  o.mismatch.token_mask_high = 1e3;
+  for (LossAggregation a : {LossAggregation::TokenMean, LossAggregation::SeqMeanTokenMean}) {
+    o.aggregation = a;
+    RolloutGroups filtered = base;
+    filtered.truncated.assign(base.samples.size(), false);
+    filtered.truncated[1] = true;
+    o.overlong_filter = true;
+    const GrpoMetrics f = grpo_update(*r.s, filtered, o, 1);
+    RolloutGroups masked = base;
+    for (float& lp : masked.samples[1].logprobs) lp += 20;
+    o.overlong_filter = false;
+    const GrpoMetrics m = grpo_update(*r.s, masked, o, 1);
+    EXPECT_NEAR(m.masked_fraction, 6.0 / 96, 1e-12) << int(a);
+    EXPECT_EQ(f.masked_fraction, 0) << int(a);
+    EXPECT_GT(f.grad_norm, 0) << int(a);
+    EXPECT_NEAR(m.grad_norm, f.grad_norm, 1e-6 * f.grad_norm) << int(a);
+    EXPECT_NEAR(m.loss, f.loss, 1e-6 * std::abs(f.loss)) << int(a);
+    EXPECT_NE(f.loss, 0) << int(a);
+  }
+}
+
 // KL to the reference subtracted from the reward (P10 item 2, "as a loss term or subtracted from the reward"):
 // groups whose rewards are all equal carry no GRPO gradient, but once the policy has moved from the
 // reference its samples' KL differs, so -beta sum_t k(old, ref) in the reward gives them advantages; the
