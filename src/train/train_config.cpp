@@ -105,7 +105,8 @@ const std::vector<Field>& fields() {
          return std::string();
        }},
       {"tokenizer", &TrainConfig::tokenizer,
-       "tokenizer.json for JSONL data (\"\" = the model directory's, when it has one); copied into checkpoints",
+       "tokenizer.json for JSONL data (\"\" = the model directory's, when it has one); copied into checkpoints; "
+       "not with synthetic data (its own character ids)",
        [](const TrainConfig&) { return std::string(); }},
       {"data_format", &TrainConfig::data_format, "JSONL data: auto (per line: messages or text) | text | messages",
        [](const TrainConfig& c) { return one_of(c.data_format, {"auto", "text", "messages"}); }},
@@ -430,6 +431,10 @@ void validate_train_config(const TrainConfig& c) {
              " (steps is the length of the LR schedule; max_steps stops the run earlier)");
   if (c.warmup_steps > c.steps)
     MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
+  if (c.data.rfind("synthetic:", 0) == 0 && !c.tokenizer.empty())
+    MT_THROW("train config: tokenizer = \"", c.tokenizer, "\" is not allowed with data = \"", c.data,
+             "\": the synthetic task has its own character ids, which a tokenizer.json copied into its checkpoints "
+             "would decode as another vocabulary's; drop tokenizer");
   if (c.data.rfind("synthetic:", 0) == 0 && c.eval_problems > max_eval_problems(int(c.max_digits)))
     MT_THROW("train config: eval_problems = ", c.eval_problems, " is not allowed with max_digits = ", c.max_digits,
              ": there are only ", max_eval_problems(int(c.max_digits)),

@@ -196,17 +196,18 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_info("router bias: read ", kRouterBiasFile, " from ", bias_from,
                dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
   }
-  // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json.
+  // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json (copied into
+  // the checkpoints; not for the synthetic task, whose ids are its own characters').
+  const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
   DataOptions data_opt;
   data_opt.tokenizer = cfg.tokenizer;
-  if (data_opt.tokenizer.empty() && fs::is_regular_file(fs::path(cfg.model) / "tokenizer.json"))
+  if (data_opt.tokenizer.empty() && !synthetic && fs::is_regular_file(fs::path(cfg.model) / "tokenizer.json"))
     data_opt.tokenizer = (fs::path(cfg.model) / "tokenizer.json").string();
   data_opt.data_format = cfg.data_format;
   data_opt.bad_lines = cfg.bad_lines;
   data_opt.eos_id = mc.eos_token_id;
   std::unique_ptr<BatchSource> data = make_batch_source(cfg.data, cfg.micro_batch_size, cfg.seq_len, mc.vocab_size,
                                                         int(cfg.max_digits), uint64_t(cfg.seed), data_opt);
-  const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
   std::vector<Problem> eval_set;
   // Greedy evaluation grows sequences one token at a time, which the tp split of the rows does not
   // follow yet.

@@ -96,3 +96,27 @@ TEST(TrainCli, MoeSettingsNeedMoeLayers) {
   const ShellRun ok = sh(base);
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
+
+// synthetic:addition trains on its own character ids, yet a --tokenizer (or the model directory's
+// tokenizer.json) was copied into every checkpoint, which then decoded those ids as another vocabulary's:
+// --tokenizer with synthetic data is refused, and the model directory's is not copied.
+TEST(TrainCli, SyntheticDataTakesNoTokenizer) {
+  const std::string model = tmp_path("clioptions", "tiny_with_tokenizer");
+  fs::remove_all(model);
+  fs::create_directories(model);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kGoldens + "/tiny/" + f, model + "/" + f);
+  std::ofstream(model + "/tokenizer.json") << "{\"from\": \"the model directory\"}";
+  const std::string base = kMoetrainBin + " train --device cpu --model " + model +
+                           " --steps 1 --warmup-steps 0 --eval-problems 0 --tensorboard 0 --out-dir ";
+  ShellRun r = sh(base + tmp_path("clioptions", "synth_tok") + " --tokenizer " + model + "/tokenizer.json");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokenizer = \"" + model + "/tokenizer.json\" is not allowed with data = "
+                       "\"synthetic:addition\""),
+            std::string::npos)
+      << r.out;
+  const std::string out = tmp_path("clioptions", "synth");
+  r = sh(base + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-1/config.json")) << r.out;
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-1/tokenizer.json")) << "not the vocabulary it was trained on";
+}
