@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -137,6 +138,40 @@ TEST(CudaSample, ChiSquareOfCudaDrawsMatchesTheTruncatedDistribution) {
                 "%.2f)\n",
                 p.temperature, p.top_k, p.top_p, p.min_p, k.truncation_path ? ", truncation path" : "",
                 want.size(), chi2, crit[dof]);
+  }
+}
+
+// The radix selection lists its candidates once the chosen bin holds at most 4,096 of them (sample.cu): a
+// boundary inside a run of more tied logits than that (the bins stay large through the logit's 32 bits and
+// only the ids split them), and a top-k of 100,000 (the first bins hold tens of thousands), must select
+// what the CPU selects: the same tokens from the same uniform numbers.
+TEST(CudaSample, TopKBoundaryInsideLargeBinsDrawsTheCpuTokens) {
+  MT_REQUIRE_GPU();
+  const int64_t V = 151936, R = 16;
+  Rng rng{77};
+  Tensor logits = Tensor::empty({R, V});
+  rng.fill_normal(logits, 0.0f, 2.0f);
+  for (int64_t r = 0; r < R; r += 2)  // even rows: 12,000 tokens tied at the top (every 12th id)
+    for (int64_t i = 0; i < 12000; ++i) logits.data<float>()[r * V + i * 12] = 12.0f;
+  std::vector<SamplingParams> ps;
+  std::vector<DrawCounter> cs;
+  for (int64_t r = 0; r < R; ++r) {
+    ps.push_back(r % 4 < 2 ? params(1.0f, 6000, 1, 0, uint64_t(50 + r)) : params(1.0f, 100000, 1, 0, uint64_t(50 + r)));
+    cs.push_back({uint64_t(r), uint64_t(3 * r)});
+  }
+  const Drawn cpu = draw(logits, ps, cs, Device::CPU);
+  for (const char* list : {"1", "0"}) {  // MOETRAIN_SAMPLE_LIST: with the candidate list, and every pass on the row
+    ::setenv("MOETRAIN_SAMPLE_LIST", list, 1);
+    const Drawn gpu = draw(logits, ps, cs, Device::CUDA);
+    ::unsetenv("MOETRAIN_SAMPLE_LIST");
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t t = gpu.tokens.data<int32_t>()[r];
+      EXPECT_EQ(t, cpu.tokens.data<int32_t>()[r]) << "list " << list << " row " << r << " top_k " << ps[size_t(r)].top_k;
+      if (r % 4 == 0) {  // top-k 6,000 of the tied 12,000: the lowest ids, so only ids < 72,000 can be drawn
+        EXPECT_EQ(t % 12, 0) << "list " << list << " row " << r;
+        EXPECT_LT(t, 72000) << "list " << list << " row " << r;
+      }
+    }
   }
 }
 

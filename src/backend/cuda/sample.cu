@@ -25,6 +25,8 @@
 // rounding of x log2(e) / T itself). tests/cuda compare the two, the draws' distribution, and the fast
 // path with the truncation path.
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -256,23 +258,36 @@ __global__ void __launch_bounds__(kPartThreads)
 // count (WEIGHTED false): the key of the k-th largest candidate. By weight: the key of the candidate
 // whose weight-before (in descending key order) is < limit and whose weight-through reaches it, or the
 // smallest candidate key when rounding leaves the limit above the total.
+// Each pass histograms the candidates that share the digits chosen so far. Once the chosen digit's bin holds
+// at most kListCap candidates, one more read of the row lists them (`list`, shared memory) and the remaining
+// passes visit only the list: typically 2-3 reads of the row instead of 8. The same candidates, digits and
+// sums (in another order, as the atomics already were), so the same selection. MOETRAIN_SAMPLE_LIST=0 (read
+// at every call) turns the list off, for A/B timing and the tests.
+constexpr int kListCap = 4096;
 template <bool WEIGHTED, class Take, class Weight>
 __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight weight, float* hist_w, unsigned* hist_c,
-                                 uint64_t* s_prefix, double* s_target) {
+                                 uint64_t* s_prefix, double* s_target, int32_t* list, unsigned* s_n, bool use_list) {
   uint64_t prefix = 0, mask = 0;
+  bool listed = false;
+  unsigned n = 0;
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) {
       hist_c[i] = 0;
       hist_w[i] = 0.0f;
     }
     __syncthreads();
-    for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
-      const uint64_t key = key_of(x[t], t);
-      if ((key & mask) != prefix || !take(t, x[t])) continue;
+    auto visit = [&](int64_t t) {
+      const float xv = x[t];
+      const uint64_t key = key_of(xv, t);
+      if ((key & mask) != prefix || !take(t, xv)) return;
       const int d = int((key >> shift) & 0xFF);
       atomicAdd(&hist_c[d], 1u);
-      if constexpr (WEIGHTED) atomicAdd(&hist_w[d], weight(x[t]));
-    }
+      if constexpr (WEIGHTED) atomicAdd(&hist_w[d], weight(xv));
+    };
+    if (listed)
+      for (unsigned i = threadIdx.x; i < n; i += blockDim.x) visit(list[i]);
+    else
+      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) visit(t);
     __syncthreads();
     if (threadIdx.x == 0) {
       double cum = 0;
@@ -295,11 +310,28 @@ __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight we
       }
       *s_prefix = prefix | (uint64_t(chosen < 0 ? 0 : chosen) << shift);
       *s_target -= cum;
+      // The candidates of the next pass: those in the chosen bin (none when no candidate is left).
+      *s_n = chosen < 0 ? 0u : hist_c[chosen];
     }
     __syncthreads();
     prefix = *s_prefix;
     mask |= uint64_t(0xFF) << shift;
+    const unsigned next = *s_n;
     __syncthreads();
+    if (use_list && !listed && shift > 0 && next <= unsigned(kListCap)) {
+      if (threadIdx.x == 0) *s_n = 0;
+      __syncthreads();
+      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
+        const float xv = x[t];
+        if ((key_of(xv, t) & mask) != prefix || !take(t, xv)) continue;
+        const unsigned i = atomicAdd(s_n, 1u);
+        if (i < unsigned(kListCap)) list[i] = int32_t(t);  // always: the count is `next` (the same test)
+      }
+      __syncthreads();
+      n = min(*s_n, unsigned(kListCap));
+      listed = true;
+      __syncthreads();
+    }
   }
   return prefix;
 }
@@ -308,12 +340,14 @@ __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight we
 __global__ void __launch_bounds__(kFinishThreads)
     sample_finish_kernel(const float* __restrict__ logits, const int64_t* __restrict__ rows, int64_t V, int chunks,
                          bool all_truncated, const Partial* __restrict__ parts, int32_t* __restrict__ tokens,
-                         float* __restrict__ logprobs) {
+                         float* __restrict__ logprobs, bool use_list) {
   __shared__ uint64_t red8[kFinishThreads / 32];
   __shared__ float hist_w[256];
   __shared__ unsigned hist_c[256];
   __shared__ uint64_t s_prefix;
   __shared__ double s_target;
+  __shared__ int32_t list[kListCap];
+  __shared__ unsigned s_n;
   const int64_t r = blockIdx.x;
   const Row p = unpack(rows + r * kSampleRowWords);
   const int kind = row_kind(p, V, all_truncated);
@@ -353,7 +387,7 @@ __global__ void __launch_bounds__(kFinishThreads)
     if (threadIdx.x == 0) s_target = double(p.top_k);
     __syncthreads();
     k_thr = radix_select<false>(
-        x, V, [](int64_t, float) { return true; }, weight, hist_w, hist_c, &s_prefix, &s_target);
+        x, V, [](int64_t, float) { return true; }, weight, hist_w, hist_c, &s_prefix, &s_target, list, &s_n, use_list);
   }
   if (top_p) {
     float mass = 0.0f;
@@ -365,7 +399,7 @@ __global__ void __launch_bounds__(kFinishThreads)
     __syncthreads();
     p_thr = radix_select<true>(
         x, V, [&](int64_t t, float xv) { return key_of(xv, t) >= k_thr && weight(xv) > 0.0f; }, weight, hist_w, hist_c,
-        &s_prefix, &s_target);
+        &s_prefix, &s_target, list, &s_n, use_list);
   }
   const uint64_t thr = k_thr > p_thr ? k_thr : p_thr;
   b = Best{-INFINITY, -1};
@@ -399,6 +433,11 @@ void sample(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Te
   Partial* parts = scratch.as<Partial>(R * chunks, op);
   const float* x = logits_RV.data<float>();
   const bool vec = V % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const char* list_env = std::getenv("MOETRAIN_SAMPLE_LIST");
+  const std::string list_mode = list_env ? list_env : "";
+  if (!list_mode.empty() && list_mode != "0" && list_mode != "1")
+    MT_THROW("MOETRAIN_SAMPLE_LIST (", list_mode, ") must be 0 (the radix selection reads the whole row every pass) or 1");
+  const bool use_list = list_mode != "0";
   const unsigned blocks = unsigned(R * chunks);
   if (vec)
     sample_partials_kernel<true>
@@ -409,7 +448,7 @@ void sample(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Te
   MT_CUDA_LAUNCH_CHECK(op);
   sample_finish_kernel<<<unsigned(R), kFinishThreads, 0, stream()>>>(x, rows_R5.data<int64_t>(), V, int(chunks),
                                                                      all_truncated, parts, tokens_R.data<int32_t>(),
-                                                                     logprobs_R.data<float>());
+                                                                     logprobs_R.data<float>(), use_list);
   MT_CUDA_LAUNCH_CHECK(op);
 }
 
