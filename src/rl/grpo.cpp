@@ -67,6 +67,13 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
     MT_THROW("grpo: kl_reward_coef ", o.kl_reward_coef, " needs a reference model (a frozen copy of the initial policy)");
   if (reference) check_same_layout(session, *reference, "reference");
   if (critic) check_same_layout(session, *critic, "critic");
+  // GSPO's sequence ratio is the mean over a sample's every token, taken in the objective from the rows it
+  // holds; under tp and sp a rank holds a slice of a sample's tokens, and the ratio would be a slice's.
+  const int tp = session.dist().mesh().size(Axis::Tp), sp = session.dist().mesh().size(Axis::Sp);
+  if (o.loss.kind == PolicyLoss::Gspo && (tp > 1 || sp > 1))
+    MT_THROW("grpo: the gspo loss under ", tp > 1 ? "tp " : "sp ", tp > 1 ? tp : sp,
+             " is not supported: its sequence ratio needs each sample's tokens on one rank, and a ", tp > 1 ? "tp" : "sp",
+             " rank holds a slice of them; use ppo or pg, or a layout without tp and sp");
 }
 
 // A micro-batch of whole sequences grown to a multiple of `multiple` rows with empty rows (token 0, every

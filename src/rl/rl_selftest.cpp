@@ -21,7 +21,7 @@ namespace {
 
 const char* kUsage =
     "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
-    "[--groups G] [--n N]\n"
+    "[--loss ppo|gspo|pg] [--groups G] [--n N]\n"
     "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
     "       [--freeze-router] [--aux-loss-coef C] [--router-z-loss-coef C]\n"
     "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--sp N]";
@@ -92,6 +92,7 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   double kl_coef = 0.05, lr = 1e-3, aux_coef = 0, z_coef = 0;
   bool replay = true, generate = false, freeze_router = false;
   uint64_t seed = 5;
+  PolicyLoss loss = PolicyLoss::PpoClip;
   SessionOptions so;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -107,6 +108,8 @@ int rl_selftest_main(const std::vector<std::string>& args) {
       params_path = value();
     else if (a == "--algorithm")
       algorithm = value();
+    else if (a == "--loss")
+      loss = parse_policy_loss(value());
     else if (a == "--groups")
       groups = parse_flag_number<int64_t>(a, value());
     else if (a == "--n")
@@ -183,6 +186,7 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   o.mini_batches = minis;
   o.epochs = epochs;
   o.replay_routing = replay;
+  o.loss.kind = loss;
   o.loss.kl_coef = kl_coef;
   o.loss.clip_high = 0.28;
   o.freeze_router = freeze_router;

@@ -75,8 +75,10 @@ GradsResult run_grads(const GradsOptions& opt) {
   const bool policy = !opt.objective.empty();
   std::unique_ptr<rl::PolicyObjective> objective;
   if (policy) {
-    if (opt.policy.kind == rl::PolicyLoss::Gspo && dopt.mesh.sp > 1)
-      MT_THROW("grads: --objective gspo needs each sample's tokens on one rank; not with --sp ", dopt.mesh.sp);
+    if (opt.policy.kind == rl::PolicyLoss::Gspo && (dopt.mesh.sp > 1 || dopt.mesh.tp > 1))
+      MT_THROW("grads: --objective gspo needs each sample's tokens on one rank; not with --",
+               dopt.mesh.sp > 1 ? "sp " : "tp ", dopt.mesh.sp > 1 ? dopt.mesh.sp : dopt.mesh.tp,
+               " (a rank holds a slice of a sample's tokens)");
     objective = std::make_unique<rl::PolicyObjective>(opt.policy);
     auto values = [&](const char* name, bool required) {
       if (!bf.has(name)) {

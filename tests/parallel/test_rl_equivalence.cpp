@@ -73,3 +73,15 @@ TEST(RlLayouts, MissingPolicyInputsAreAnErrorNamingThem) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("unknown policy loss 'ppo3'; allowed: ppo, gspo, pg"), std::string::npos) << r.out;
 }
+
+// GSPO's sequence ratio needs each sample's tokens on one rank: under tp (a rank holds a slice of the
+// batch's tokens, rows cut where the slice ends) as under sp it is an error naming the layout.
+TEST(RlLayouts, GspoUnderTpIsAnErrorNamingIt) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string model = kGoldens + "/tiny", batch = make_policy_batch(model, tmp_path("rl_gspo_tp", "b.safetensors"));
+  const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- grads --model " + model + " --batch " + batch +
+                        " --objective gspo --tp 2 --out " + tmp_path("rl_gspo_tp", "o.safetensors"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--objective gspo needs each sample's tokens on one rank; not with --tp 2"), std::string::npos)
+      << r.out;
+}

@@ -90,6 +90,22 @@ TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
   EXPECT_NE(r.out.find("routing replay under tp 2 is not supported"), std::string::npos) << r.out;
 }
 
+// GSPO's sequence ratio is a mean over each sample's every token, which a tp or sp rank holds only a slice
+// of: the loop refuses the loss there (it ran before and gave other gradients than one process: `_selftest
+// rl --loss gspo --no-replay`, grad norm 4.9335 on one process, 4.8494 under tp 2, 4.8308 under sp 2).
+// Under dp_shard 2 (whole samples per rank, some micro-batches padded) it equals one process.
+TEST(RlRanks, GspoEqualsOneProcessUnderDpShardAndIsRefusedUnderTpAndSp) {
+  MT_SKIP_WITHOUT_GLOO();
+  expect_layout_equal("--loss gspo", "--dp-shard 2", "gspo");
+  for (const std::string layout : {"--tp 2", "--sp 2"}) {
+    const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- _selftest rl --model " + kGoldens +
+                          "/tiny --loss gspo --no-replay " + layout + " --out " + tmp_path("rl_ranks", "x.safetensors"));
+    EXPECT_NE(r.code, 0) << layout;
+    EXPECT_NE(r.out.find("the gspo loss under " + layout.substr(2) + " is not supported"), std::string::npos)
+        << layout << "\n" << r.out;
+  }
+}
+
 // The whole step with generation: each data-parallel rank samples its share of the fixed prompts (seeds
 // by global prompt index), rewards it, and the exchange gives every rank the whole round; dynamic
 // sampling decides from it. The engine's logits under the layout equal one process's to rounding, so
