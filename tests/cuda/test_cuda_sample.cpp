@@ -141,7 +141,7 @@ TEST(CudaSample, ChiSquareOfCudaDrawsMatchesTheTruncatedDistribution) {
   }
 }
 
-// The radix selection lists its candidates once the chosen bin holds at most 4,096 of them (sample.cu): a
+// The radix selection lists its candidates once the chosen bin holds at most 8,192 of them (sample.cu): a
 // boundary inside a run of more tied logits than that (the bins stay large through the logit's 32 bits and
 // only the ids split them), and a top-k of 100,000 (the first bins hold tens of thousands), must select
 // what the CPU selects: the same tokens from the same uniform numbers.

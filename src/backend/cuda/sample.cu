@@ -257,16 +257,18 @@ __global__ void __launch_bounds__(kPartThreads)
 // Radix selection over the keys of the candidate tokens (those `take` accepts), MSB digit first. By
 // count (WEIGHTED false): the key of the k-th largest candidate. By weight: the key of the candidate
 // whose weight-before (in descending key order) is < limit and whose weight-through reaches it, or the
-// smallest candidate key when rounding leaves the limit above the total.
+// smallest candidate key when rounding leaves the limit above the total; the limit is *s_target, or, with
+// `fraction` >= 0 (top-p), fraction x the candidates' total weight, which the first pass's histogram sums.
 // Each pass histograms the candidates that share the digits chosen so far. Once the chosen digit's bin holds
-// at most kListCap candidates, one more read of the row lists them (`list`, shared memory) and the remaining
+// at most kListCap (8,192) candidates, one more read of the row lists them (`list`, shared memory) and the remaining
 // passes visit only the list: typically 2-3 reads of the row instead of 8. The same candidates, digits and
 // sums (in another order, as the atomics already were), so the same selection. MOETRAIN_SAMPLE_LIST=0 (read
 // at every call) turns the list off, for A/B timing and the tests.
-constexpr int kListCap = 4096;
+constexpr int kListCap = 8192;
 template <bool WEIGHTED, class Take, class Weight>
 __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight weight, float* hist_w, unsigned* hist_c,
-                                 uint64_t* s_prefix, double* s_target, int32_t* list, unsigned* s_n, bool use_list) {
+                                 uint64_t* s_prefix, double* s_target, int32_t* list, unsigned* s_n, bool use_list,
+                                 double fraction = -1.0) {
   uint64_t prefix = 0, mask = 0;
   bool listed = false;
   unsigned n = 0;
@@ -290,6 +292,11 @@ __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight we
       for (int64_t t = threadIdx.x; t < V; t += blockDim.x) visit(t);
     __syncthreads();
     if (threadIdx.x == 0) {
+      if (WEIGHTED && fraction >= 0.0 && shift == 56) {
+        double total = 0;
+        for (int d = 0; d < 256; ++d) total += double(hist_w[d]);
+        *s_target = fraction * total;
+      }
       double cum = 0;
       int chosen = -1, lowest = -1;
       double cum_lowest = 0;
@@ -321,11 +328,23 @@ __device__ uint64_t radix_select(const float* x, int64_t V, Take take, Weight we
     if (use_list && !listed && shift > 0 && next <= unsigned(kListCap)) {
       if (threadIdx.x == 0) *s_n = 0;
       __syncthreads();
-      for (int64_t t = threadIdx.x; t < V; t += blockDim.x) {
-        const float xv = x[t];
-        if ((key_of(xv, t) & mask) != prefix || !take(t, xv)) continue;
-        const unsigned i = atomicAdd(s_n, 1u);
-        if (i < unsigned(kListCap)) list[i] = int32_t(t);  // always: the count is `next` (the same test)
+      // One shared atomic per warp and row stride (the same trip count on every thread, so the ballot sees
+      // the whole warp).
+      const unsigned lane = threadIdx.x & 31u;
+      for (int64_t t0 = 0; t0 < V; t0 += blockDim.x) {
+        const int64_t t = t0 + threadIdx.x;
+        bool in = false;
+        if (t < V) {
+          const float xv = x[t];
+          in = (key_of(xv, t) & mask) == prefix && take(t, xv);
+        }
+        const unsigned ballot = __ballot_sync(0xFFFFFFFFu, in);
+        if (ballot == 0) continue;
+        unsigned base = 0;
+        if (lane == unsigned(__ffs(ballot) - 1)) base = atomicAdd(s_n, unsigned(__popc(ballot)));
+        base = __shfl_sync(0xFFFFFFFFu, base, __ffs(ballot) - 1);
+        const unsigned i = base + unsigned(__popc(ballot & ((1u << lane) - 1u)));
+        if (in && i < unsigned(kListCap)) list[i] = int32_t(t);  // always: the count is `next` (the same test)
       }
       __syncthreads();
       n = min(*s_n, unsigned(kListCap));
@@ -390,16 +409,10 @@ __global__ void __launch_bounds__(kFinishThreads)
         x, V, [](int64_t, float) { return true; }, weight, hist_w, hist_c, &s_prefix, &s_target, list, &s_n, use_list);
   }
   if (top_p) {
-    float mass = 0.0f;
-    for (int64_t t = threadIdx.x; t < V; t += blockDim.x)
-      if (key_of(x[t], t) >= k_thr) mass += weight(x[t]);
-    auto add = [](float a, float e) { return a + e; };
-    mass = block_reduce<kFinishThreads>(mass, add, 0.0f, reinterpret_cast<float*>(red8));
-    if (threadIdx.x == 0) s_target = double(p.top_p) * double(mass);
-    __syncthreads();
+    // The limit: top_p x the mass of the tokens top-k keeps, summed by the selection's first pass.
     p_thr = radix_select<true>(
         x, V, [&](int64_t t, float xv) { return key_of(xv, t) >= k_thr && weight(xv) > 0.0f; }, weight, hist_w, hist_c,
-        &s_prefix, &s_target, list, &s_n, use_list);
+        &s_prefix, &s_target, list, &s_n, use_list, double(p.top_p));
   }
   const uint64_t thr = k_thr > p_thr ? k_thr : p_thr;
   b = Best{-INFINITY, -1};
