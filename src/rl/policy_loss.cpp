@@ -190,11 +190,11 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
   const float* lp = logp_h.data<float>();
   const int64_t* lab = rows.labels.data<int64_t>();
   auto val = [&](int k, int64_t t) { return double(rows.values[size_t(k)].data<float>()[t]); };
-  // GSPO: each sample's mean log ratio over its tokens in these rows.
+  // GSPO: each sample's mean log ratio over its tokens in these rows, those of weight 0 (masked) left out.
   std::map<int64_t, std::pair<double, int64_t>> seq;
   if (cfg_.kind == PolicyLoss::Gspo)
     for (int64_t t = 0; t < n; ++t)
-      if (lab[t] != -100) {
+      if (lab[t] != -100 && val(kWeight, t) != 0) {
         auto& s = seq[int64_t(val(kSample, t))];
         s.first += double(lp[t]) - val(kOldLogp, t);
         ++s.second;
@@ -207,7 +207,7 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
     double log_ratio = logp - old;
     if (cfg_.kind == PolicyLoss::Gspo) {
       const auto& s = seq[int64_t(val(kSample, t))];
-      log_ratio = s.first / double(s.second);
+      log_ratio = s.second > 0 ? s.first / double(s.second) : 0.0;  // a masked token of a wholly masked sample
     }
     const TokenTerm term = policy_term(cfg_, log_ratio, A);
     double dl = term.dlogp, l = term.loss;

@@ -6,10 +6,11 @@
 // (the trainer's before this update), A the advantage, r = exp(logp - old):
 //   PPO clip:  l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)); with dual clip c > 1 and A < 0,
 //              l = min(l, -c A). dl/dlogp = -A r where the unclipped term is taken, else 0.
-//   GSPO:      the sequence ratio s_i = exp(mean over i's tokens of (logp - old)) replaces r, with the
+//   GSPO:      the sequence ratio s_i = exp(mean over i's tokens of (logp - old)) replaces r (tokens of
+//              weight 0, those a mismatch mask took, left out of the mean, as of every denominator), with the
 //              gradient flowing per token (veRL's form: each token's ratio is sg(s_i) exp(logp - sg(logp)),
 //              so dl/dlogp = -A s_i unclipped); clipped as PPO. Needs all of a sample's tokens in one
-//              micro-batch on one rank (not under sequence parallelism).
+//              micro-batch on one rank (not under tp or sp: grpo and grads refuse them).
 //   plain PG:  l = -A r (REINFORCE with the importance weight; on-policy its gradient is -A).
 // KL to a frozen reference (ref = log p_ref), a loss term beta k(logp, ref):
 //   k1 = logp - ref (dk/dlogp = 1); k2 = (logp - ref)^2 / 2 (logp - ref); k3 = e^(ref - logp) - (ref - logp) - 1

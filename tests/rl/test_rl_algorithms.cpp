@@ -289,6 +289,18 @@ TEST(RlPolicyLoss, GspoUsesTheSequenceRatioForEveryToken) {
   EXPECT_NEAR(g[2], -0.2 * 1.0 * s0, 1e-6);
   for (size_t t = 3; t < 6; ++t) EXPECT_NEAR(g[t], -0.1 * -0.5 * s1, 1e-6) << t;
   EXPECT_EQ(o.metrics().tokens, 5);
+  // A token of weight 0 (a mismatch mask took it) is left out of its sample's ratio, as of the denominators:
+  // with token 4 masked, s1 = exp(((-2.0 + 1.6) + (-1.5 + 1.4)) / 2) = exp(-0.25) = 0.778801 (with it,
+  // exp(-0.5 / 3) = 0.846482); token 4 itself gets no gradient.
+  Rows M;
+  M.w[4] = 0;
+  const PolicyObjective om(c);
+  loss_of(om, M, M.logp, &g);
+  const double s1m = std::exp(((-2.0 + 1.6) + (-1.5 + 1.4)) / 2);
+  EXPECT_NEAR(g[3], -0.1 * -0.5 * s1m, 1e-6);
+  EXPECT_NEAR(g[5], -0.1 * -0.5 * s1m, 1e-6);
+  EXPECT_EQ(g[4], 0.0f);
+  EXPECT_NEAR(g[1], -0.2 * 1.0 * s0, 1e-6) << "the other sample unchanged";
 }
 
 // The engine → trainer hand-off: samples generated with the routing record, packed into one micro-batch
