@@ -161,3 +161,15 @@ TEST(GrpoCliOptions, RouterOptionsNeedMoeLayers) {
   const ShellRun ok = sh(base + " --freeze-router off");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
+
+// The built-in task's --reward (digits, prefix, exact) reaches the advantages only under --advantage outcome:
+// position and process (the default) train on the per-token rewards, so there it changes only the reward
+// metrics. The help said what each reward scores, not that (docs/rl.md did).
+TEST(GrpoCliOptions, HelpSaysTheTaskRewardTrainsOnlyUnderOutcome) {
+  const ShellRun r = sh(kMoetrainBin + " grpo --help");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the advantages use it under --advantage outcome only, else it is a\n"
+                       "                            metric)"),
+            std::string::npos)
+      << r.out;
+}
