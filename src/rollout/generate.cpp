@@ -44,7 +44,8 @@ const char* kUsage =
     "       [--ignore-eos] [--device cpu|cuda|auto] [--kv-cache-fraction F] [--block-size B] [--max-running N]\n"
     "       [--threads N] [--dp-shard N] [--ep N] (under moetrain launch)\n"
     "prompt lines: {\"prompt_ids\": [...]}, or with a tokenizer.json in the model directory {\"prompt\": \"text\"} or\n"
-    "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]} (the Qwen3 chat template); other keys are kept";
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]} (the Qwen3 chat template); other keys are allowed\n"
+    "and not copied to --out (grpo's rewards read them): join the output to the prompts by its \"prompt_index\"";
 
 // Available host memory (MemAvailable of /proc/meminfo), for the CPU's KV budget.
 int64_t host_available_bytes() {

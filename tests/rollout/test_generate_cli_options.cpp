@@ -29,3 +29,12 @@ TEST(GenerateCliOptions, BadValuesAreErrors) {
   const ShellRun ok = sh(base + " --stop-token-ids 3,4 --threads 1 --seed 7 --max-new-tokens 2");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
+
+// The help said a prompt line's "other keys are kept"; generate reads them and writes none of them to --out
+// (the prompt reader keeps them as metadata for grpo's rewards). It says so now, and how to join.
+TEST(GenerateCliOptions, HelpSaysOtherKeysAreNotCopied) {
+  const ShellRun r = sh(kMoetrainBin + " generate --help");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.find("other keys are kept"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not copied to --out"), std::string::npos) << r.out;
+}
