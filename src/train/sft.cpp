@@ -46,10 +46,13 @@ bool ends_with(const std::string& s, const std::string& tail) {
 TrainConfig sft_config_from_args(const std::vector<std::string>& args) {
   TrainConfig c = sft_defaults();
   std::vector<std::string> rest;
+  std::string config_path;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--config" || args[i].rfind("--config=", 0) == 0) {
       const std::string path = args[i] == "--config" ? (i + 1 < args.size() ? args[++i] : "") : args[i].substr(9);
       if (path.empty()) MT_THROW("sft: --config needs a file name");
+      if (!config_path.empty()) MT_THROW("sft: --config given twice ('", config_path, "' and '", path, "')");
+      config_path = path;
       std::ifstream f(path);
       if (!f) MT_THROW("sft: cannot read --config file '", path, "'");
       std::stringstream ss;

@@ -120,3 +120,14 @@ TEST(TrainCli, SyntheticDataTakesNoTokenizer) {
   EXPECT_TRUE(fs::exists(out + "/checkpoint-1/config.json")) << r.out;
   EXPECT_FALSE(fs::exists(out + "/checkpoint-1/tokenizer.json")) << "not the vocabulary it was trained on";
 }
+
+// sft read a second --config over the first without a word (train refuses it: which file wins is not
+// something to guess).
+TEST(SftCli, ConfigGivenTwiceIsAnError) {
+  const std::string a = tmp_path("clioptions", "a.json"), b = tmp_path("clioptions", "b.json");
+  std::ofstream(a) << "{\"steps\": 3}";
+  std::ofstream(b) << "{\"steps\": 5}";
+  const ShellRun r = sh(kMoetrainBin + " sft --model x --data y.jsonl --config " + a + " --config=" + b);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sft: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos) << r.out;
+}
