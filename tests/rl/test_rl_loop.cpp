@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
@@ -607,6 +608,24 @@ TEST(RlMismatch, MaskingASampleTrainsTheSameUpdateAsFilteringIt) {
     EXPECT_NEAR(m.loss, f.loss, 1e-6 * std::abs(f.loss)) << int(a);
     EXPECT_NE(f.loss, 0) << int(a);
   }
+}
+
+// PPO's GAE advantages are whitened over the step's trained tokens with their population std:
+// (a - mean) / (std + 1e-6), so the advantage_std metric (their population std) is 1 - O(1e-6). veRL's
+// masked_whiten uses the unbiased variance, (a - mean) / sqrt(var + 1e-8), which would give
+// sqrt((N - 1) / N) = 0.994778 for these N = 96 tokens: a scale docs/rl.md states as our convention.
+TEST(RlUpdate, PpoAdvantagesAreWhitenedWithThePopulationStd) {
+  Rig r = make_rig(51);
+  const std::unique_ptr<TrainSession> critic = make_critic(*r.s, 52);
+  const RolloutGroups groups = engine_rollouts(r, 4, 6);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 0;
+  o.critic_lr = 0;
+  const GrpoMetrics m = grpo_update(*r.s, groups, o, 1, nullptr, critic.get());
+  EXPECT_NEAR(m.advantage_mean, 0.0, 1e-12);
+  EXPECT_NEAR(m.advantage_std, 1.0, 1e-5);
 }
 
 // KL to the reference subtracted from the reward (P10 item 2, "as a loss term or subtracted from the reward"):
