@@ -197,11 +197,11 @@ TrainSummary run_training(const TrainConfig& cfg) {
                dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
   }
   // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json (copied into
-  // the checkpoints; not for the synthetic task, whose ids are its own characters').
+  // the checkpoints: the model's own vocabulary, whatever the data).
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
   DataOptions data_opt;
   data_opt.tokenizer = cfg.tokenizer;
-  if (data_opt.tokenizer.empty() && !synthetic && fs::is_regular_file(fs::path(cfg.model) / "tokenizer.json"))
+  if (data_opt.tokenizer.empty() && fs::is_regular_file(fs::path(cfg.model) / "tokenizer.json"))
     data_opt.tokenizer = (fs::path(cfg.model) / "tokenizer.json").string();
   data_opt.data_format = cfg.data_format;
   data_opt.bad_lines = cfg.bad_lines;
