@@ -628,6 +628,51 @@ TEST(RlUpdate, PpoAdvantagesAreWhitenedWithThePopulationStd) {
   EXPECT_NEAR(m.advantage_std, 1.0, 1e-5);
 }
 
+// The loss of a mini-batch split into micro-batches is the loss over the whole mini-batch under every
+// aggregation: the normalisers are fixed per mini-batch (its tokens, its samples, each sample's length),
+// never per micro-batch (the "token mean per micro-batch, then the mean of the means" bug). Responses cut
+// to lengths 1..6 and micro-batches of 3 samples (3, 3, 3, 3, 3, 1): a per-micro-batch normaliser gives
+// another loss and other gradients. GSPO too (its sequence ratio needs whole samples per micro-batch).
+TEST(RlUpdate, MicroBatchesSumToTheMiniBatchLossUnderEveryAggregation) {
+  Rig r = make_rig(61);
+  RolloutGroups groups = engine_rollouts(r, 4, 6);
+  for (size_t i = 0; i < groups.samples.size(); ++i) {
+    RolloutSample& x = groups.samples[i];
+    const size_t len = 1 + (i * 5) % 6;
+    x.response.resize(len);
+    x.logprobs.resize(len);
+    x.routing = RoutingRecord();
+  }
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 6;
+  o.lr = 0;
+  o.replay_routing = false;
+  struct Case {
+    LossAggregation a;
+    PolicyLoss kind;
+  };
+  for (const Case& c : {Case{LossAggregation::TokenMean, PolicyLoss::PpoClip},
+                        Case{LossAggregation::SeqMeanTokenSum, PolicyLoss::PpoClip},
+                        Case{LossAggregation::SeqMeanTokenMean, PolicyLoss::PpoClip},
+                        Case{LossAggregation::Constant, PolicyLoss::PpoClip},
+                        Case{LossAggregation::SeqMeanTokenMean, PolicyLoss::Gspo}}) {
+    o.aggregation = c.a;
+    o.loss.kind = c.kind;
+    o.micro_batch_samples = 0;
+    const GrpoMetrics one = grpo_update(*r.s, groups, o, 1);
+    const Tensor g_one = r.s->grads().clone();
+    o.micro_batch_samples = 3;
+    const GrpoMetrics split = grpo_update(*r.s, groups, o, 1);
+    const std::string what = "aggregation " + std::to_string(int(c.a)) + ", loss " + std::to_string(int(c.kind));
+    EXPECT_EQ(one.micro_batches, 1) << what;
+    EXPECT_EQ(split.micro_batches, 6) << what;
+    EXPECT_NE(one.loss, 0) << what;
+    EXPECT_NEAR(split.loss, one.loss, 1e-6 * std::abs(one.loss)) << what;
+    EXPECT_LT(rel_l2(r.s->grads(), g_one), 1e-5) << what;
+  }
+}
+
 // KL to the reference subtracted from the reward (P10 item 2, "as a loss term or subtracted from the reward"):
 // groups whose rewards are all equal carry no GRPO gradient, but once the policy has moved from the
 // reference its samples' KL differs, so -beta sum_t k(old, ref) in the reward gives them advantages; the
