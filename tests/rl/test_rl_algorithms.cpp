@@ -263,7 +263,7 @@ TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
     }
     EXPECT_NEAR(L, want, 1e-6) << int(kind);
     EXPECT_EQ(g[0], 0.0f) << "the prompt token";
-    if (kind == PolicyLoss::Gspo) continue;  // GSPO's per-token gradient is not the derivative of its loss value
+    if (kind == PolicyLoss::Gspo) continue;  // GspoGradientIsTheSequenceObjectivesGradient (below) checks it
     for (size_t t = 1; t < 6; ++t) {
       const float h = 1e-3f;
       std::vector<float> up = R.logp, dn = R.logp;
@@ -272,6 +272,34 @@ TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
       const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
       EXPECT_NEAR(g[t], fd, 2e-4) << "kind " << int(kind) << " token " << t;
     }
+  }
+}
+
+// GSPO's gradient is the gradient of its sequence-level objective: with weights uniform within a sample (every
+// aggregation gives that; token-level TIS does not), sum_t w_t l_t = sum_i W_i (-A_i s_i) with W_i the sample's
+// weight sum, and d/dlogp_t of it is W_i (-A_i s_i) / |y_i| = w_t (-A_i s_i): what the objective writes
+// (veRL's sg(s_i) exp(logp - sg(logp)) form). Checked against central differences of the loss value, the KL
+// term included, ratios inside the clip range (s = 1.16 and 0.85) and one sample clipped (s > 1 + 0.1, A > 0:
+// no gradient from the policy term). A per-token ratio r_t or a gradient of s_i / |y_i| per token would fail.
+TEST(RlPolicyLoss, GspoGradientIsTheSequenceObjectivesGradient) {
+  const Rows R;
+  for (double clip : {0.2, 0.1}) {
+    PolicyLossConfig c;
+    c.kind = PolicyLoss::Gspo;
+    c.clip_low = c.clip_high = clip;
+    c.kl_coef = 0.05;
+    const PolicyObjective o(c);
+    std::vector<float> g;
+    loss_of(o, R, R.logp, &g);
+    for (size_t t = 1; t < 6; ++t) {
+      const float h = 1e-3f;
+      std::vector<float> up = R.logp, dn = R.logp;
+      up[t] += h;
+      dn[t] -= h;
+      const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
+      EXPECT_NEAR(g[t], fd, 2e-4) << "clip " << clip << " token " << t;
+    }
+    if (clip == 0.1) EXPECT_GT(o.metrics().clipped_high, 0) << "sample 0 clipped";
   }
 }
 
