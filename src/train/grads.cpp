@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 
+#include "core/cli_args.h"
 #include "core/log.h"
 #include "data/batch.h"
 #include "comm/dist_env.h"
@@ -219,6 +220,7 @@ static int parse_degree(const std::string& flag, const std::string& v, int min) 
 
 int grads_main(const std::vector<std::string>& args) {
   GradsOptions opt;
+  std::vector<std::string> policy_flags;  // the policy loss's options: they need --objective
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -239,16 +241,31 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--objective") {
       opt.objective = value();
       opt.policy.kind = rl::parse_policy_loss(opt.objective);
-    } else if (a == "--clip-low") opt.policy.clip_low = std::stod(value());
-    else if (a == "--clip-high") opt.policy.clip_high = std::stod(value());
-    else if (a == "--dual-clip") opt.policy.dual_clip = std::stod(value());
-    else if (a == "--kl-coef") opt.policy.kl_coef = std::stod(value());
-    else if (a == "--kl") opt.policy.kl = rl::parse_kl_estimator(value());
-    else if (a == "--entropy-coef") opt.policy.entropy_coef = std::stod(value());
-    else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+    } else if (a == "--clip-low") {
+      opt.policy.clip_low = parse_flag_number<double>("grads: --clip-low", value());
+      policy_flags.push_back(a);
+    } else if (a == "--clip-high") {
+      opt.policy.clip_high = parse_flag_number<double>("grads: --clip-high", value());
+      policy_flags.push_back(a);
+    } else if (a == "--dual-clip") {
+      opt.policy.dual_clip = parse_flag_number<double>("grads: --dual-clip", value());
+      policy_flags.push_back(a);
+    } else if (a == "--kl-coef") {
+      opt.policy.kl_coef = parse_flag_number<double>("grads: --kl-coef", value());
+      policy_flags.push_back(a);
+    } else if (a == "--kl") {
+      opt.policy.kl = rl::parse_kl_estimator(value());
+      policy_flags.push_back(a);
+    } else if (a == "--entropy-coef") {
+      opt.policy.entropy_coef = parse_flag_number<double>("grads: --entropy-coef", value());
+      policy_flags.push_back(a);
+    } else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
     MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+  if (opt.objective.empty() && !policy_flags.empty())
+    MT_THROW("grads: ", policy_flags.front(), " sets the RL policy loss; it needs --objective ppo|gspo|pg (without it the "
+             "gradients are cross-entropy's)");
   GradsResult r = run_grads(opt);
   if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
   std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,

@@ -131,3 +131,15 @@ TEST(SftCli, ConfigGivenTwiceIsAnError) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("sft: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos) << r.out;
 }
+
+// grads: a policy-loss value that is not a number names its flag (std::stod threw 'stod', or read "0.2abc" as
+// 0.2), and a policy-loss option without --objective (cross-entropy's gradients, which it never touched) is an
+// error; both before the model is read.
+TEST(GradsCli, PolicyOptionsAreNumbersAndNeedAnObjective) {
+  ShellRun r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --objective ppo --clip-low 0.2abc");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--clip-low '0.2abc' is not a number"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --kl-coef 0.1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--kl-coef sets the RL policy loss; it needs --objective"), std::string::npos) << r.out;
+}
