@@ -130,6 +130,53 @@ TEST(RlPolicyLoss, KlEstimatorsAndTheirGradients) {
   }
 }
 
+// What each estimator does as a loss term, on policy, exactly (a categorical policy pi = softmax(theta) over 5
+// outcomes, a reference softmax(phi), expectations summed over the outcomes): the gradient of the term is
+// E_pi[dk/dlogp (e_y - pi)] (the score e_y - pi = d log pi(y) / d theta). k1's is 0 (E_pi of a score: no
+// regularisation in expectation); k2's is the gradient of the reverse KL(pi || ref), the one its value
+// estimates (biased); k3's is the gradient of the forward KL(ref || pi), though its value is an unbiased
+// estimate of the reverse KL (as k1's is). Checked against central differences of the two KLs in theta.
+TEST(RlPolicyLoss, KlEstimatorsAsLossTermsOnPolicyHaveTheseGradients) {
+  const std::vector<double> theta = {0.3, -1.2, 0.8, 0.0, -0.4}, phi = {-0.5, 0.4, 1.1, -0.2, 0.3};
+  auto log_softmax = [](const std::vector<double>& x) {
+    double m = -1e300, z = 0;
+    for (double v : x) m = std::max(m, v);
+    for (double v : x) z += std::exp(v - m);
+    std::vector<double> out;
+    for (double v : x) out.push_back(v - m - std::log(z));
+    return out;
+  };
+  const std::vector<double> lr = log_softmax(phi);
+  auto kl = [&](const std::vector<double>& th, bool reverse) {  // reverse: KL(pi || ref); else KL(ref || pi)
+    const std::vector<double> lp = log_softmax(th);
+    double s = 0;
+    for (size_t y = 0; y < lp.size(); ++y)
+      s += reverse ? std::exp(lp[y]) * (lp[y] - lr[y]) : std::exp(lr[y]) * (lr[y] - lp[y]);
+    return s;
+  };
+  const std::vector<double> lp = log_softmax(theta);
+  const size_t V = theta.size();
+  for (KlEstimator k : {KlEstimator::K1, KlEstimator::K2, KlEstimator::K3}) {
+    double value = 0;
+    std::vector<double> grad(V, 0.0);
+    for (size_t y = 0; y < V; ++y) {
+      const double p = std::exp(lp[y]), d = kl_grad(k, lp[y], lr[y]);
+      value += p * kl_value(k, lp[y], lr[y]);
+      for (size_t j = 0; j < V; ++j) grad[j] += p * d * ((j == y ? 1.0 : 0.0) - std::exp(lp[j]));
+    }
+    if (k != KlEstimator::K2) EXPECT_NEAR(value, kl(theta, true), 1e-12) << "k" << int(k) + 1 << " is unbiased";
+    for (size_t j = 0; j < V; ++j) {
+      std::vector<double> up = theta, dn = theta;
+      up[j] += 1e-5;
+      dn[j] -= 1e-5;
+      const double want = k == KlEstimator::K1   ? 0.0
+                          : k == KlEstimator::K2 ? (kl(up, true) - kl(dn, true)) / 2e-5
+                                                 : (kl(up, false) - kl(dn, false)) / 2e-5;
+      EXPECT_NEAR(grad[j], want, 1e-8) << "k" << int(k) + 1 << ", d theta_" << j;
+    }
+  }
+}
+
 TEST(RlPolicyLoss, MismatchCorrectionsAndAggregationByHand) {
   // Ratios old/rollout: e^0.1 = 1.105171, e^-0.5 = 0.606531, 1.
   const std::vector<double> old = {-1, -2, -0.5}, roll = {-1.1, -1.5, -0.5};
