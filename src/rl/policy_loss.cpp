@@ -202,7 +202,8 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
   Tensor g = Tensor::zeros({n}), h = Tensor::zeros({n});
   double loss = 0;
   for (int64_t t = 0; t < n; ++t) {
-    if (lab[t] == -100) continue;
+    // Weight 0 (overlong-filtered, masked): no loss, no gradient, and not a trained token of the metrics.
+    if (lab[t] == -100 || val(kWeight, t) == 0) continue;
     const double w = val(kWeight, t), A = val(kAdvantage, t), old = val(kOldLogp, t), logp = double(lp[t]);
     double log_ratio = logp - old;
     if (cfg_.kind == PolicyLoss::Gspo) {

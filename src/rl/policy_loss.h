@@ -91,7 +91,8 @@ MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_l
                                    const std::vector<bool>& filtered, LossAggregation a, double constant,
                                    const MismatchConfig& m);
 
-// Metrics of the last coefficients() calls (sums; the loop divides by the token counts it knows).
+// Metrics of the last coefficients() calls (sums; the loop divides by the token counts it knows), over the
+// trained tokens: target rows of weight w_t != 0.
 struct PolicyMetrics {
   double pg_loss = 0, kl_loss = 0, entropy_loss = 0;  // weighted sums, as in the loss
   int64_t tokens = 0, clipped_low = 0, clipped_high = 0, dual_clipped = 0;

@@ -376,6 +376,7 @@ TEST(RlPolicyLoss, GspoUsesTheSequenceRatioForEveryToken) {
   EXPECT_NEAR(g[5], -0.1 * -0.5 * s1m, 1e-6);
   EXPECT_EQ(g[4], 0.0f);
   EXPECT_NEAR(g[1], -0.2 * 1.0 * s0, 1e-6) << "the other sample unchanged";
+  EXPECT_EQ(om.metrics().tokens, 4) << "a token of weight 0 is not a trained token of the metrics";
 }
 
 // The engine → trainer hand-off: samples generated with the routing record, packed into one micro-batch
