@@ -103,12 +103,35 @@ TEST(RlPolicyLoss, PpoClipDualClipClipHigherAndPlainPgByHand) {
   EXPECT_NEAR(t.loss, 3.0, 1e-12);
   EXPECT_EQ(t.dlogp, 0.0);
   EXPECT_TRUE(t.dual_clipped);
+  // The dual clip bounds negative advantages only: r = 4 with A = +1 is PPO's clipped -1.2 (clipped high),
+  // not -3; and with A = -1 but r = 2 (PPO loss 2 < 3) it does not engage: gradient -A r = 2.
+  t = policy_term(c, std::log(4.0), 1.0);
+  EXPECT_NEAR(t.loss, -1.2, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.clipped_high);
+  EXPECT_FALSE(t.dual_clipped);
+  t = policy_term(c, std::log(2.0), -1.0);
+  EXPECT_NEAR(t.loss, 2.0, 1e-12);
+  EXPECT_NEAR(t.dlogp, 2.0, 1e-12);
+  EXPECT_FALSE(t.dual_clipped);
   // Clip-higher (0.2 low, 0.28 high): r = 1.25 with A = 1 is inside the range.
   c = PolicyLossConfig{};
   c.clip_high = 0.28;
   t = policy_term(c, std::log(1.25), 1.0);
   EXPECT_NEAR(t.loss, -1.25, 1e-12);
   EXPECT_NEAR(t.dlogp, -1.25, 1e-12);
+  // ... r = 1.3 is above 1.28: -1.28, no gradient; the low bound stays 0.8: r = 0.75 with A = -1 gives 0.8.
+  t = policy_term(c, std::log(1.3), 1.0);
+  EXPECT_NEAR(t.loss, -1.28, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.clipped_high);
+  t = policy_term(c, std::log(0.75), -1.0);
+  EXPECT_NEAR(t.loss, 0.8, 1e-12);
+  EXPECT_EQ(t.dlogp, 0.0);
+  EXPECT_TRUE(t.clipped_low);
+  // The pessimistic side: r = 0.75 with A = +1 and r = 1.3 with A = -1 are not clipped (gradient -A r).
+  EXPECT_NEAR(policy_term(c, std::log(0.75), 1.0).dlogp, -0.75, 1e-12);
+  EXPECT_NEAR(policy_term(c, std::log(1.3), -1.0).dlogp, 1.3, 1e-12);
   // Plain PG: -A r, never clipped.
   c.kind = PolicyLoss::PolicyGradient;
   t = policy_term(c, 0.7, 2.0);
