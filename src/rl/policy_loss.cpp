@@ -33,9 +33,11 @@ LossAggregation parse_loss_aggregation(const std::string& s) {
 
 void validate(const PolicyLossConfig& c) {
   if (!(c.clip_low >= 0 && c.clip_low < 1)) MT_THROW("clip_low (", c.clip_low, ") must be in [0, 1)");
-  if (!(c.clip_high >= 0)) MT_THROW("clip_high (", c.clip_high, ") must be >= 0");
-  if (c.dual_clip != 0 && !(c.dual_clip > 1)) MT_THROW("dual_clip (", c.dual_clip, ") must be > 1, or 0 (off)");
-  if (!(c.kl_coef >= 0)) MT_THROW("kl_coef (", c.kl_coef, ") must be >= 0");
+  if (!(c.clip_high >= 0) || !std::isfinite(c.clip_high))
+    MT_THROW("clip_high (", c.clip_high, ") must be finite and >= 0");
+  if (c.dual_clip != 0 && (!(c.dual_clip > 1) || !std::isfinite(c.dual_clip)))
+    MT_THROW("dual_clip (", c.dual_clip, ") must be > 1 and finite, or 0 (off)");
+  if (!(c.kl_coef >= 0) || !std::isfinite(c.kl_coef)) MT_THROW("kl_coef (", c.kl_coef, ") must be finite and >= 0");
   if (!std::isfinite(c.entropy_coef)) MT_THROW("entropy_coef (", c.entropy_coef, ") must be finite");
 }
 

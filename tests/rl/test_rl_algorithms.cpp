@@ -138,6 +138,10 @@ TEST(RlPolicyLoss, PpoClipDualClipClipHigherAndPlainPgByHand) {
   EXPECT_NEAR(t.loss, -2.0 * std::exp(0.7), 1e-12);
   EXPECT_NEAR(t.dlogp, -2.0 * std::exp(0.7), 1e-12);
   expect_error([] { validate(PolicyLossConfig{.dual_clip = 0.5}); }, "dual_clip (0.5) must be > 1");
+  // Infinite coefficients would turn the loss into inf or nan: refused.
+  expect_error([] { validate(PolicyLossConfig{.kl_coef = INFINITY}); }, "kl_coef (inf) must be finite");
+  expect_error([] { validate(PolicyLossConfig{.clip_high = INFINITY}); }, "clip_high (inf) must be finite");
+  expect_error([] { validate(PolicyLossConfig{.dual_clip = INFINITY}); }, "dual_clip (inf) must be > 1 and finite");
   expect_error([] { parse_policy_loss("ppo2"); }, "unknown policy loss 'ppo2'; allowed: ppo, gspo, pg");
 }
 
