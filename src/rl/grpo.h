@@ -57,8 +57,8 @@ struct GrpoOptions {
   double kl_reward_coef = 0;
 
   LossAggregation aggregation = LossAggregation::TokenMean;
-  // Rollout/trainer mismatch corrections on each token's weight (policy_loss.h token_weights: TIS at token or
-  // sequence level, token and sequence masks; all off by default).
+  // Rollout/trainer mismatch corrections on each token's weight (policy_loss.h minibatch_weights: TIS at token
+  // or sequence level, token and sequence masks, a masked token in no denominator; all off by default).
   MismatchConfig mismatch;
   double lr = 1e-3;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose

@@ -15,7 +15,7 @@
 // KL to a frozen reference (ref = log p_ref), a loss term beta k(logp, ref):
 //   k1 = logp - ref (dk/dlogp = 1); k2 = (logp - ref)^2 / 2 (logp - ref); k3 = e^(ref - logp) - (ref - logp) - 1
 //   (1 - e^(ref - logp)). Entropy bonus: - entropy_coef H_t.
-// Every term is weighted by the token's weight w_t, fixed before the update (token_weights below): the
+// Every term is weighted by the token's weight w_t, fixed before the update (minibatch_weights below): the
 // aggregation's normaliser times the mismatch corrections. The loss is sum_t w_t (l_t + beta k_t -
 // entropy_coef H_t), a sum of per-token terms as the objective contract requires.
 #pragma once
