@@ -215,6 +215,13 @@ void ModelConfig::validate() const {
   if (!(rope_theta > 0)) MT_THROW("rope_theta (", rope_theta, ") must be > 0");
   if (!(router_aux_loss_coef >= 0)) MT_THROW("router_aux_loss_coef (", router_aux_loss_coef, ") must be >= 0");
   if (!(initializer_range >= 0)) MT_THROW("initializer_range (", initializer_range, ") must be >= 0");
+  if (score_before_experts) {
+    bool sparse = false;
+    for (int64_t l = 0; l < num_hidden_layers; ++l) sparse = sparse || is_sparse_layer(l);
+    if (!sparse)
+      MT_THROW("score_before_experts (moetrain_score_before_experts) true needs MoE layers, but this model has none "
+               "(num_experts ", num_experts, ")");
+  }
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& origin) {
@@ -315,6 +322,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.output_router_logits = false;  // the aux loss exists only where there are MoE layers
     c.router_aux_loss_coef = 0.0;
   }
+  c.score_before_experts = f.get_bool("moetrain_score_before_experts", false);
 
   try {
     c.validate();
@@ -328,6 +336,33 @@ ModelConfig load_model_config(const std::string& path) {
   namespace fs = std::filesystem;
   std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
   return parse_model_config(read_text_file(file), file);
+}
+
+std::optional<bool> stated_score_before_experts(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string file = (fs::path(dir) / "config.json").string();
+  if (!fs::is_regular_file(file)) return std::nullopt;
+  json j;
+  try {
+    j = json::parse(read_text_file(file));
+  } catch (const json::exception& e) {
+    MT_THROW(file, ": not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) MT_THROW(file, ": expected a JSON object at the top level, got ", j.type_name());
+  return Fields(j, file).get_bool("moetrain_score_before_experts", false);
+}
+
+bool resolve_score_before_experts(int64_t asked, const std::string& setting, std::optional<bool> stated,
+                                  const std::string& dir) {
+  if (asked != -1 && asked != 0 && asked != 1) MT_THROW(setting, " ", asked, " must be -1 (not given), 0 or 1");
+  if (!stated) return asked == 1;
+  if (asked != -1 && (asked == 1) != *stated)
+    MT_THROW(setting, " ", asked, " contradicts ", dir, "/config.json, whose model ",
+             *stated ? "has \"moetrain_score_before_experts\": true (y = sum_k expert_k(w_k x))"
+                     : "has no \"moetrain_score_before_experts\" (Qwen3-MoE's y = sum_k w_k expert_k(x))",
+             ": the model directory defines what the model computes; drop the setting, or edit its config.json "
+             "to change the model on purpose");
+  return *stated;
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
@@ -371,6 +406,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["output_router_logits"] = c.output_router_logits;
     j["router_aux_loss_coef"] = c.router_aux_loss_coef;
   }
+  if (c.score_before_experts) j["moetrain_score_before_experts"] = true;  // absent: Qwen3-MoE's formula
   return j.dump(2) + "\n";
 }
 

@@ -1,8 +1,10 @@
 // ModelConfig: the Qwen3-MoE / Qwen3 architecture hyper-parameters, read from and written to a
-// Hugging Face config.json, plus the built-in presets of docs/design.md (tiny, demo, bench-4L,
+// Hugging Face config.json (plus moetrain's own keys, prefixed "moetrain_", for what a checkpoint must carry
+// that transformers has no field for), plus the built-in presets of docs/design.md (tiny, demo, bench-4L,
 // qwen3-30b-a3b). Dense Qwen3 is the same model with num_experts = 0.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,11 @@ struct ModelConfig {
   // *ForTokenClassification with num_labels 1) and the model outputs v_t = norm(h_t) . w per token
   // (Qwen3MoeModel: LossParts::value, ValueObjective). Not read from config.json; needs untied embeddings.
   bool value_head = false;
+  // Where the routing weights multiply (a moetrain extension, config.json key
+  // "moetrain_score_before_experts", written only when true): false (Qwen3-MoE, transformers)
+  // y = sum_k w_k expert_k(x); true: y = sum_k expert_k(w_k x). Part of what the model computes, so it
+  // travels in the checkpoint's config.json; transformers ignores the key and would run the other formula.
+  bool score_before_experts = false;
 
   bool is_sparse_layer(int64_t layer) const;  // transformers' rule (decoder_sparse_step, mlp_only_layers)
   int64_t num_parameters() const;             // all parameters (tied embedding counted once)
@@ -49,6 +56,16 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 ModelConfig load_model_config(const std::string& path);  // path to config.json or a model directory
 std::string model_config_to_json(const ModelConfig& c);   // transformers-loadable config.json text
 void save_model_config(const ModelConfig& c, const std::string& path);
+
+// What a model directory's config.json says of score_before_experts (its "moetrain_score_before_experts";
+// false when the key is absent, as in every transformers checkpoint), or nullopt when it has no config.json.
+std::optional<bool> stated_score_before_experts(const std::string& dir);
+// A command's own setting of score_before_experts (`asked`: -1 not given, else 0 or 1; `setting` names it as
+// the user wrote it, e.g. "--score-before-experts") against what the directory `dir` states (`stated`, nullopt:
+// nothing): the value to run with, the directory's unless it states nothing. A setting that contradicts the
+// directory is an error naming both (a model trained one way must run the same way everywhere).
+bool resolve_score_before_experts(int64_t asked, const std::string& setting, std::optional<bool> stated,
+                                  const std::string& dir);
 
 // Built-in presets: "tiny", "demo", "bench-4L", "qwen3-30b-a3b". Unknown name: error listing them.
 ModelConfig preset_model_config(const std::string& name);

@@ -25,6 +25,7 @@ struct LoadReport {
   size_t files = 0;
   double seconds = 0;
   bool ignored_tied_lm_head = false;  // the file carried lm_head.weight although embeddings are tied
+  bool router_bias = false;  // TrainSession::load also read the directory's routing bias (router_bias.safetensors)
 };
 
 // Loads every parameter of `table` from the checkpoint at `dir` into `flat` (f32, CPU or CUDA).

@@ -465,7 +465,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       const moe::DispatchPlan& pl = *a.ep_plan;
       const int64_t Rr = pl.rows_received;
       if (!exchanges_known)
-        a.xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xe, wts_e) : par_.dispatcher->dispatch(pl, xe);
+        a.xp = cfg_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xe, wts_e) : par_.dispatcher->dispatch(pl, xe);
       a.gu = Af.alloc({Rr, 2 * F}, act_);
       a.hh = Af.alloc({Rr, F}, act_);
       // With ep > 1 the expert-side outputs are needed only until the combine has sent them (the
@@ -477,11 +477,11 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // with the exchanges kept needs only gu and hh: the block output is not read).
       if (!exchanges_known) {
         a.ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
-        par_.dispatcher->combine_finish(pl, a.ys, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
+        par_.dispatcher->combine_finish(pl, a.ys, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
       }
     } else {
       a.xp = Af.alloc({R, D}, act_);
-      if (opt_.score_before_experts)
+      if (cfg_.score_before_experts)
         ops::permute_weighted_fwd(xe, a.row_of_assign, wts_e, a.xp);
       else
         ops::permute_fwd(xe, a.assign_of_row, K, a.xp);
@@ -489,7 +489,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.hh = Af.alloc({R, F}, act_);
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, opt_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
+      if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
   } else {
@@ -555,10 +555,10 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     if (par_.dispatcher) {
       const moe::DispatchPlan& pl = *a.ep_plan;
       moe::CombineGrads cg = early ? par_.dispatcher->combine_bwd_finish(pl, *early)
-                                   : par_.dispatcher->combine_bwd(pl, dout_e, a.ys, opt_.score_before_experts ? ones_TK(Tr) : wts_e);
+                                   : par_.dispatcher->combine_bwd(pl, dout_e, a.ys, cfg_.score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
-      if (opt_.score_before_experts) {  // the weights' gradient comes from the input side
+      if (cfg_.score_before_experts) {  // the weights' gradient comes from the input side
         ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
                          g.experts_gate_up, g.experts_down, acc);
         dwts = par_.dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
@@ -573,7 +573,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     } else {
       Tensor dyp = W.alloc({R, D}, act_), dxp = W.alloc({R, D}, act_);
       dwts = W.alloc({Tr, K});
-      if (opt_.score_before_experts)  // y = sum_k expert_k(w_k x): the output side is unweighted
+      if (cfg_.score_before_experts)  // y = sum_k expert_k(w_k x): the output side is unweighted
         ops::permute_weighted_fwd(dout_e, a.row_of_assign, ones_TK(Tr), dyp);
       else
         ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
@@ -585,7 +585,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                          g.experts_gate_up, g.experts_down, acc);
       }
       if (side_dw) wgrad_done_.record_side(0);
-      if (opt_.score_before_experts)
+      if (cfg_.score_before_experts)
         ops::permute_weighted_bwd(dxp, etp ? a.xg2 : a.xn2, a.row_of_assign, wts_e, dxe, dwts);
       else
         ops::permute_bwd(dxp, a.assign_of_row, K, dxe);
@@ -960,7 +960,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     // backward (one all-to-all) needs nothing the recompute makes: it starts first and travels meanwhile.
     std::optional<moe::CombineBwdPending> early;
     if (kept_exchanges(a) && !(par_.tp && par_.expert_tp))
-      early = par_.dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, opt_.score_before_experts ? ones_TK(T) : a.wts);
+      early = par_.dispatcher->combine_bwd_start(*a.ep_plan, dA, a.ys, cfg_.score_before_experts ? ones_TK(T) : a.wts);
     if (rc != Recompute::None) {
       // Moe's recompute forms no block output, except through a combine that must rebuild its rows
       // (a dispatcher whose exchanged rows were not kept).

@@ -107,13 +107,10 @@ int wgrad_sms_default();
 int parse_wgrad_sms(const std::string& value);
 streams::Side wgrad_priority_default();
 
-// How the model runs, fixed for its life.
+// How the model runs, fixed for its life. (What it computes is the ModelConfig's, including
+// ModelConfig::score_before_experts, which travels in the checkpoint's config.json; these options change
+// only how, never the result beyond rounding.)
 struct ModelOptions {
-  // Where the routing weights multiply: false (Qwen3-MoE, transformers) y = sum_k w_k expert_k(x);
-  // true: y = sum_k expert_k(w_k x), the order some MoE recipes use. Both are exact in the forward
-  // and the backward (the weights' gradient comes from the expert input side when true). Not a
-  // property of the HF checkpoint: a model trained one way must be evaluated the same way.
-  bool score_before_experts = false;
   // How many units ahead of their use the model announces them to the ParamSource (prefetch). Under
   // FSDP each is an all-gather started that early, on the communicator's stream, and one more
   // gathered unit held in memory. Measured on 2 H200s (bench-4L, batch 4 per GPU): 2 gave no gain

@@ -144,23 +144,23 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
       }
       if (par_.dispatcher) {  // expert parallelism: the tokens travel to their experts' ranks and back
         const moe::DispatchPlan pl = par_.dispatcher->prepare(idx, wts);
-        const Tensor xp = opt_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xn2, wts)
+        const Tensor xp = cfg_.score_before_experts ? par_.dispatcher->dispatch_weighted(pl, xn2, wts)
                                                     : par_.dispatcher->dispatch(pl, xn2);
         const int64_t Rx = pl.rows_received;
         Tensor gu = work_.alloc({Rx, 2 * F}, act_), hh = work_.alloc({Rx, F}, act_), yp = work_.alloc({Rx, D}, act_);
         ops::experts_fwd(xp, pl.local_offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
         const Tensor ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
-        par_.dispatcher->combine_finish(pl, ys, opt_.score_before_experts ? ones_TK(N) : wts, out);
+        par_.dispatcher->combine_finish(pl, ys, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       } else {
         Tensor offsets = work_.alloc({E + 1}, DType::I64), assign = work_.alloc({Rr}, DType::I32),
                row_of = work_.alloc({N, K}, DType::I32);
         ops::make_dispatch_plan(idx, E, offsets, assign, row_of);
         Tensor xp = work_.alloc({Rr, D}, act_), gu = work_.alloc({Rr, 2 * F}, act_), hh = work_.alloc({Rr, F}, act_),
                yp = work_.alloc({Rr, D}, act_);
-        if (opt_.score_before_experts) ops::permute_weighted_fwd(xn2, row_of, wts, xp);
+        if (cfg_.score_before_experts) ops::permute_weighted_fwd(xn2, row_of, wts, xp);
         else ops::permute_fwd(xn2, assign, K, xp);
         ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
-        ops::unpermute_fwd(yp, row_of, opt_.score_before_experts ? ones_TK(N) : wts, out);
+        ops::unpermute_fwd(yp, row_of, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       }
     } else {
       const int64_t I = cfg_.intermediate_size;

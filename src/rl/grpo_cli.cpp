@@ -914,7 +914,10 @@ int grpo_main(const std::vector<std::string>& args) {
   so.shared_dist = &dist;
   AdamWConfig ac;
   ac.weight_decay = 0;
+  // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
+  // the fingerprint holds its file unchanged).
   if (!resuming) session.load(model_dir);
+  else session.load_router_bias(model_dir);
   session.make_optimizer(ac, false);
   std::unique_ptr<TrainSession> reference;
   if (use_reference && baseline.empty()) {
@@ -935,6 +938,7 @@ int grpo_main(const std::vector<std::string>& args) {
       critic->init_weights(uint64_t(seed));
       rl::init_critic_from_policy(*critic, session);
     }
+    critic->load_router_bias(model_dir);  // the policy's body routes as the policy does
   }
   if (resuming) {
     // The policy's masters and moments, the critic's, the counters: the state the run stopped with.
@@ -982,6 +986,10 @@ int grpo_main(const std::vector<std::string>& args) {
   std::unique_ptr<rl::TpGenerator> tp_copy;
   if (dist.mesh().size(Axis::Tp) > 1 || dist.mesh().size(Axis::Sp) > 1) {
     tp_copy = std::make_unique<rl::TpGenerator>(session);
+    if (const Tensor& b = session.model().router_bias(); b.defined()) {  // the copy routes as the policy
+      tp_copy->model().enable_router_bias();
+      tp_copy->model().router_bias().copy_from(b);
+    }
     o.before_generate = [&tp_copy] { return tp_copy->refresh(); };
     if (dist.mesh().size(Axis::Tp) > 1) {
       o.replay_routing = false;
@@ -1086,6 +1094,8 @@ int grpo_main(const std::vector<std::string>& args) {
       save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
     if (lead && fs::exists(tokenizer_path))
       fs::copy_file(tokenizer_path, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
+    if (lead && session.model().router_bias().defined())  // the routing bias it ran with: a complete model
+      save_router_bias(dir, cfg, session.model().router_bias());
     debug_kill_while_saving(step);
     AdamW& opt = session.optimizer();
     save_train_state_shard(dir, dist.rank(), session.master(), opt.exp_avg(), opt.exp_avg_sq(),

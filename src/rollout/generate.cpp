@@ -183,7 +183,9 @@ int generate_main(const std::vector<std::string>& args) {
       prompt_index.push_back(int64_t(i));
     }
   if (rank == 0)
-    log_info("generate: loaded ", rep.tensors, " tensors from ", model_dir, " in ", rep.seconds, " s; ",
+    log_info("generate: loaded ", rep.tensors, " tensors from ", model_dir, " in ", rep.seconds, " s",
+             rep.router_bias ? " (and its router bias)" : "",
+             cfg.score_before_experts ? " (score_before_experts, as its config.json says)" : "", "; ",
              all_prompts.size(), " prompts from ", prompts_path, ", device ", mt::device_name(device),
              world > 1 ? str(", ", world, " ranks (ep ", ep, ")") : std::string());
   std::vector<GenerateRequest> reqs;

@@ -88,6 +88,14 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
     if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
   }
   const ModelConfig c = load_model_config(opt.from);
+  // transformers keeps the unknown key but runs Qwen3-MoE's formula: the export would load without a word
+  // and compute another model at every token. Refused rather than warned (a warning scrolls by; a wrong
+  // model in a serving stack does not); the checkpoint itself stays a moetrain model directory.
+  if (c.score_before_experts)
+    MT_THROW("convert: ", opt.from, "/config.json has \"moetrain_score_before_experts\": true (the model computes ",
+             "y = sum_k expert_k(w_k x)); transformers' Qwen3-MoE computes y = sum_k w_k expert_k(x) and would load the "
+             "export as another model, so it is not exported. moetrain generate, grpo, sft and grads run the "
+             "checkpoint as it is");
   const ParamTable table(c);
   const CheckpointReader reader(opt.from);
   const ExpertLayout layout = detect_expert_layout(reader);

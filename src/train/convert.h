@@ -2,7 +2,9 @@
 // to a clean Hugging Face model directory that transformers' AutoModelForCausalLM.from_pretrained loads:
 // config.json (dtype recorded), generation_config.json, model.safetensors or shards
 // model-0000i-of-0000n.safetensors with model.safetensors.index.json, and the tokenizer files when the
-// source (or --tokenizer) has them. No training state, no manifest, no router bias.
+// source (or --tokenizer) has them. No training state, no manifest, no router bias (a warning says the
+// export routes without it). A model with score_before_experts (moetrain_score_before_experts in its
+// config.json) is refused: transformers would run it with Qwen3-MoE's formula.
 //
 // Promises: the source is verified first (its manifest, when it has one: a corrupt checkpoint is refused
 // with the file named); the tensors are the source's, in the model's parameter order, converted to the

@@ -48,7 +48,10 @@ static void debug_perturb_grad(FsdpParams& fsdp, int rank) {
 }
 
 GradsResult run_grads(const GradsOptions& opt) {
-  ModelConfig cfg = load_model_config(opt.model_dir);
+  ModelConfig cfg = load_model_config(opt.model_dir);  // with its score_before_experts
+  // --score-before-experts only confirms the directory's model: it may not change it.
+  resolve_score_before_experts(opt.score_before_experts ? 1 : -1, "--score-before-experts", cfg.score_before_experts,
+                               opt.model_dir);
   DistOptions dopt;
   dopt.mesh.dp_shard = opt.dp_shard;
   dopt.mesh.dp_replicate = opt.dp_replicate;
@@ -59,7 +62,6 @@ GradsResult run_grads(const GradsOptions& opt) {
   SessionOptions so;
   so.dist = dopt;
   so.recompute = opt.recompute;
-  so.model.score_before_experts = opt.score_before_experts;
   TrainSession session(cfg, so);
   DistContext* dist = &session.dist();
   const int sp = dist->mesh().size(Axis::Sp);
@@ -69,7 +71,9 @@ GradsResult run_grads(const GradsOptions& opt) {
   Qwen3MoeModel& model = session.model();
   LoadReport rep = session.load(opt.model_dir);
   log_info("grads: loaded ", rep.tensors, " tensors (", rep.bytes_read, " bytes read, ", expert_layout_name(rep.layout),
-           " experts) from ", opt.model_dir, " in ", rep.seconds, " s");
+           " experts) from ", opt.model_dir, " in ", rep.seconds, " s",
+           rep.router_bias ? str("; routing with its ", kRouterBiasFile) : std::string(),
+           cfg.score_before_experts ? "; score_before_experts (its config.json)" : "");
 
   SafetensorsFile bf(opt.batch_path);
   MicroBatch mb{read_batch_tensor(bf, "input_ids"), read_batch_tensor(bf, "labels")};

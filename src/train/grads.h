@@ -14,7 +14,9 @@ struct GradsOptions {
   std::string batch_path;
   std::string out_path;
   Recompute recompute = Recompute::None;
-  bool score_before_experts = false;  // --score-before-experts (see Qwen3MoeModel::score_before_experts)
+  // --score-before-experts: a check that the model directory's config.json says so (ModelConfig::
+  // score_before_experts, its moetrain_score_before_experts); it cannot change the model.
+  bool score_before_experts = false;
   // Parallel layout when started by `moetrain launch` (world size > 1): the batch rows are split over
   // the data-parallel ranks, the parameters FSDP-sharded; rank 0 writes the gathered result, which
   // means the same as the single-process output.

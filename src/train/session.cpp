@@ -230,7 +230,47 @@ void TrainSession::init_weights(uint64_t seed) {
 LoadReport TrainSession::load(const std::string& dir) {
   LoadReport rep = load_hf_weights_ranges(dir, config_, table_, pm_.pieces(table_), master());
   refresh_compute_weights();
+  rep.router_bias = load_router_bias(dir);
   return rep;
+}
+
+bool TrainSession::load_router_bias(const std::string& dir) {
+  if (n_sparse_ == 0) return false;
+  const bool lead = dist_->rank() == 0;
+  // Rank 0 reads before it tells the others anything, so a bad file stops every rank with its reason
+  // instead of leaving them in a broadcast: 1 read, 0 no file, -1 an error.
+  Tensor bias_host = Tensor::zeros({n_sparse_, config_.num_experts});
+  std::string why;
+  float state = 0;
+  if (lead) {
+    try {
+      state = mt::load_router_bias(dir, config_, bias_host) ? 1.0f : 0.0f;
+    } catch (const Error& e) {
+      state = -1;
+      why = e.what();
+    }
+  }
+  if (dist_->distributed()) {
+    Tensor f = Tensor::zeros({1});
+    f.data<float>()[0] = state;
+    Tensor fd = f.to(device_);
+    dist_->world()->broadcast(fd, 0)->wait();
+    device_mem::synchronize(device_);
+    state = fd.to(Device::CPU).data<float>()[0];
+  }
+  if (state < 0) {
+    if (lead) MT_THROW(why);
+    MT_THROW("rank 0 could not read ", dir, "/", kRouterBiasFile, " (rank 0 logs why)");
+  }
+  if (state == 0) return false;
+  model_->enable_router_bias();
+  Tensor& bias = model_->router_bias();
+  if (lead) bias.copy_from(bias_host.to(device_));
+  if (dist_->distributed()) {
+    dist_->world()->broadcast(bias, 0)->wait();
+    device_mem::synchronize(device_);
+  }
+  return true;
 }
 
 MicroBatch TrainSession::local_micro_batch(const MicroBatch& global) {

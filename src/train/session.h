@@ -116,8 +116,16 @@ class TrainSession {
   // HF-style random init of this rank's pieces, then the compute copy.
   void init_weights(uint64_t seed);
   // This rank's slices of an HF checkpoint, read from the files (every rank must see them), then the
-  // compute copy.
+  // compute copy; and the model's routing bias when the directory has one (load_router_bias; collective
+  // over the world then, so every rank calls load).
   LoadReport load(const std::string& dir);
+  // The aux-loss-free balancing bias saved beside a checkpoint (dir/router_bias.safetensors, train/
+  // load_balance.h): part of the model's routing, so every command that runs a checkpoint routes with it.
+  // When the file exists the model's bias is enabled and set to it on every rank (rank 0 reads it and
+  // broadcasts it: some ranks may not see the files; the routing must be the same function on all of
+  // them); it changes only in train_step with a router_bias_update_rate > 0. Returns whether there was one.
+  // Collective over the world when distributed; a model without sparse layers has none (false, no collective).
+  bool load_router_bias(const std::string& dir);
   void refresh_compute_weights() { pm_.refresh_compute_weights(*model_); }
 
   // This rank's part of a global micro-batch of whole sequences [B, S] (the same on every rank): its

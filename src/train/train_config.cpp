@@ -143,8 +143,14 @@ const std::vector<Field>& fields() {
          return one_of(c.recompute, {"none", "full", "selective", "moe"});
        }},
       {"score_before_experts", &TrainConfig::score_before_experts,
-       "1: y = sum_k expert_k(w_k x) (routing weights on the experts' input); 0 (Qwen3-MoE): y = sum_k w_k expert_k(x)",
-       [](const TrainConfig& c) { return zero_or_one(c.score_before_experts); }},
+       "1: y = sum_k expert_k(w_k x) (routing weights on the experts' input); 0 (Qwen3-MoE): y = sum_k w_k "
+       "expert_k(x); -1: as the checkpoint of init_from (or the model directory) says. Saved in the checkpoints' "
+       "config.json; a 0 or 1 that contradicts init_from's is an error",
+       [](const TrainConfig& c) {
+         return c.score_before_experts >= -1 && c.score_before_experts <= 1
+                    ? std::string()
+                    : std::string("must be -1 (the checkpoint's), 0 or 1");
+       }},
       {"metrics_file", &TrainConfig::metrics_file, "\"\" = <out_dir>/metrics.jsonl",
        [](const TrainConfig&) { return std::string(); }},
       {"tensorboard", &TrainConfig::tensorboard,

@@ -48,7 +48,7 @@ struct TrainConfig {
   int64_t max_steps = 0;                    // stop (and save) at this step; 0 = steps (the schedule still spans steps)
   std::string resume = "";                  // "" | latest (newest good checkpoint of out_dir) | a checkpoint dir
   std::string recompute = "none";           // activation recompute per block: none | full | selective | moe
-  int64_t score_before_experts = 0;        // 1: routing weights multiply the experts' input, not their output
+  int64_t score_before_experts = -1;       // 1: routing weights multiply the experts' input; -1: init_from's
   std::string metrics_file = "";            // "" = <out_dir>/metrics.jsonl
   int64_t tensorboard = 1;                  // 1: also a TensorBoard event file beside the metrics file
   // MoE load balancing beside the config.json aux loss (docs/model.md). 0 = off for both.

@@ -74,6 +74,14 @@ TrainSummary run_training(const TrainConfig& cfg) {
     log_info("deterministic: CUDA kernels without float atomics, fixed reduction orders, deterministic attention "
              "backward (slower; docs/cuda.md)");
   ModelConfig mc = resolve_model_config(cfg.model);
+  // What the model computes travels with the checkpoint its weights come from (docs/model.md "What a
+  // checkpoint carries"): --init-from's config.json states score_before_experts; a key that contradicts it is
+  // an error. From random weights the key (or the model directory's config.json) decides.
+  if (!cfg.init_from.empty())
+    mc.score_before_experts = resolve_score_before_experts(
+        cfg.score_before_experts, "score_before_experts", stated_score_before_experts(cfg.init_from), cfg.init_from);
+  else if (cfg.score_before_experts != -1)
+    mc.score_before_experts = cfg.score_before_experts == 1;
 
   // Load balancing beside the aux loss (docs/model.md), capacity and the routing weights' side: all need MoE
   // layers (checked before the session, which would otherwise fail on the capacity without naming it).
@@ -82,7 +90,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   for (auto [key, v] : {std::pair<const char*, double>{"router_z_loss_coef", cfg.router_z_loss_coef},
                         {"router_bias_update_rate", cfg.router_bias_update_rate},
                         {"moe_capacity_factor", cfg.moe_capacity_factor},
-                        {"score_before_experts", double(cfg.score_before_experts)}})
+                        {"score_before_experts", double(mc.score_before_experts)}})
     if (v != 0 && n_sparse == 0)
       MT_THROW(key, " = ", v, " needs MoE layers, but model '", cfg.model, "' has none (num_experts ", mc.num_experts,
                "); use 0");
@@ -108,7 +116,6 @@ TrainSummary run_training(const TrainConfig& cfg) {
   sess.fsdp.reshard_after_forward = cfg.reshard_after_forward != 0;
   sess.moe_capacity_factor = cfg.moe_capacity_factor;
   sess.recompute = parse_recompute(cfg.recompute);
-  sess.model.score_before_experts = cfg.score_before_experts != 0;
   TrainSession session(mc, sess);
   DistContext* dist = &session.dist();
   const bool lead = dist->rank() == 0;
@@ -150,7 +157,17 @@ TrainSummary run_training(const TrainConfig& cfg) {
       log_info("resume: no checkpoint in ", cfg.out_dir, " yet; starting from step 0");
   }
   const bool resuming = !resume_dir.empty();
+  if (resuming) {
+    // The run's checkpoints state the model they hold; a resume must run the same one.
+    const std::optional<bool> saved = stated_score_before_experts(resume_dir);
+    if (saved && *saved != mc.score_before_experts)
+      MT_THROW("resume: ", resume_dir, "/config.json was trained with score_before_experts ", int(*saved),
+               ", but this run's model has ", int(mc.score_before_experts),
+               " (from the score_before_experts key, init_from or the model directory); give score_before_experts ",
+               int(*saved), " to resume it");
+  }
   auto t_init = Clock::now();
+  bool fsdp_broadcast_load = false;
   if (resuming) {
     // The weights come with the training state below.
   } else if (cfg.init_from.empty()) {
@@ -163,6 +180,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
     // load_mode says so), rank 0 reads and broadcasts the parameters in large buckets instead.
     const bool broadcast = fsdp && (cfg.load_mode == "broadcast" ||
                                     (cfg.load_mode == "auto" && !all_ranks_see(cfg.init_from, *dist->world())));
+    fsdp_broadcast_load = broadcast;
     if (broadcast) {
       const char* bb = std::getenv("MOETRAIN_BROADCAST_BUCKET_BYTES");  // tests: small buckets
       BroadcastLoadReport rep = load_hf_weights_broadcast(cfg.init_from, mc, table, pm.pieces(table), master,
@@ -175,27 +193,20 @@ TrainSummary run_training(const TrainConfig& cfg) {
     } else {
       LoadReport rep = session.load(cfg.init_from);
       log_info(dist->distributed() ? str("rank ", dist->rank(), ": ") : std::string(), "loaded ", rep.tensors,
-               " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s");
+               " tensors, read ", rep.bytes_read / 1e6, " MB from ", cfg.init_from, " in ", rep.seconds, " s",
+               rep.router_bias ? str(" and its ", kRouterBiasFile,
+                                     cfg.router_bias_update_rate > 0 ? "" : " (frozen: router_bias_update_rate 0)")
+                               : std::string());
     }
   }
+  // The balancing bias is part of the model's routing: it comes with the weights (init_from, or the resumed
+  // checkpoint), whatever the rate; with rate 0 it stays as read. (session.load above read it already; the
+  // broadcast load and a resume read it here.)
   const std::string bias_from = resuming ? resume_dir : cfg.init_from;
-  if (cfg.router_bias_update_rate > 0 && !bias_from.empty()) {
-    // Rank 0 reads the bias and every rank receives it (some ranks may not see the files): the
-    // routing must be the same function on every rank.
-    Tensor& bias = model.router_bias();
-    Tensor found = Tensor::zeros({1});
-    if (dist->rank() == 0 && load_router_bias(bias_from, mc, bias)) found.fill_(1.0f);
-    if (dist->distributed()) {
-      Tensor f = found.to(device);
-      dist->world()->broadcast(f, 0)->wait();
-      dist->world()->broadcast(bias, 0)->wait();
-      device_mem::synchronize(device);
-      found = f.to(Device::CPU);
-    }
-    if (found.data<float>()[0] != 0 && lead)
-      log_info("router bias: read ", kRouterBiasFile, " from ", bias_from,
-               dist->distributed() ? " (rank 0, broadcast to every rank)" : "");
-  }
+  if (!bias_from.empty() && (resuming || fsdp_broadcast_load) && session.load_router_bias(bias_from) && lead)
+    log_info("router bias: read ", kRouterBiasFile, " from ", bias_from,
+             dist->distributed() ? " (rank 0, broadcast to every rank)" : "",
+             cfg.router_bias_update_rate > 0 ? "" : "; frozen (router_bias_update_rate 0)");
   // JSONL data needs a tokenizer: the configured one, else the model directory's tokenizer.json (copied into
   // the checkpoints: the model's own vocabulary, whatever the data).
   const bool synthetic = cfg.data.rfind("synthetic:", 0) == 0;
@@ -323,7 +334,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
       // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
       if (device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
     }
-    if (lead && cfg.router_bias_update_rate > 0) save_router_bias(dir, mc, model.router_bias());
+    // The bias the model routes with, learned or read (a checkpoint without it would route differently).
+    if (lead && model.router_bias().defined()) save_router_bias(dir, mc, model.router_bias());
     if (lead && !data_opt.tokenizer.empty())  // a complete HF directory: the next run (sft, generate) reads it
       fs::copy_file(data_opt.tokenizer, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
     debug_kill_while_saving(step);

@@ -70,6 +70,7 @@ ModelConfig config_of(const Variant& v) {
   c.router_aux_loss_coef = 0.1;
   c.tie_word_embeddings = v.tied;
   if (v.dense_layer0) c.mlp_only_layers = {0};
+  c.score_before_experts = v.score_before;
   return c;
 }
 
@@ -131,8 +132,7 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
   // most (token, k) pairs to other experts.
   {
     SwitchingSource only_orig(original, original), only_pert(perturbed, perturbed);
-    const ModelOptions mo{.score_before_experts = v.score_before};
-    Qwen3MoeModel a(c, Device::CPU, &only_orig, Weights::Trainable, mo), b(c, Device::CPU, &only_pert, Weights::Trainable, mo);
+    Qwen3MoeModel a(c, Device::CPU, &only_orig, Weights::Trainable), b(c, Device::CPU, &only_pert, Weights::Trainable);
     const LossParts la = a.forward(mb, nullptr), lb = b.forward(mb, nullptr);
     const double frac = routing_difference(a.last_routing(), b.last_routing());
     std::printf("%s: negated router gates re-route %.1f%% of (token, k) expert ids\n", v.name.c_str(), 100 * frac);
@@ -145,7 +145,7 @@ TEST_P(RecomputeRouting, PerturbedRouterInRecomputeChangesNothing) {
     original.grads().zero_();
     perturbed.grads().zero_();
     SwitchingSource src(original, perturbed);
-    Qwen3MoeModel m(c, Device::CPU, &src, Weights::Trainable, {.score_before_experts = v.score_before});
+    Qwen3MoeModel m(c, Device::CPU, &src, Weights::Trainable);
     PassOptions po;
     po.ce_scale = ce_scale;
     po.aux_scale = aux_scale;

@@ -33,7 +33,8 @@ bool same_routing(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
 
 TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
   ModelConfig c = preset_model_config("tiny");
-  Qwen3MoeModel m(c, Device::CPU, nullptr, Weights::Trainable, {.score_before_experts = true});
+  c.score_before_experts = true;
+  Qwen3MoeModel m(c, Device::CPU, nullptr, Weights::Trainable);
   init_weights(c, m.table(), m.params(), 11);
   const MicroBatch mb = test::random_batch(c, 2, 16, 5, 4, 1);
   m.zero_grads();
@@ -43,7 +44,9 @@ TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
   // The option is applied: the plain model's expert gradients differ (SwiGLU is not homogeneous, so
   // expert_k(w x) != w expert_k(x)); at this init scale the loss itself moves only by ~6e-6 relative.
   {
-    Qwen3MoeModel plain(c);
+    ModelConfig plain_c = c;
+    plain_c.score_before_experts = false;
+    Qwen3MoeModel plain(plain_c);
     plain.params().copy_from(m.params());
     plain.zero_grads();
     plain.forward_backward(mb, 1.0, 0.0);
@@ -96,7 +99,20 @@ TEST(ScoreBeforeExperts, GradientsMatchFiniteDifferences) {
 
 TEST(ScoreBeforeExperts, ExpertAndTensorParallelEqualOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
-  const std::string model = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
+  // The model is its directory's: a copy of the aux golden whose config.json says score_before_experts.
+  const std::string plain_model = std::string(MT_SOURCE_DIR) + "/tests/assets/goldens/aux";
+  const std::string model = test::tmp_path("score_before", "model");
+  std::filesystem::create_directories(model);
+  for (const auto& e : std::filesystem::directory_iterator(plain_model))
+    if (e.is_regular_file())
+      std::filesystem::copy_file(e.path(), std::filesystem::path(model) / e.path().filename(),
+                                 std::filesystem::copy_options::overwrite_existing);
+  {
+    std::ifstream in(plain_model + "/config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["moetrain_score_before_experts"] = true;
+    std::ofstream(model + "/config.json") << j.dump(2) << "\n";
+  }
   const std::string bpath = test::tmp_path("score_before", "batch.safetensors");
   test::make_batch(model, bpath);
   const std::string& bin = test::kMoetrainBin;
@@ -107,7 +123,7 @@ TEST(ScoreBeforeExperts, ExpertAndTensorParallelEqualOneProcess) {
     ASSERT_EQ(r.code, 0) << r.out;
     // Against the plain model: the option changes the gradients.
     const std::string plain = test::tmp_path("score_before", std::string("plain_") + rc + ".safetensors");
-    ASSERT_EQ(test::sh(bin + " grads --model " + model + " --batch " + bpath + " --out " + plain).code, 0);
+    ASSERT_EQ(test::sh(bin + " grads --model " + plain_model + " --batch " + bpath + " --out " + plain).code, 0);
     EXPECT_NE(SafetensorsFile(plain).read_f32("loss").data<float>()[0],
               SafetensorsFile(ref).read_f32("loss").data<float>()[0]);
     for (const char* layout : {"--ep 2", "--tp 2 --etp 2"}) {
