@@ -93,10 +93,11 @@ TEST(RlRanks, ReplayUnderTpIsAnErrorNamingIt) {
 // GSPO's sequence ratio is a mean over each sample's every token, which a tp or sp rank holds only a slice
 // of: the loop refuses the loss there (it ran before and gave other gradients than one process: `_selftest
 // rl --loss gspo --no-replay`, grad norm 4.9335 on one process, 4.8494 under tp 2, 4.8308 under sp 2).
-// Under dp_shard 2 (whole samples per rank, some micro-batches padded) it equals one process.
+// Under dp_shard 2 and ep 2 (whole samples per rank, some micro-batches padded) it equals one process.
 TEST(RlRanks, GspoEqualsOneProcessUnderDpShardAndIsRefusedUnderTpAndSp) {
   MT_SKIP_WITHOUT_GLOO();
   expect_layout_equal("--loss gspo", "--dp-shard 2", "gspo");
+  expect_layout_equal("--loss gspo", "--ep 2", "gspo");
   for (const std::string layout : {"--tp 2", "--sp 2"}) {
     const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- _selftest rl --model " + kGoldens +
                           "/tiny --loss gspo --no-replay " + layout + " --out " + tmp_path("rl_ranks", "x.safetensors"));
