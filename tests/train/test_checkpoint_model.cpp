@@ -293,3 +293,40 @@ TEST(CheckpointModel, ACheckpointWithoutTheKeyOrTheFileRunsAsBefore) {
   EXPECT_FALSE(nlohmann::json::parse(cf).contains("moetrain_score_before_experts"));
   EXPECT_FALSE(fs::exists(next + "/" + kRouterBiasFile));
 }
+
+TEST(CheckpointModel, EveryRankOfALaunchRoutesWithTheCheckpoints) {
+  MT_SKIP_WITHOUT_GLOO();
+  // Both settings at once; rank 0 reads the bias and broadcasts it, so every layout equals one process.
+  const std::string ckpt = train_tiny("ranks", "--score_before_experts 1 --router_bias_update_rate 0.05");
+  auto with = model_of(ckpt, true, true);
+  const std::string batch = make_batch(ckpt, tmp_path("ckptmodel", "ranks_batch.safetensors"));
+  const std::string ref = tmp_path("ckptmodel", "ranks_ref.safetensors");
+  ASSERT_EQ(sh(kMoetrainBin + " grads --model " + ckpt + " --batch " + batch + " --out " + ref).code, 0);
+  EXPECT_LE(grads_gap(ref, *with, batch).grads, 1e-6);
+  for (const char* layout : {"--dp-shard 2", "--ep 2", "--tp 2"}) {
+    const std::string out = tmp_path("ckptmodel", "ranks_got.safetensors");
+    const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- grads --model " + ckpt + " --batch " + batch +
+                          " --out " + out + " " + layout);
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
+    expect_same(out, ref, std::string("grads ") + layout);
+  }
+  const std::string prompts = tmp_path("ckptmodel", "ranks_prompts.jsonl");
+  {
+    std::ofstream f(prompts);
+    f << R"({"prompt_ids": [3, 14, 15, 9, 2, 6]})" << "\n" << R"({"prompt_ids": [27, 1, 8]})" << "\n";
+  }
+  const std::string args = " --device cpu --model " + ckpt + " --prompts " + prompts +
+                           " --max-new-tokens 8 --temperature 0 --ignore-eos --out ";
+  const std::string one = tmp_path("ckptmodel", "ranks_gen1.jsonl"), two = tmp_path("ckptmodel", "ranks_gen2.jsonl");
+  ASSERT_EQ(sh(kMoetrainBin + " generate" + args + one).code, 0);
+  EXPECT_LE(generate_gap(read_lines(one), *with).logprob, 1e-4);
+  const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- generate" + args + two + " --ep 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::vector<nlohmann::json> a = read_lines(one), b = read_lines(two);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["token_ids"], b[i]["token_ids"]) << i;
+    for (size_t t = 0; t < a[i]["logprobs"].size(); ++t)
+      EXPECT_NEAR(a[i]["logprobs"][t].get<double>(), b[i]["logprobs"][t].get<double>(), 1e-5) << i;
+  }
+}
