@@ -118,7 +118,8 @@ const char* kUsage =
     "  --tis-cap C, --tis-level token|sequence   truncated importance sampling of the rollout/trainer ratio\n"
     "                            (default off), --token-mask LOW,HIGH, --seq-mask LOW,HIGH   weight 0 for tokens\n"
     "                            (samples: geometric-mean ratio) outside the band (default off)\n"
-    "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant\n"
+    "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant (default\n"
+    "                            token-mean; seq-mean-token-mean under --loss gspo, GSPO's objective)\n"
     "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
     "                            --max-generate-rounds R (4)\n"
     "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
@@ -460,6 +461,7 @@ int grpo_main(const std::vector<std::string>& args) {
   Reward reward_kind = Reward::Digits;
   std::string advantage_given;
   bool temperature_given = false;
+  std::string aggregation_name;  // --aggregation as given ("": the loss's own, below)
   std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
   bool process = true, per_position = true;
   bool ppo = false, dynamic_given = false;
@@ -595,8 +597,10 @@ int grpo_main(const std::vector<std::string>& args) {
       (a == "--token-mask" ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low) = lo;
       (a == "--token-mask" ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high) = hi;
     }
-    else if (a == "--aggregation")
-      o.aggregation = rl::parse_loss_aggregation(value());
+    else if (a == "--aggregation") {
+      aggregation_name = value();
+      o.aggregation = rl::parse_loss_aggregation(aggregation_name);
+    }
     else if (a == "--dynamic-sampling") {
       o.dynamic_sampling = parse_on_off(a, value());
       dynamic_given = true;
@@ -655,6 +659,15 @@ int grpo_main(const std::vector<std::string>& args) {
   }
   // Every check before any work.
   const bool from_file = !prompts_path.empty();
+  // GSPO's objective is a mean over sequences (seq-mean-token-mean); the others' default is token-mean.
+  if (aggregation_name.empty()) {
+    aggregation_name = o.loss.kind == rl::PolicyLoss::Gspo ? "seq-mean-token-mean" : "token-mean";
+    o.aggregation = rl::parse_loss_aggregation(aggregation_name);
+  }
+  // Under tp or sp a rank holds part of each sample's tokens, and GSPO's ratio is over the whole sample.
+  if (o.loss.kind == rl::PolicyLoss::Gspo && (mesh.tp > 1 || mesh.sp > 1))
+    MT_THROW("grpo: --loss gspo under --tp ", mesh.tp, " --sp ", mesh.sp,
+             ": its sequence ratio needs each sample's tokens on one rank; use --dp-shard, --dp-replicate or --ep");
   if (o.n < 2) MT_THROW("grpo: --n ", o.n, " samples per prompt; group advantages need at least 2");
   if (steps < 1) MT_THROW("grpo: --steps ", steps, "; need >= 1");
   if (per_step < 1) MT_THROW("grpo: --prompts-per-step ", per_step, "; need >= 1");
@@ -1184,7 +1197,7 @@ int grpo_main(const std::vector<std::string>& args) {
              : !process     ? "outcome"
              : per_position ? "position"
                             : "process",
-             o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
+             ", aggregation ", aggregation_name, o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
                     : std::string());

@@ -173,3 +173,25 @@ TEST(GrpoCliOptions, HelpSaysTheTaskRewardTrainsOnlyUnderOutcome) {
             std::string::npos)
       << r.out;
 }
+
+// GSPO's objective is a mean over sequences: --loss gspo once trained under token-mean (each sequence weighed by
+// its length) unless --aggregation said otherwise; it defaults to seq-mean-token-mean now, the run's first line
+// names the aggregation, and a given --aggregation still wins. Under --tp or --sp (a rank holds part of each
+// sample) it is refused before any work, not at the first update.
+TEST(GrpoCliOptions, GspoDefaultsToSequenceMeanAndIsRefusedUnderTpOrSp) {
+  ShellRun r = grpo("gspo_agg", "--loss gspo");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", aggregation seq-mean-token-mean"), std::string::npos) << r.out;
+  r = grpo("gspo_agg_given", "--loss gspo --aggregation token-mean");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", aggregation token-mean"), std::string::npos) << r.out;
+  r = grpo("ppo_agg", "");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", aggregation token-mean"), std::string::npos) << r.out;
+  for (const std::string layout : {"--tp 2", "--sp 2"}) {
+    r = grpo("gspo_tp", "--loss gspo " + layout);
+    EXPECT_NE(r.code, 0) << layout << ": " << r.out;
+    EXPECT_NE(r.out.find("its sequence ratio needs each sample's tokens on one rank"), std::string::npos)
+        << layout << ": " << r.out;
+  }
+}
