@@ -132,6 +132,16 @@ TrainSummary run_training(const TrainConfig& cfg) {
   auto all_ranks_agree = [&](double v) {  // rank 0's value on every rank (and a barrier)
     return dist->distributed() ? comm::all_gather_doubles(*dist->world(), {v})[0] : v;
   };
+  // A rank that cannot see init_from (load_mode broadcast) read no score_before_experts from it: every rank
+  // must build the same model, so a rank that differs from rank 0 stops them all.
+  if (dist->distributed()) {
+    const std::vector<double> sbe = comm::all_gather_doubles(*dist->world(), {double(mc.score_before_experts)});
+    for (int r = 1; r < dist->world_size(); ++r)
+      if (sbe[size_t(r)] != sbe[0])
+        MT_THROW("score_before_experts is ", int(sbe[0]), " on rank 0 but ", int(sbe[size_t(r)]), " on rank ", r,
+                 " (it cannot read ", cfg.init_from.empty() ? cfg.model : cfg.init_from,
+                 "/config.json?); every rank must see the model's config.json");
+  }
   // Resume (train/checkpoint.h): rank 0 picks the newest checkpoint whose manifest verifies; every rank
   // then reads its own pieces of the saved state, whatever layout saved it.
   std::string resume_dir;
