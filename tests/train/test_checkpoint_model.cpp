@@ -3,9 +3,9 @@
 // balancing bias in router_bias.safetensors. Tiny models trained a few steps by the real binary, then
 // `grads` and greedy `generate` on the checkpoint, each compared with an in-process model built by hand
 // with the same options (equal) and without them (different: so the test can fail); a setting that
-// contradicts the checkpoint is an error naming both; `train --init-from` with rate 0, and grpo, keep the
-// bias in their checkpoints; convert refuses a score-before-experts model; a checkpoint without the key or
-// the file runs as before.
+// contradicts the checkpoint is an error naming both (a resume too); `train --init-from` with rate 0, and
+// grpo, keep the bias in their checkpoints; convert refuses a score-before-experts model; every rank of a
+// launch routes the same (dp_shard, ep, tp); a checkpoint without the key or the file runs as before.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -329,4 +329,36 @@ TEST(CheckpointModel, EveryRankOfALaunchRoutesWithTheCheckpoints) {
     for (size_t t = 0; t < a[i]["logprobs"].size(); ++t)
       EXPECT_NEAR(a[i]["logprobs"][t].get<double>(), b[i]["logprobs"][t].get<double>(), 1e-5) << i;
   }
+}
+
+TEST(CheckpointModel, TheKeyIsCheckedAndAResumeKeepsTheModel) {
+  // config.json's key is checked like every field: a boolean, and only where there are MoE layers.
+  ModelConfig dense = preset_model_config("tiny");
+  dense.architecture = "Qwen3ForCausalLM";
+  dense.num_experts = dense.num_experts_per_tok = dense.moe_intermediate_size = 0;
+  nlohmann::json j = nlohmann::json::parse(model_config_to_json(dense));
+  j["moetrain_score_before_experts"] = true;
+  EXPECT_NE(mt::testutil::error_of([&] { parse_model_config(j.dump(), "dense.json"); })
+                .find("score_before_experts (moetrain_score_before_experts) true needs MoE layers"),
+            std::string::npos);
+  nlohmann::json m = nlohmann::json::parse(model_config_to_json(preset_model_config("tiny")));
+  m["moetrain_score_before_experts"] = 1;
+  EXPECT_NE(mt::testutil::error_of([&] { parse_model_config(m.dump(), "moe.json"); })
+                .find("field 'moetrain_score_before_experts' must be true or false, got 1"),
+            std::string::npos);
+  // A resume runs the model its checkpoint holds: without the key it is refused, naming the value to give.
+  const std::string ckpt = train_tiny("resume", "--score_before_experts 1 --save_every 1 --max_steps 2");
+  const std::string run = fs::path(ckpt).parent_path().string();
+  ASSERT_TRUE(fs::exists(run + "/checkpoint-2"));
+  const std::string base = kMoetrainBin +
+                           " train --model tiny --device cpu --steps 3 --micro_batch_size 4 --seq_len 32 --eval_problems 0 "
+                           "--lr 1e-2 --warmup_steps 0 --tensorboard 0 --threads 1 --resume --out_dir " +
+                           run;
+  ShellRun r = sh(base);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("was trained with score_before_experts 1, but this run's model has 0"), std::string::npos)
+      << r.out;
+  r = sh(base + " --score_before_experts 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(load_model_config(run + "/checkpoint-3").score_before_experts);
 }
