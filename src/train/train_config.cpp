@@ -482,8 +482,9 @@ std::string train_config_help(const TrainConfig& defaults) {
 }
 
 std::string train_config_changes(const nlohmann::json& saved, const TrainConfig& c) {
-  // Where and how the same steps run: these may change between a save and its resume.
-  static const std::vector<std::string> kFree = {
+  // Where and how the same steps run: these may change between a save and its resume. (score_before_experts
+  // is the checkpoint's own: the trainer refuses a resume that contradicts it, and -1 takes it.)
+  static const std::vector<std::string> kFree = {"score_before_experts",
       "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "resume", "save_every", "keep_last",
       "log_every", "eval_every", "eval_problems", "metrics_file", "tensorboard", "threads", "dp_shard",
       "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "deterministic", "reshard_after_forward",
