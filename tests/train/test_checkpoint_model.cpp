@@ -329,6 +329,19 @@ TEST(CheckpointModel, EveryRankOfALaunchRoutesWithTheCheckpoints) {
     for (size_t t = 0; t < a[i]["logprobs"].size(); ++t)
       EXPECT_NEAR(a[i]["logprobs"][t].get<double>(), b[i]["logprobs"][t].get<double>(), 1e-5) << i;
   }
+  // grpo under tp 2 generates on a one-device copy of the policy: it routes as the policy (the rollout's
+  // log-probs equal the trainer's; 6.8e-3 apart when the copy lacks the bias) and as the reference.
+  const std::string run = tmp_path("ckptmodel", "ranks_grpo");
+  fs::remove_all(run);
+  const ShellRun g = sh(kMoetrainBin + " launch --nproc-per-node 2 -- grpo --device cpu --tp 2 --model " + ckpt +
+                        " --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 1 --eval-problems 4 "
+                        "--epochs 1 --mini-batches 1 --kl-coef 0.01 --dynamic-sampling off --out-dir " +
+                        run);
+  ASSERT_EQ(g.code, 0) << g.out;
+  const std::vector<nlohmann::json> metrics = read_step_metrics(run + "/metrics.jsonl");
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_LT(metrics[0].at("logprob_diff_max").get<double>(), 1e-5) << metrics[0].dump();
+  EXPECT_EQ(metrics[0].at("ref_kl").get<double>(), 0.0) << metrics[0].dump();
 }
 
 TEST(CheckpointModel, TheKeyIsCheckedAndAResumeKeepsTheModel) {
