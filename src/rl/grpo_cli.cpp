@@ -929,8 +929,10 @@ int grpo_main(const std::vector<std::string>& args) {
   ac.weight_decay = 0;
   // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
   // the fingerprint holds its file unchanged).
-  if (!resuming) session.load(model_dir);
-  else session.load_router_bias(model_dir);
+  if (!resuming)
+    session.load(model_dir);
+  else
+    session.load_router_bias(model_dir);
   session.make_optimizer(ac, false);
   std::unique_ptr<TrainSession> reference;
   if (use_reference && baseline.empty()) {
