@@ -27,6 +27,7 @@ static const char* kUsage =
     "  grads   --model DIR --batch FILE --out FILE [--recompute none|full|selective|moe] [--score-before-experts]\n"
     "          [--dp-shard N --dp-replicate N --ep N --tp N --etp 1|N] (under launch: the batch split over the ranks)\n"
     "          forward + backward of a Hugging Face model on one batch; writes loss, logits and every gradient\n"
+    "          (--score-before-experts only confirms a model whose config.json says it: docs/model.md)\n"
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N] [--temperature T] [--n N] ...\n"
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"

@@ -55,6 +55,16 @@ inline std::string tmp_path(const std::string& tag, const std::string& name) {
   return (d / name).string();
 }
 
+// Every line of a JSON-lines file (blank lines skipped), in order.
+inline std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::vector<nlohmann::json> v;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
+  return v;
+}
+
 // The per-step objects of a metrics.jsonl (lines with a "loss"), in order.
 inline std::vector<nlohmann::json> read_step_metrics(const std::string& path) {
   std::vector<nlohmann::json> v;

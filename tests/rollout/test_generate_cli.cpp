@@ -22,15 +22,6 @@ using namespace mt::test;
 
 namespace {
 
-std::vector<nlohmann::json> read_lines(const std::string& path) {
-  std::vector<nlohmann::json> v;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
-
 // The golden prompts (and two more, so that two ranks get 3 and 2) as a prompts file.
 std::string write_prompts(const std::string& tag, const nlohmann::json& golden) {
   const std::string path = tmp_path(tag, "prompts.jsonl");
@@ -72,7 +63,7 @@ TEST(GenerateCli, GreedyMatchesTransformersAndSamplesComeBackPerLine) {
   EXPECT_NE(r.out.find("generate: 5 sequences, " + std::to_string(5 * new_tokens) + " new tokens in "),
             std::string::npos)
       << r.out;
-  const std::vector<nlohmann::json> lines = read_lines(out);
+  const std::vector<nlohmann::json> lines = read_json_lines(out);
   ASSERT_EQ(lines.size(), 5u);
   for (size_t p = 0; p < g["prompts"].size(); ++p) {
     EXPECT_EQ(lines[p]["prompt_index"], p);
@@ -84,7 +75,7 @@ TEST(GenerateCli, GreedyMatchesTransformersAndSamplesComeBackPerLine) {
   r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --prompts " + prompts + " --out " +
          sampled + " --max-new-tokens 6 --temperature 1 --top-p 0.9 --n 3 --seed 7");
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::vector<nlohmann::json> s = read_lines(sampled);
+  const std::vector<nlohmann::json> s = read_json_lines(sampled);
   ASSERT_EQ(s.size(), 15u);
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_EQ(s[i]["prompt_index"], i / 3);
@@ -104,14 +95,14 @@ TEST(GenerateCli, UnderLaunchFsdpAndExpertParallelEqualOneProcess) {
   const std::string one = tmp_path("genlaunch", "one.jsonl");
   ShellRun r = sh(kMoetrainBin + " generate" + args + " --out " + one);
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::vector<nlohmann::json> want = read_lines(one);
+  const std::vector<nlohmann::json> want = read_json_lines(one);
   ASSERT_EQ(want.size(), 10u);
   for (const std::string layout : {"--dp-shard 2", "--ep 2"}) {
     const std::string out = tmp_path("genlaunch", "two.jsonl");
     r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- generate" + args + " " + layout + " --out " + out);
     ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
     EXPECT_NE(r.out.find("weight sync (inference layout)"), std::string::npos) << r.out;
-    expect_same_samples(read_lines(out), want, layout);
+    expect_same_samples(read_json_lines(out), want, layout);
   }
 }
 
@@ -159,7 +150,7 @@ TEST(GenerateCli, TextAndChatPromptsWithTheModelDirectorysTokenizer) {
   ASSERT_EQ(r.code, 0) << r.out;
   r = sh(kMoetrainBin + " generate" + common + " --prompts " + ids_prompts + " --out " + out_ids);
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::vector<nlohmann::json> text = read_lines(out), ids = read_lines(out_ids);
+  const std::vector<nlohmann::json> text = read_json_lines(out), ids = read_json_lines(out_ids);
   ASSERT_EQ(text.size(), 2u);
   ASSERT_EQ(ids.size(), 1u);
   EXPECT_EQ(text[0]["token_ids"], ids[0]["token_ids"]);  // the text prompt is its encoding

@@ -89,15 +89,6 @@ GradsGap grads_gap(const std::string& grads_file, Qwen3MoeModel& m, const std::s
   return g;
 }
 
-std::vector<nlohmann::json> read_lines(const std::string& path) {
-  std::vector<nlohmann::json> v;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
-
 // Greedy `generate` on `dir`: per prompt its token ids and log-probs.
 std::vector<nlohmann::json> generate_greedy(const std::string& dir, const std::string& tag) {
   const std::string prompts = tmp_path("ckptmodel", tag + "_prompts.jsonl"), out = tmp_path("ckptmodel", tag + ".jsonl");
@@ -108,7 +99,7 @@ std::vector<nlohmann::json> generate_greedy(const std::string& dir, const std::s
   const ShellRun r = sh(kMoetrainBin + " generate --device cpu --threads 1 --model " + dir + " --prompts " + prompts +
                         " --out " + out + " --max-new-tokens 8 --temperature 0 --ignore-eos");
   EXPECT_EQ(r.code, 0) << r.out;
-  return read_lines(out);
+  return read_json_lines(out);
 }
 
 // The largest gap between generate's log-probs and a full forward of prompt + response by `m`, and
@@ -319,10 +310,10 @@ TEST(CheckpointModel, EveryRankOfALaunchRoutesWithTheCheckpoints) {
                            " --max-new-tokens 8 --temperature 0 --ignore-eos --out ";
   const std::string one = tmp_path("ckptmodel", "ranks_gen1.jsonl"), two = tmp_path("ckptmodel", "ranks_gen2.jsonl");
   ASSERT_EQ(sh(kMoetrainBin + " generate" + args + one).code, 0);
-  EXPECT_LE(generate_gap(read_lines(one), *with).logprob, 1e-4);
+  EXPECT_LE(generate_gap(read_json_lines(one), *with).logprob, 1e-4);
   const ShellRun r = sh(kMoetrainBin + " launch --nproc-per-node 2 -- generate" + args + two + " --ep 2");
   ASSERT_EQ(r.code, 0) << r.out;
-  const std::vector<nlohmann::json> a = read_lines(one), b = read_lines(two);
+  const std::vector<nlohmann::json> a = read_json_lines(one), b = read_json_lines(two);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i]["token_ids"], b[i]["token_ids"]) << i;
