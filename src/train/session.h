@@ -33,7 +33,7 @@ struct SessionOptions {
   FsdpOptions fsdp;                       // used when there is more than one rank
   double moe_capacity_factor = 0;         // 0: dropless
   Recompute recompute = Recompute::None;  // what train passes use (PassOptions::recompute)
-  ModelOptions model;                     // score_before_experts, prefetch depth, EP overlap
+  ModelOptions model;                     // prefetch depth, EP overlap, fusions (score_before_experts: ModelConfig)
   // Frozen: weights only (a generator, a reference model): no gradients, and make_optimizer refuses.
   Weights weights = Weights::Trainable;
   // Run on another session's distributed context (its mesh and communicators; `dist` is then unused)
