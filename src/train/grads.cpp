@@ -222,6 +222,23 @@ static int parse_degree(const std::string& flag, const std::string& v, int min) 
   return x;
 }
 
+static const char* const kGradsUsage =
+    "usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors "
+    "[--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] "
+    "[--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] "
+    "[--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]";
+
+// The policy loss's numeric options: the field each sets, or null for any other flag.
+static double rl::PolicyLossConfig::* policy_number(const std::string& flag) {
+  static const std::pair<const char*, double rl::PolicyLossConfig::*> kFields[] = {
+      {"--clip-low", &rl::PolicyLossConfig::clip_low},   {"--clip-high", &rl::PolicyLossConfig::clip_high},
+      {"--dual-clip", &rl::PolicyLossConfig::dual_clip}, {"--kl-coef", &rl::PolicyLossConfig::kl_coef},
+      {"--entropy-coef", &rl::PolicyLossConfig::entropy_coef}};
+  for (const auto& [name, field] : kFields)
+    if (flag == name) return field;
+  return nullptr;
+}
+
 int grads_main(const std::vector<std::string>& args) {
   GradsOptions opt;
   std::vector<std::string> policy_flags;  // the policy loss's options: they need --objective
@@ -245,28 +262,16 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--objective") {
       opt.objective = value();
       opt.policy.kind = rl::parse_policy_loss(opt.objective);
-    } else if (a == "--clip-low") {
-      opt.policy.clip_low = parse_flag_number<double>("grads: --clip-low", value());
-      policy_flags.push_back(a);
-    } else if (a == "--clip-high") {
-      opt.policy.clip_high = parse_flag_number<double>("grads: --clip-high", value());
-      policy_flags.push_back(a);
-    } else if (a == "--dual-clip") {
-      opt.policy.dual_clip = parse_flag_number<double>("grads: --dual-clip", value());
-      policy_flags.push_back(a);
-    } else if (a == "--kl-coef") {
-      opt.policy.kl_coef = parse_flag_number<double>("grads: --kl-coef", value());
-      policy_flags.push_back(a);
     } else if (a == "--kl") {
       opt.policy.kl = rl::parse_kl_estimator(value());
       policy_flags.push_back(a);
-    } else if (a == "--entropy-coef") {
-      opt.policy.entropy_coef = parse_flag_number<double>("grads: --entropy-coef", value());
+    } else if (double rl::PolicyLossConfig::* field = policy_number(a)) {
+      opt.policy.*field = parse_flag_number<double>("grads: " + a, value());
       policy_flags.push_back(a);
-    } else MT_THROW("grads: unknown argument '", a, "'; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+    } else MT_THROW("grads: unknown argument '", a, "'; ", kGradsUsage);
   }
   if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors [--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] [--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]");
+    MT_THROW("grads: --model, --batch and --out are required; ", kGradsUsage);
   if (opt.objective.empty() && !policy_flags.empty())
     MT_THROW("grads: ", policy_flags.front(), " sets the RL policy loss; it needs --objective ppo|gspo|pg (without it the "
              "gradients are cross-entropy's)");
