@@ -146,6 +146,12 @@ bool ModelConfig::is_sparse_layer(int64_t layer) const {
   return num_experts > 0 && decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0;
 }
 
+int64_t ModelConfig::num_sparse_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += is_sparse_layer(l) ? 1 : 0;
+  return n;
+}
+
 int64_t ModelConfig::num_parameters() const {
   const int64_t D = hidden_size, H = num_attention_heads, G = num_key_value_heads, Hd = head_dim;
   int64_t n = vocab_size * D;                     // embed_tokens

@@ -44,6 +44,7 @@ struct ModelConfig {
   bool score_before_experts = false;
 
   bool is_sparse_layer(int64_t layer) const;  // transformers' rule (decoder_sparse_step, mlp_only_layers)
+  int64_t num_sparse_layers() const;          // how many layers is_sparse_layer takes (0 for dense Qwen3)
   int64_t num_parameters() const;             // all parameters (tied embedding counted once)
   int64_t active_matmul_parameters() const;   // per token: attention + active experts/dense MLP + lm_head
   void validate() const;                      // throws mt::Error naming the field, value and rule

@@ -770,8 +770,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   Tensor labels_T = cpu ? lab_host : lab_host.to(device_);
   Tensor ids_T = ids.to(device_).view({T_}).rows(row0, T);
 
-  int64_t n_sparse = 0;
-  for (int64_t l = 0; l < L; ++l) n_sparse += cfg_.is_sparse_layer(l) ? 1 : 0;
+  const int64_t n_sparse = cfg_.num_sparse_layers();
   // The aux loss's N: router rows of the whole real sequences of this data-parallel rank (under sequence
   // and tensor parallelism the sp and tp ranks' real tokens together; reduce_aux_stats multiplies by
   // the data-parallel ranks only). Packed rows: their real tokens, padding excluded.

@@ -858,9 +858,7 @@ int grpo_main(const std::vector<std::string>& args) {
   if (o.aux_loss_coef > 0 && !cfg.output_router_logits)
     MT_THROW("grpo: --aux-loss-coef ", o.aux_loss_coef, " needs the load-balancing loss, which ", model_dir,
              "/config.json turns off (output_router_logits false); set it true there or drop the option");
-  int64_t sparse_layers = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) sparse_layers += cfg.is_sparse_layer(l) ? 1 : 0;
-  if (sparse_layers == 0 && (o.freeze_router || o.router_z_loss_coef > 0))
+  if (cfg.num_sparse_layers() == 0 && (o.freeze_router || o.router_z_loss_coef > 0))
     MT_THROW("grpo: ",
              o.freeze_router ? std::string("--freeze-router on") : str("--router-z-loss-coef ", o.router_z_loss_coef),
              ": ", model_dir, " has no MoE layers, so no routers (num_experts ", cfg.num_experts, "); drop it");

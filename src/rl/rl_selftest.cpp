@@ -32,8 +32,7 @@ const char* kUsage =
 RolloutGroups synthetic_rollouts(const ModelConfig& cfg, int64_t groups, int64_t n, uint64_t seed, bool routing) {
   Rng rng(seed);
   const int64_t V = cfg.vocab_size, K = cfg.num_experts_per_tok, E = cfg.num_experts;
-  int64_t layers = 0;
-  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) layers += E > 0 && cfg.is_sparse_layer(l) ? 1 : 0;
+  const int64_t layers = cfg.num_sparse_layers();
   RolloutGroups r;
   for (int64_t g = 0; g < groups; ++g) {
     std::vector<int32_t> prompt(size_t(2 + rng.randint(0, 4)));

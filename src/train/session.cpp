@@ -62,7 +62,7 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
                                            pm_.fsdp ? Weights::Trainable : opt.weights, opt.model);
   pm_.attach(*model_, *dist_);
   grad_sync_ = opt.fsdp.grad_sync;
-  for (int64_t l = 0; l < global.num_hidden_layers; ++l) n_sparse_ += global.is_sparse_layer(l) ? 1 : 0;
+  n_sparse_ = global.num_sparse_layers();
 }
 
 void TrainSession::make_optimizer(const AdamWConfig& oc, bool overlap) {

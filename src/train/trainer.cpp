@@ -85,8 +85,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
 
   // Load balancing beside the aux loss (docs/model.md), capacity and the routing weights' side: all need MoE
   // layers (checked before the session, which would otherwise fail on the capacity without naming it).
-  int64_t n_sparse = 0;
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) n_sparse += mc.is_sparse_layer(l) ? 1 : 0;
+  const int64_t n_sparse = mc.num_sparse_layers();
   for (auto [key, v] : {std::pair<const char*, double>{"router_z_loss_coef", cfg.router_z_loss_coef},
                         {"router_bias_update_rate", cfg.router_bias_update_rate},
                         {"moe_capacity_factor", cfg.moe_capacity_factor},

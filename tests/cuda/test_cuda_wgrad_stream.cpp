@@ -136,12 +136,6 @@ Tensor init_host(const ModelConfig& c, uint64_t seed) {
   return host;
 }
 
-int64_t sparse_layers(const ModelConfig& c) {
-  int64_t n = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += c.is_sparse_layer(l) ? 1 : 0;
-  return n;
-}
-
 }  // namespace
 
 #ifdef MT_HAVE_CUDA  // (the CPU-only build has no grouped GEMM to ask about)
@@ -157,7 +151,7 @@ TEST(CudaWgradStream, LossAndGradientsEqualTheSingleStreamOrder) {
   for (const Case& k : cases) {
     const Tensor host = init_host(k.c, 17);
     const std::vector<MicroBatch> mbs = micro_batches(k.c, k.B, k.S, 23);
-    const size_t want_calls = size_t(3 * sparse_layers(k.c));
+    const size_t want_calls = size_t(3 * k.c.num_sparse_layers());
     for (bool det : {true, false}) {
       const DeterministicScope scope(det);
       for (Recompute rc : {Recompute::None, Recompute::Full, Recompute::Selective}) {

@@ -246,10 +246,9 @@ TEST(Packing, RouterStatisticsIgnorePadding) {
   int64_t routed = 0;
   const Tensor load = a.load.to(Device::CPU);
   for (int64_t i = 0; i < load.numel(); ++i) routed += load.data<int64_t>()[i];
-  int64_t real = 0, n_sparse = 0;
+  int64_t real = 0;
   for (int64_t n : kLens) real += n;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) n_sparse += c.is_sparse_layer(l) ? 1 : 0;
-  EXPECT_EQ(routed, real * n_sparse * c.num_experts_per_tok);  // padding routed nowhere
+  EXPECT_EQ(routed, real * c.num_sparse_layers() * c.num_experts_per_tok);  // padding routed nowhere
 }
 
 // The op itself: attention over a packed row equals attention over each document alone (forward and
