@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
@@ -17,6 +20,39 @@ namespace mt::cudatest {
   do {                                                                     \
     if (!::mt::device_mem::cuda_available()) GTEST_SKIP() << "skipped: no GPU"; \
   } while (0)
+
+// The CUTLASS grouped-GEMM tests: a GPU, and a build and GPU with the grouped GEMM (sm_90 + CUTLASS).
+#define MT_REQUIRE_GROUPED()                                                                             \
+  do {                                                                                                   \
+    MT_REQUIRE_GPU();                                                                                    \
+    if (!::mt::cuda::grouped_gemm_available())                                                           \
+      GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU (needs sm_90 + CUTLASS)"; \
+  } while (0)
+
+// Sets an environment variable (null: unsets it) for one scope and puts the old value back, however the
+// scope ends: the kernels' MOETRAIN_* switches that tests force.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~EnvGuard() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // f32 CPU tensor with N(0, std) values rounded to bf16 (exactly representable).
 inline Tensor rand_bf16_exact(const Shape& s, Rng& rng, float std = 1.0f) {

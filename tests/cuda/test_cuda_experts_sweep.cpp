@@ -314,15 +314,12 @@ TEST_P(CudaExpertsSweep, GroupedPathOtherTileMatchesCpu) {
   MT_REQUIRE_GPU();
   const SweepCase c = GetParam();
   if (!cuda::grouped_gemm_available()) GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU";
-  struct Restore {  // puts the variable back however the test ends
-    const char* name = "MOETRAIN_GROUPED_SMALL";
-    const char* was = std::getenv(name);
-    std::string old = was ? was : "";
-    ~Restore() { was ? setenv(name, old.c_str(), 1) : unsetenv(name); }
-  } restore;
-  unsetenv(restore.name);
-  const bool auto_small = cuda::grouped_rows_tile(c.E, c.T * c.K, true) != cuda::RowsTile::large;
-  setenv(restore.name, auto_small ? "0" : "1", 1);
+  bool auto_small = false;
+  {
+    cudatest::EnvGuard automatic("MOETRAIN_GROUPED_SMALL", nullptr);
+    auto_small = cuda::grouped_rows_tile(c.E, c.T * c.K, true) != cuda::RowsTile::large;
+  }
+  cudatest::EnvGuard forced("MOETRAIN_GROUPED_SMALL", auto_small ? "0" : "1");
   SCOPED_TRACE(std::string("forward tile forced: MOETRAIN_GROUPED_SMALL=") + (auto_small ? "0" : "1"));
   run_grouped_form(c, Impl::Grouped);
 }

@@ -182,7 +182,9 @@ TEST(CudaFrozen, ShardedSourceKeepsItsMastersOnTheHost) {
   frozen.forward(mb, &lf);
   trainable.forward(mb, &lt);
   EXPECT_TRUE(same_bits(lf, lt)) << "rel. L2 " << cudatest::rel_l2(lf, lt);
-  for (const ParamEntry& e : table.entries())
-    if (fp32_compute_param(e.name))
+  for (const ParamEntry& e : table.entries()) {
+    if (fp32_compute_param(e.name)) {
       EXPECT_TRUE(same_bits(frozen_src.fp32_param(e), host.rows(e.offset, e.numel))) << e.name;
+    }
+  }
 }

@@ -620,14 +620,6 @@ TEST(CudaLmHeadLabels, OutOfRangeLabelPoisonsTheLossAndIsReportedByTheNextCall) 
 // ---------------------------------------------------------------------------------------------
 // LM head for per-token objectives: lm_head_logprobs and lm_head_objective_bwd
 
-// Sets MOETRAIN_LM_HEAD_GROUP_ROWS for one scope (0: leaves it unset, the byte budget decides).
-struct GroupRowsEnv {
-  explicit GroupRowsEnv(int64_t rows) {
-    if (rows > 0) ::setenv("MOETRAIN_LM_HEAD_GROUP_ROWS", std::to_string(rows).c_str(), 1);
-  }
-  ~GroupRowsEnv() { ::unsetenv("MOETRAIN_LM_HEAD_GROUP_ROWS"); }
-};
-
 struct LmHeadObjectiveCase {
   int64_t T, D, V, chunk, group_rows;
 };
@@ -639,7 +631,9 @@ class CudaLmHeadObjective : public ::testing::TestWithParam<LmHeadObjectiveCase>
 TEST_P(CudaLmHeadObjective, LogprobsEntropiesAndGradientsMatchCpu) {
   MT_REQUIRE_GPU();
   const auto [T, D, V, chunk, group_rows] = GetParam();
-  const GroupRowsEnv env(group_rows);
+  // MOETRAIN_LM_HEAD_GROUP_ROWS for this case (0: unset, the byte budget decides).
+  const std::string rows_text = std::to_string(group_rows);
+  const cudatest::EnvGuard env("MOETRAIN_LM_HEAD_GROUP_ROWS", group_rows > 0 ? rows_text.c_str() : nullptr);
   Rng rng(101 + uint64_t(V));
   const Tensor hn = rand_bf16_exact({T, D}, rng), w = rand_bf16_exact({V, D}, rng, 1.0f / std::sqrt(float(D)));
   Tensor labels = Tensor::empty({T}, DType::I64);
@@ -848,7 +842,7 @@ TEST(CudaOverwriteGrads, LmHeadOverSeveralGroupsMatchesCpuForBothContracts) {
   for (int64_t t = 0; t < T; ++t) labels.data<int64_t>()[t] = t % 5 == 1 ? -100 : rng.randint(0, V);
   const float scale = 1.0f / 240.0f;
   const Tensor dw0 = rand_bf16_exact({V, D}, rng, 1e-3f);
-  ::setenv("MOETRAIN_LM_HEAD_GROUP_ROWS", "70", 1);  // 5 groups of 60 rows, chunks of 25 (3 per group)
+  const cudatest::EnvGuard env("MOETRAIN_LM_HEAD_GROUP_ROWS", "70");  // 5 groups of 60 rows, chunks of 25 (3 per group)
   for (bool acc : {true, false}) {
     SCOPED_TRACE(acc ? "dw +=" : "dw =");
     Tensor loss_want = filled({1}, 0.0f), dhn_want = Tensor::empty({T, D}),
@@ -862,7 +856,6 @@ TEST(CudaOverwriteGrads, LmHeadOverSeveralGroupsMatchesCpuForBothContracts) {
     expect_rel(dhn, dhn_want, kBf16Out, acc ? "dhn_acc" : "dhn_set");
     expect_rel(dw, dw_want, kBf16Out, acc ? "dw_acc" : "dw_set");
   }
-  ::unsetenv("MOETRAIN_LM_HEAD_GROUP_ROWS");
 }
 
 }  // namespace

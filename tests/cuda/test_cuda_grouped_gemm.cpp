@@ -55,13 +55,6 @@ constexpr double kWeightGrad = 1e-2;
 constexpr double kSameInputs = 1e-4;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-#define MT_REQUIRE_GROUPED()                                                                             \
-  do {                                                                                                   \
-    MT_REQUIRE_GPU();                                                                                    \
-    if (!::mt::cuda::grouped_gemm_available())                                                           \
-      GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU (needs sm_90 + CUTLASS)"; \
-  } while (0)
-
 Tensor filled(const Shape& s, float v) {
   Tensor t = Tensor::empty(s);
   t.fill_(v);

@@ -24,7 +24,6 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +39,7 @@ cudaStream_t stream();  // common.cuh, which holds device code, is not for plain
 
 using namespace mt;
 using cuda::RowsTile;
+using cudatest::EnvGuard;
 using cudatest::rand_bf16_exact;
 using cudatest::rel_l2;
 using cudatest::to_cuda;
@@ -50,37 +50,6 @@ namespace {
 constexpr double kTol = 1e-2;
 constexpr float kSentinel = 1536.0f;  // exact in bf16
 constexpr int64_t kMargin = 256;      // bf16 elements before and after C (512 bytes: keeps C 16-byte aligned)
-
-#define MT_REQUIRE_GROUPED()                                                                             \
-  do {                                                                                                   \
-    MT_REQUIRE_GPU();                                                                                    \
-    if (!::mt::cuda::grouped_gemm_available())                                                           \
-      GTEST_SKIP() << "skipped: no CUTLASS grouped GEMM for this build and GPU (needs sm_90 + CUTLASS)"; \
-  } while (0)
-
-// Sets an environment variable for one scope and puts the old value back.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~EnvGuard() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 const __nv_bfloat16* bf16_ptr(const Tensor& t) {
   return static_cast<const __nv_bfloat16*>(t.raw());

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -161,9 +160,8 @@ TEST(CudaSample, TopKBoundaryInsideLargeBinsDrawsTheCpuTokens) {
   }
   const Drawn cpu = draw(logits, ps, cs, Device::CPU);
   for (const char* list : {"1", "0"}) {  // MOETRAIN_SAMPLE_LIST: with the candidate list, and every pass on the row
-    ::setenv("MOETRAIN_SAMPLE_LIST", list, 1);
+    const cudatest::EnvGuard env("MOETRAIN_SAMPLE_LIST", list);
     const Drawn gpu = draw(logits, ps, cs, Device::CUDA);
-    ::unsetenv("MOETRAIN_SAMPLE_LIST");
     for (int64_t r = 0; r < R; ++r) {
       const int32_t t = gpu.tokens.data<int32_t>()[r];
       EXPECT_EQ(t, cpu.tokens.data<int32_t>()[r]) << "list " << list << " row " << r << " top_k " << ps[size_t(r)].top_k;
