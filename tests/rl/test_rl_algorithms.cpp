@@ -191,7 +191,9 @@ TEST(RlPolicyLoss, KlEstimatorsAsLossTermsOnPolicyHaveTheseGradients) {
       value += p * kl_value(k, lp[y], lr[y]);
       for (size_t j = 0; j < V; ++j) grad[j] += p * d * ((j == y ? 1.0 : 0.0) - std::exp(lp[j]));
     }
-    if (k != KlEstimator::K2) EXPECT_NEAR(value, kl(theta, true), 1e-12) << "k" << int(k) + 1 << " is unbiased";
+    if (k != KlEstimator::K2) {
+      EXPECT_NEAR(value, kl(theta, true), 1e-12) << "k" << int(k) + 1 << " is unbiased";
+    }
     for (size_t j = 0; j < V; ++j) {
       std::vector<double> up = theta, dn = theta;
       up[j] += 1e-5;
@@ -309,6 +311,20 @@ double loss_of(const PolicyObjective& o, const Rows& R, const std::vector<float>
   return l;
 }
 
+// The coefficients `g` (dL/dlogp of tokens 1..5; token 0 is the prompt) against central differences of the
+// loss, step 1e-3, within 2e-4.
+void expect_matches_central_differences(const PolicyObjective& o, const Rows& R, const std::vector<float>& g,
+                                        const std::string& label) {
+  for (size_t t = 1; t < 6; ++t) {
+    const float h = 1e-3f;
+    std::vector<float> up = R.logp, dn = R.logp;
+    up[t] += h;
+    dn[t] -= h;
+    const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
+    EXPECT_NEAR(g[t], fd, 2e-4) << label << " token " << t;
+  }
+}
+
 }  // namespace
 
 TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
@@ -338,14 +354,7 @@ TEST(RlPolicyLoss, ObjectiveLossAndCoefficientsMatchFiniteDifferences) {
     EXPECT_NEAR(L, want, 1e-6) << int(kind);
     EXPECT_EQ(g[0], 0.0f) << "the prompt token";
     if (kind == PolicyLoss::Gspo) continue;  // GspoGradientIsTheSequenceObjectivesGradient (below) checks it
-    for (size_t t = 1; t < 6; ++t) {
-      const float h = 1e-3f;
-      std::vector<float> up = R.logp, dn = R.logp;
-      up[t] += h;
-      dn[t] -= h;
-      const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
-      EXPECT_NEAR(g[t], fd, 2e-4) << "kind " << int(kind) << " token " << t;
-    }
+    expect_matches_central_differences(o, R, g, "kind " + std::to_string(int(kind)));
   }
 }
 
@@ -365,15 +374,10 @@ TEST(RlPolicyLoss, GspoGradientIsTheSequenceObjectivesGradient) {
     const PolicyObjective o(c);
     std::vector<float> g;
     loss_of(o, R, R.logp, &g);
-    for (size_t t = 1; t < 6; ++t) {
-      const float h = 1e-3f;
-      std::vector<float> up = R.logp, dn = R.logp;
-      up[t] += h;
-      dn[t] -= h;
-      const double fd = (loss_of(o, R, up, nullptr) - loss_of(o, R, dn, nullptr)) / (2 * double(h));
-      EXPECT_NEAR(g[t], fd, 2e-4) << "clip " << clip << " token " << t;
+    expect_matches_central_differences(o, R, g, "clip " + std::to_string(clip));
+    if (clip == 0.1) {
+      EXPECT_GT(o.metrics().clipped_high, 0) << "sample 0 clipped";
     }
-    if (clip == 0.1) EXPECT_GT(o.metrics().clipped_high, 0) << "sample 0 clipped";
   }
 }
 

@@ -139,6 +139,37 @@ GenGap generate_gap(const std::vector<nlohmann::json>& lines, Qwen3MoeModel& m) 
 }
 
 // A copy of model directory `dir` whose config.json has `key` set to `value` (null: removed).
+// `moetrain grads` on `ckpt` (no option given) against the in-process models with and without the setting
+// (`what`): the same loss and gradients as `with`, gradients at least `min_other` from `without` (else the
+// test could not fail). Returns the command's output.
+std::string expect_grads_follow(const std::string& ckpt, const std::string& batch, const std::string& tag,
+                                Qwen3MoeModel& with, Qwen3MoeModel& without, const char* what, double min_other) {
+  const std::string gout = tmp_path("ckptmodel", tag + "_grads.safetensors");
+  const ShellRun r = sh(kMoetrainBin + " grads --model " + ckpt + " --batch " + batch + " --out " + gout);
+  EXPECT_EQ(r.code, 0) << r.out;
+  if (r.code != 0) return r.out;
+  const GradsGap same = grads_gap(gout, with, batch), other = grads_gap(gout, without, batch);
+  std::printf("grads vs in-process: with %s loss %.2e grads %.2e; without loss %.2e grads %.2e\n", what, same.loss,
+              same.grads, other.loss, other.grads);
+  EXPECT_LE(same.loss, 1e-6);
+  EXPECT_LE(same.grads, 1e-6);
+  EXPECT_GT(other.grads, min_other) << what << " changes nothing here: the test could not fail";
+  return r.out;
+}
+
+// Greedy `moetrain generate` on `ckpt`: the tokens and log-probs of the in-process model `with`, and log-probs
+// at least 1e-3 from `without`.
+void expect_generate_follows(const std::string& ckpt, const std::string& tag, Qwen3MoeModel& with,
+                             Qwen3MoeModel& without, const char* what) {
+  const std::vector<nlohmann::json> lines = generate_greedy(ckpt, tag);
+  const GenGap gs = generate_gap(lines, with), go = generate_gap(lines, without);
+  std::printf("generate vs in-process: with %s %.2e (tokens %s); without %.2e (tokens %s)\n", what, gs.logprob,
+              gs.same_tokens ? "same" : "differ", go.logprob, go.same_tokens ? "same" : "differ");
+  EXPECT_LE(gs.logprob, 1e-4);
+  EXPECT_TRUE(gs.same_tokens);
+  EXPECT_GT(go.logprob, 1e-3) << what << " changes nothing here: the test could not fail";
+}
+
 std::string copy_with_key(const std::string& dir, const std::string& tag, const char* key, const nlohmann::json& value) {
   const std::string out = tmp_path("ckptmodel", tag);
   fs::remove_all(out);
@@ -164,16 +195,8 @@ TEST(CheckpointModel, ScoreBeforeExpertsTravelsWithTheCheckpoint) {
 
   // grads, no option given: the checkpoint's model.
   const std::string batch = make_batch(ckpt, tmp_path("ckptmodel", "sbe_batch.safetensors"));
-  const std::string gout = tmp_path("ckptmodel", "sbe_grads.safetensors");
-  const ShellRun r = sh(kMoetrainBin + " grads --model " + ckpt + " --batch " + batch + " --out " + gout);
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("score_before_experts (its config.json)"), std::string::npos) << r.out;
-  const GradsGap same = grads_gap(gout, *with, batch), other = grads_gap(gout, *without, batch);
-  std::printf("grads vs in-process: with the option loss %.2e grads %.2e; without loss %.2e grads %.2e\n", same.loss,
-              same.grads, other.loss, other.grads);
-  EXPECT_LE(same.loss, 1e-6);
-  EXPECT_LE(same.grads, 1e-6);
-  EXPECT_GT(other.grads, 1e-3) << "the option changes nothing here: the test could not fail";
+  const std::string out = expect_grads_follow(ckpt, batch, "sbe", *with, *without, "the option", 1e-3);
+  EXPECT_NE(out.find("score_before_experts (its config.json)"), std::string::npos) << out;
   // The same weights without the key: Qwen3-MoE's formula, as before.
   const std::string keyless = copy_with_key(ckpt, "sbe_keyless", "moetrain_score_before_experts", nullptr);
   const std::string gout2 = tmp_path("ckptmodel", "sbe_grads_keyless.safetensors");
@@ -181,13 +204,7 @@ TEST(CheckpointModel, ScoreBeforeExpertsTravelsWithTheCheckpoint) {
   EXPECT_LE(grads_gap(gout2, *without, batch).grads, 1e-6);
 
   // generate (greedy): the checkpoint's model's tokens and log-probs.
-  const std::vector<nlohmann::json> lines = generate_greedy(ckpt, "sbe_gen");
-  const GenGap gs = generate_gap(lines, *with), go = generate_gap(lines, *without);
-  std::printf("generate vs in-process: with the option %.2e (tokens %s); without %.2e (tokens %s)\n", gs.logprob,
-              gs.same_tokens ? "same" : "differ", go.logprob, go.same_tokens ? "same" : "differ");
-  EXPECT_LE(gs.logprob, 1e-4);
-  EXPECT_TRUE(gs.same_tokens);
-  EXPECT_GT(go.logprob, 1e-3) << "the option changes nothing here: the test could not fail";
+  expect_generate_follows(ckpt, "sbe_gen", *with, *without, "the option");
 }
 
 TEST(CheckpointModel, RouterBiasTravelsWithTheCheckpoint) {
@@ -200,23 +217,8 @@ TEST(CheckpointModel, RouterBiasTravelsWithTheCheckpoint) {
   EXPECT_GT(amax, 0.1) << "the bias did not move";
 
   const std::string batch = make_batch(ckpt, tmp_path("ckptmodel", "bias_batch.safetensors"));
-  const std::string gout = tmp_path("ckptmodel", "bias_grads.safetensors");
-  const ShellRun r = sh(kMoetrainBin + " grads --model " + ckpt + " --batch " + batch + " --out " + gout);
-  ASSERT_EQ(r.code, 0) << r.out;
-  const GradsGap same = grads_gap(gout, *with, batch), other = grads_gap(gout, *without, batch);
-  std::printf("grads vs in-process: with the bias loss %.2e grads %.2e; without loss %.2e grads %.2e\n", same.loss,
-              same.grads, other.loss, other.grads);
-  EXPECT_LE(same.loss, 1e-6);
-  EXPECT_LE(same.grads, 1e-6);
-  EXPECT_GT(other.grads, 1e-2) << "the bias changes no routing here: the test could not fail";
-
-  const std::vector<nlohmann::json> lines = generate_greedy(ckpt, "bias_gen");
-  const GenGap gs = generate_gap(lines, *with), go = generate_gap(lines, *without);
-  std::printf("generate vs in-process: with the bias %.2e (tokens %s); without %.2e (tokens %s)\n", gs.logprob,
-              gs.same_tokens ? "same" : "differ", go.logprob, go.same_tokens ? "same" : "differ");
-  EXPECT_LE(gs.logprob, 1e-4);
-  EXPECT_TRUE(gs.same_tokens);
-  EXPECT_GT(go.logprob, 1e-3) << "the bias changes nothing here: the test could not fail";
+  expect_grads_follow(ckpt, batch, "bias", *with, *without, "the bias", 1e-2);
+  expect_generate_follows(ckpt, "bias_gen", *with, *without, "the bias");
 
   // train --init-from with rate 0 routes with the bias, unchanged, and its checkpoint keeps it.
   const std::string next = train_tiny("bias_next", "--init-from " + ckpt);
