@@ -170,6 +170,17 @@ void expect_generate_follows(const std::string& ckpt, const std::string& tag, Qw
   EXPECT_GT(go.logprob, 1e-3) << what << " changes nothing here: the test could not fail";
 }
 
+// One grpo step on `ckpt` with a KL term (its reference must route as the policy), `prefix` before `grpo`
+// (e.g. a launch) and `layout` after it; the run's directory is fresh.
+ShellRun grpo_one_step(const std::string& ckpt, const std::string& run, const std::string& prefix = "",
+                       const std::string& layout = "") {
+  fs::remove_all(run);
+  return sh(kMoetrainBin + " " + prefix + "grpo --device cpu " + layout + "--model " + ckpt +
+            " --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 1 --eval-problems 4 "
+            "--epochs 1 --mini-batches 1 --kl-coef 0.01 --dynamic-sampling off --out-dir " +
+            run);
+}
+
 std::string copy_with_key(const std::string& dir, const std::string& tag, const char* key, const nlohmann::json& value) {
   const std::string out = tmp_path("ckptmodel", tag);
   fs::remove_all(out);
@@ -229,11 +240,7 @@ TEST(CheckpointModel, RouterBiasTravelsWithTheCheckpoint) {
   // grpo: its checkpoint keeps the bias it ran with, and its reference routes as the policy (the KL to the
   // reference before the first update is 0).
   const std::string run = tmp_path("ckptmodel", "bias_grpo");
-  fs::remove_all(run);
-  const ShellRun g = sh(kMoetrainBin + " grpo --device cpu --model " + ckpt +
-                        " --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 1 --eval-problems 4 "
-                        "--epochs 1 --mini-batches 1 --kl-coef 0.01 --dynamic-sampling off --out-dir " +
-                        run);
+  const ShellRun g = grpo_one_step(ckpt, run);
   ASSERT_EQ(g.code, 0) << g.out;
   ASSERT_TRUE(fs::exists(run + "/checkpoint-1/" + kRouterBiasFile)) << "grpo's checkpoint lacks the routing bias";
   SafetensorsFile c(run + "/checkpoint-1/" + kRouterBiasFile);
@@ -325,11 +332,7 @@ TEST(CheckpointModel, EveryRankOfALaunchRoutesWithTheCheckpoints) {
   // grpo under tp 2 generates on a one-device copy of the policy: it routes as the policy (the rollout's
   // log-probs equal the trainer's; 6.8e-3 apart when the copy lacks the bias) and as the reference.
   const std::string run = tmp_path("ckptmodel", "ranks_grpo");
-  fs::remove_all(run);
-  const ShellRun g = sh(kMoetrainBin + " launch --nproc-per-node 2 -- grpo --device cpu --tp 2 --model " + ckpt +
-                        " --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 1 --eval-problems 4 "
-                        "--epochs 1 --mini-batches 1 --kl-coef 0.01 --dynamic-sampling off --out-dir " +
-                        run);
+  const ShellRun g = grpo_one_step(ckpt, run, "launch --nproc-per-node 2 -- ", "--tp 2 ");
   ASSERT_EQ(g.code, 0) << g.out;
   const std::vector<nlohmann::json> metrics = read_step_metrics(run + "/metrics.jsonl");
   ASSERT_FALSE(metrics.empty());
