@@ -5,6 +5,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "comm/communicator.h"
@@ -26,6 +27,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The prompt + response tokens of a packed micro-batch, padding left out: what the phases' tokens/s count.
+int64_t sequence_tokens(const PackedRollouts& p) {
+  int64_t t = 0;
+  for (size_t i = 0; i < p.prompt_len.size(); ++i) t += p.prompt_len[i] + p.response_len[i];
+  return t;
+}
+
+// Tokens over seconds, 0 for a phase that did not run.
+double per_second(int64_t tokens, double seconds) {
+  return seconds > 0 ? double(tokens) / seconds : 0.0;
 }
 
 // One kept sample and what the update needs of it.
@@ -311,16 +324,19 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   po.temperature = o.sampling.temperature;
   PassOptions ref_po = po;
   ref_po.token_entropy = false;
+  int64_t logprob_tokens = 0, ref_tokens = 0;  // through the forwards, for the phases' tokens/s
   auto trainer_rows = [&](const PackedRollouts& p, const std::vector<size_t>& which) {
     auto t = Clock::now();
     const HeadRows lp = forward_rows(session, p.mb, po);
     const std::vector<std::vector<float>> old = response_values(p, lp.logp), ent = response_values(p, lp.entropy);
     m.logprob_s += since(t);
+    logprob_tokens += sequence_tokens(p);
     std::vector<std::vector<float>> ref;
     if (reference) {
       t = Clock::now();
       ref = response_values(p, forward_rows(*reference, p.mb, ref_po).logp);
       m.ref_logprob_s += since(t);
+      ref_tokens += sequence_tokens(p);
     }
     for (size_t k = 0; k < which.size(); ++k) {
       Kept& x = kept[which[k]];
@@ -360,6 +376,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     return r;
   };
   // 2. Advantages, per kept group; with a critic, GAE per sample from its values.
+  int64_t critic_value_tokens = 0;
   if (critic) {
     auto t = Clock::now();
     const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
@@ -371,6 +388,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       }
       const PackedRollouts p = pack_rollouts(ss, K);
       const std::vector<std::vector<float>> v = response_values(p, forward_rows(*critic, p.mb, PassOptions{}).value);
+      critic_value_tokens += sequence_tokens(p);
       for (size_t k = 0; k < ss.size(); ++k) {
         Kept& x = kept[c0 + k];
         x.values.assign(v[k].begin(), v[k].end());
@@ -430,6 +448,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   std::vector<std::vector<UpdateMicroBatch>> minis;
   minis.resize(static_cast<size_t>(mini));
   double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
+  double w_min = std::numeric_limits<double>::infinity(), w_max = 0;
   int64_t tokens_all = 0, masked_tokens = 0;
   // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
   // mismatch_every steps (an extra forward per micro-batch).
@@ -466,6 +485,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         mb.routing.clear();
         own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
         m.logprob_s += since(t);
+        logprob_tokens += sequence_tokens(u.p);
       }
       std::vector<std::vector<float>> adv_t;
       for (size_t k = 0; k < u.samples.size(); ++k) {
@@ -473,8 +493,11 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         const int64_t len = int64_t(x.s.response.size());
         for (int64_t j = 0; j < len; ++j) {
           const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+          const double w = std::exp(d);
           dsum += std::abs(d);
-          wsum += std::exp(d);
+          wsum += w;
+          w_min = std::min(w_min, w);
+          w_max = std::max(w_max, w);
           m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
           if (!own.empty()) {
             const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
@@ -542,6 +565,8 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
   if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
   m.importance_weight_mean = wsum / double(tokens_all);
+  m.importance_weight_min = w_min;
+  m.importance_weight_max = w_max;
   m.entropy = ent_sum / double(tokens_all);
   m.ref_kl = reference ? ref_kl_sum / double(tokens_all) : 0;
   m.advantage_mean = adv_sum / double(tokens_all);
@@ -549,9 +574,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
 
   // 4. The update: epochs x mini-batches optimizer steps, each over its micro-batches.
   auto t = Clock::now();
-  int64_t total_mbs = 0, done_mbs = 0, train_tokens = 0, clip_low = 0, clip_high = 0, trained = 0;
-  int64_t c_tokens = 0, c_clipped = 0;  // the critic's
-  double approx_kl = 0, pg_sum = 0, kl_sum = 0;
+  int64_t total_mbs = 0, done_mbs = 0, train_tokens = 0, clip_low = 0, clip_high = 0, clip_region = 0, clip_dual = 0,
+          trained = 0;
+  int64_t c_tokens = 0, c_clipped = 0, c_train_tokens = 0;  // the critic's
+  double approx_kl = 0, pg_sum = 0, kl_sum = 0, ref_kl_sum_update = 0;
   for (const auto& mb : minis) total_mbs += int64_t(mb.size());
   total_mbs *= o.epochs;
   auto last_line = Clock::now();
@@ -560,7 +586,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       std::vector<MicroBatch> batches;
       for (const UpdateMicroBatch& u : mb) {
         batches.push_back(pad_rows(u.p.mb, dp, K));
-        train_tokens += u.p.mb.input_ids.numel();
+        train_tokens += sequence_tokens(u.p);
       }
       PolicyObjective obj(o.loss);
       StepOptions so;
@@ -591,7 +617,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       kl_sum += pm.kl_loss;
       clip_low += pm.clipped_low;
       clip_high += pm.clipped_high;
+      clip_region += pm.clipped_region;
+      clip_dual += pm.dual_clipped;
       approx_kl += pm.approx_kl;
+      ref_kl_sum_update += pm.ref_kl;
       trained += pm.tokens;
     }
   m.update_s = since(t);
@@ -602,7 +631,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     for (int64_t e = 0; e < o.epochs; ++e)
       for (const std::vector<UpdateMicroBatch>& mb : minis) {
         std::vector<MicroBatch> batches;
-        for (const UpdateMicroBatch& u : mb) batches.push_back(pad_rows(u.critic.mb, dp, K));
+        for (const UpdateMicroBatch& u : mb) {
+          batches.push_back(pad_rows(u.critic.mb, dp, K));
+          c_train_tokens += sequence_tokens(u.critic);
+        }
         ValueLossObjective vobj(o.value_clip);
         StepOptions so;
         so.lr = o.critic_lr;
@@ -623,10 +655,11 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   if (dist.distributed()) {
     const std::vector<double> all =
         comm::all_gather_doubles(*dist.world(), {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl,
-                                                 double(trained), double(c_tokens), double(c_clipped)});
-    pg_sum = kl_sum = approx_kl = 0;
-    clip_low = clip_high = trained = c_tokens = c_clipped = 0;
-    for (size_t k = 0; k < all.size(); k += 8) {
+                                                 double(trained), double(c_tokens), double(c_clipped),
+                                                 double(clip_region), double(clip_dual), ref_kl_sum_update});
+    pg_sum = kl_sum = approx_kl = ref_kl_sum_update = 0;
+    clip_low = clip_high = clip_region = clip_dual = trained = c_tokens = c_clipped = 0;
+    for (size_t k = 0; k < all.size(); k += 11) {
       pg_sum += all[k];
       kl_sum += all[k + 1];
       clip_low += int64_t(all[k + 2]);
@@ -635,10 +668,17 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       trained += int64_t(all[k + 5]);
       c_tokens += int64_t(all[k + 6]);
       c_clipped += int64_t(all[k + 7]);
+      clip_region += int64_t(all[k + 8]);
+      clip_dual += int64_t(all[k + 9]);
+      ref_kl_sum_update += all[k + 10];
     }
   }
   m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
-  m.train_tokens_per_s = m.update_s > 0 ? double(train_tokens) / m.update_s : 0;
+  m.logprob_tokens_per_s = per_second(logprob_tokens, m.logprob_s);
+  m.ref_logprob_tokens_per_s = per_second(ref_tokens, m.ref_logprob_s);
+  m.train_tokens_per_s = per_second(train_tokens, m.update_s);
+  m.critic_values_tokens_per_s = per_second(critic_value_tokens, m.critic_value_s);
+  m.critic_update_tokens_per_s = per_second(c_train_tokens, m.critic_update_s);
   m.loss /= double(m.updates);
   m.grad_norm /= double(m.updates);
   m.policy_loss = pg_sum / double(m.updates);
@@ -646,7 +686,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   if (trained > 0) {
     m.clip_low = double(clip_low) / double(trained);
     m.clip_high = double(clip_high) / double(trained);
+    m.clip_region = double(clip_region) / double(trained);
+    m.clip_dual = double(clip_dual) / double(trained);
     m.approx_kl = approx_kl / double(trained);
+    m.ref_kl_update = ref_kl_sum_update / double(trained);
   }
 }
 
@@ -798,8 +841,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   //    generates its share; after the exchange every rank holds the whole round.
   std::vector<Kept> kept;
   std::vector<double> kept_rewards;  // shaped, per kept sample
-  double r_sum = 0, r_sq = 0, len_sum = 0;
-  int64_t samples_seen = 0, drawn = 0, gen_tokens = 0;
+  double r_sum = 0, r_sq = 0, len_sum = 0, term_len_sum = 0;
+  int64_t samples_seen = 0, drawn = 0, gen_tokens = 0, terminated = 0;
   const int64_t max_rounds = o.dynamic_sampling ? o.max_generate_rounds : 1;
   const int64_t g0 = int64_t(dp_rank) * (groups / dp), g1 = g0 + groups / dp;  // this rank's groups
   while (m.groups_kept < groups && m.generate_rounds < max_rounds) {
@@ -873,12 +916,19 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       const double r = rewards[i];
       r_sum += r;
       r_sq += r * r;
-      m.reward_max = samples_seen + int64_t(i) == 0 ? r : std::max(m.reward_max, r);
+      const bool first = samples_seen + int64_t(i) == 0;
+      m.reward_max = first ? r : std::max(m.reward_max, r);
       const double len = double(gen[i].tokens.size());
       len_sum += len;
       gen_tokens += int64_t(len);
+      m.response_len_min = first ? len : std::min(m.response_len_min, len);
       m.response_len_max = std::max(m.response_len_max, len);
-      m.overlong_fraction += gen[i].finish_reason == "length";
+      if (gen[i].finish_reason == "length") {
+        m.overlong_fraction += 1;
+      } else {
+        term_len_sum += len;
+        ++terminated;
+      }
     }
     samples_seen += int64_t(gen.size());
     for (int64_t g = 0; g < groups; ++g) {
@@ -920,10 +970,11 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   m.reward_std = std::sqrt(std::max(0.0, r_sq / double(samples_seen) - m.reward_mean * m.reward_mean));
   m.response_len_mean = len_sum / double(samples_seen);
   m.overlong_fraction /= double(samples_seen);
+  m.response_len_terminated_mean = terminated > 0 ? term_len_sum / double(terminated) : 0;
   m.groups_with_reward /= double(m.groups_generated);
   m.groups_correct /= double(m.groups_generated);
   m.groups_zero_variance /= double(m.groups_generated);
-  m.rollout_tokens_per_s = m.generate_s > 0 ? double(gen_tokens) / m.generate_s : 0;
+  m.rollout_tokens_per_s = per_second(gen_tokens, m.generate_s);
   if (kept.empty()) {
     if (dist.rank() == 0)
       log_info("grpo: step ", step, ": no group with differing rewards in ", m.generate_rounds,

@@ -106,26 +106,42 @@ struct GrpoMetrics {
   // Fractions of the groups: with a sample of reward > 0; with a correct sample (reward >= correct_reward);
   // whose rewards are all equal.
   double groups_with_reward = 0, groups_correct = 0, groups_zero_variance = 0;
-  double response_len_mean = 0, response_len_max = 0;
-  double overlong_fraction = 0;  // samples cut at max_new_tokens
+  // Response tokens per sample: mean, min and max; the share of samples cut at max_new_tokens; the mean length
+  // of the samples that ended at a stop token (0: none did).
+  double response_len_mean = 0, response_len_min = 0, response_len_max = 0;
+  double overlong_fraction = 0, response_len_terminated_mean = 0;
   int64_t generate_rounds = 0, groups_generated = 0, groups_kept = 0;
   // The update, over the kept samples (averaged over the optimizer steps where it says so).
   int64_t updates = 0, micro_batches = 0;
   double loss = 0, policy_loss = 0, kl_loss = 0;      // mean over the optimizer steps
   double grad_norm = 0, grad_norm_max = 0;            // mean and max over the optimizer steps
-  double clip_low = 0, clip_high = 0, approx_kl = 0;  // fractions / mean over the trained tokens, every epoch
+  // Fractions / mean over the trained tokens (weight != 0) of every epoch's optimizer steps: the PPO clip took
+  // the clipped term with the ratio below 1 - eps_low (A < 0) or above 1 + eps_high (A > 0), region either of
+  // the two (the sides exclude each other, so region = low + high); the dual clip's bound -c A took the loss
+  // (A < 0, ratio > c; in none of the three). Approximate KL: mean of old - logp.
+  double clip_low = 0, clip_high = 0, clip_region = 0, clip_dual = 0, approx_kl = 0;
   double ref_kl = 0;   // mean over response tokens of k(old, ref) before the update (0 without a reference)
+  // With a KL loss term (loss.kl_coef > 0): mean of k(logp, ref) over the trained tokens of every epoch, the
+  // current policy's during the update (TRL's `kl`); 0 without one.
+  double ref_kl_update = 0;
   double kl_reward = 0;  // with kl_reward_coef: mean over response tokens of the reward's -coef k(old, ref)
   double entropy = 0;  // mean over response tokens of the tempered distribution's entropy, before the update
   double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
-  // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update).
-  double logprob_diff_mean = 0, logprob_diff_max = 0, importance_weight_mean = 0;
+  // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update), over the kept
+  // samples' response tokens (before any mismatch mask or cap): |old - rollout| and the importance ratio
+  // exp(old - rollout).
+  double logprob_diff_mean = 0, logprob_diff_max = 0;
+  double importance_weight_mean = 0, importance_weight_min = 0, importance_weight_max = 0;
   double masked_fraction = 0;  // response tokens given weight 0 by the mismatch masks
   // The same with the trainer's own routing instead of the replay (the mismatch replay removes), on steps
   // where GrpoOptions::mismatch_every says so; -1 on the others and without replay.
   double logprob_diff_mean_no_replay = -1, logprob_diff_max_no_replay = 0;
-  double rollout_tokens_per_s = 0;  // generated tokens / generate_s
-  double train_tokens_per_s = 0;    // tokens (prompt + response) through train_step / update_s
+  // Throughput per phase (0 where the phase did not run): generated tokens / generate_s; the others count the
+  // sequences' prompt + response tokens (no padding) through the phase's forwards or train_steps, every epoch,
+  // over its seconds: the old log-probs (with the no-replay check's extra forward), the reference's, the update,
+  // the critic's values and its update.
+  double rollout_tokens_per_s = 0, logprob_tokens_per_s = 0, ref_logprob_tokens_per_s = 0;
+  double train_tokens_per_s = 0, critic_values_tokens_per_s = 0, critic_update_tokens_per_s = 0;
   // PPO's critic: value loss (mean over its optimizer steps), values and explained variance
   // 1 - Var(R - V) / Var(R) of the returns by the values before the update, the fraction of tokens on the
   // clipped side at its bound, the critic's gradient norm and update time.

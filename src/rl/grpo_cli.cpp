@@ -1242,18 +1242,25 @@ int grpo_main(const std::vector<std::string>& args) {
       const rl::GrpoMetrics m =
           rl::grpo_step(session, engine, draw, per_step, reward_fn, os, step, reference.get(), critic.get());
       const double eta = elapsed() / double(step - start_step) * double(stop - step);
-      log_info("grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (groups with a correct sample ",
-               m.groups_correct, ", zero variance ", m.groups_zero_variance, "; kept ", m.groups_kept, "/",
-               m.groups_generated, " in ", m.generate_rounds, " rounds) loss ", m.loss, " grad norm ", m.grad_norm,
-               " kl(ref) ", m.ref_kl, " | rollout/trainer |dlogp| ", m.logprob_diff_mean,
-               m.logprob_diff_mean_no_replay >= 0
-                   ? str(" (own routing: ", m.logprob_diff_mean_no_replay, ")")
-                   : std::string(),
-               critic ? " value loss " + std::to_string(m.value_loss) + " explained variance " +
-                            std::to_string(m.explained_variance)
-                      : std::string(),
-               " | generate ", m.generate_s, " s, log-probs ", m.logprob_s + m.ref_logprob_s, " s, update ", m.update_s,
-               " s | ETA ", std::round(eta), " s");
+      // The comparison set (docs/rl.md "Metric names against TRL and veRL") on one line.
+      log_info(
+          "grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (zero-std groups ", m.groups_zero_variance,
+          ", correct ", m.groups_correct, "; kept ", m.groups_kept, "/", m.groups_generated, " in ", m.generate_rounds,
+          " rounds) loss ", m.loss, " grad norm ", m.grad_norm, " | clip ", m.clip_region, " entropy ", m.entropy,
+          " len ", m.response_len_mean, "/", m.response_len_max, " clipped ", m.overlong_fraction, " kl(ref) ",
+          m.ref_kl, " | rollout/trainer |dlogp| ", m.logprob_diff_mean,
+          m.logprob_diff_mean_no_replay >= 0 ? str(" (own routing: ", m.logprob_diff_mean_no_replay, ")")
+                                             : std::string(),
+          " ratio ", m.importance_weight_mean, " [", m.importance_weight_min, ", ", m.importance_weight_max, "]",
+          critic ? str(" | value loss ", m.value_loss, " explained variance ", m.explained_variance) : std::string(),
+          " | tokens/s generate ", std::lround(m.rollout_tokens_per_s), " logprob ",
+          std::lround(m.logprob_tokens_per_s),
+          reference ? str(" ref ", std::lround(m.ref_logprob_tokens_per_s)) : std::string(), " update ",
+          std::lround(m.train_tokens_per_s),
+          critic ? str(" critic values ", std::lround(m.critic_values_tokens_per_s), " update ",
+                       std::lround(m.critic_update_tokens_per_s))
+                 : std::string(),
+          " | ETA ", std::round(eta), " s");
       metrics.write(nlohmann::json{{"step", step},
                                    {"lr", os.lr},
                                    {"reward_mean", m.reward_mean},
@@ -1266,7 +1273,9 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"groups_generated", m.groups_generated},
                                    {"groups_kept", m.groups_kept},
                                    {"response_len_mean", m.response_len_mean},
+                                   {"response_len_min", m.response_len_min},
                                    {"response_len_max", m.response_len_max},
+                                   {"response_len_terminated_mean", m.response_len_terminated_mean},
                                    {"overlong_fraction", m.overlong_fraction},
                                    {"updates", m.updates},
                                    {"micro_batches", m.micro_batches},
@@ -1277,8 +1286,11 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"grad_norm_max", m.grad_norm_max},
                                    {"clip_low", m.clip_low},
                                    {"clip_high", m.clip_high},
+                                   {"clip_region", m.clip_region},
+                                   {"clip_dual", m.clip_dual},
                                    {"approx_kl", m.approx_kl},
                                    {"ref_kl", m.ref_kl},
+                                   {"ref_kl_update", m.ref_kl_update},
                                    {"entropy", m.entropy},
                                    {"advantage_mean", m.advantage_mean},
                                    {"advantage_std", m.advantage_std},
@@ -1287,6 +1299,8 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"logprob_diff_mean_no_replay", m.logprob_diff_mean_no_replay},
                                    {"logprob_diff_max_no_replay", m.logprob_diff_max_no_replay},
                                    {"importance_weight_mean", m.importance_weight_mean},
+                                   {"importance_weight_min", m.importance_weight_min},
+                                   {"importance_weight_max", m.importance_weight_max},
                                    {"masked_fraction", m.masked_fraction},
                                    {"kl_reward", m.kl_reward},
                                    {"value_loss", m.value_loss},
@@ -1295,7 +1309,11 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"value_clip_frac", m.value_clip_frac},
                                    {"critic_grad_norm", m.critic_grad_norm},
                                    {"rollout_tokens_per_s", m.rollout_tokens_per_s},
+                                   {"logprob_tokens_per_s", m.logprob_tokens_per_s},
+                                   {"ref_logprob_tokens_per_s", m.ref_logprob_tokens_per_s},
                                    {"train_tokens_per_s", m.train_tokens_per_s},
+                                   {"critic_values_tokens_per_s", m.critic_values_tokens_per_s},
+                                   {"critic_update_tokens_per_s", m.critic_update_tokens_per_s},
                                    {"time_s",
                                     {{"generate", m.generate_s},
                                      {"reward", m.reward_s},

@@ -234,6 +234,7 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
     ++metrics_.tokens;
     metrics_.clipped_low += term.clipped_low;
     metrics_.clipped_high += term.clipped_high;
+    metrics_.clipped_region += term.clipped_low || term.clipped_high;
     metrics_.dual_clipped += term.dual_clipped;
     metrics_.approx_kl += old - logp;
   }

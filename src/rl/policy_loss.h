@@ -95,7 +95,9 @@ MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_l
 // trained tokens: target rows of weight w_t != 0.
 struct PolicyMetrics {
   double pg_loss = 0, kl_loss = 0, entropy_loss = 0;  // weighted sums, as in the loss
-  int64_t tokens = 0, clipped_low = 0, clipped_high = 0, dual_clipped = 0;
+  // Clipped tokens: low (A < 0), high (A > 0), region (either, counted on its own: TRL's clip_ratio/region),
+  // and the dual clip's (A < 0, ratio above c; in none of the other three).
+  int64_t tokens = 0, clipped_low = 0, clipped_high = 0, clipped_region = 0, dual_clipped = 0;
   double approx_kl = 0;  // sum of (old - logp) over the tokens: PPO's approximate KL to the behaviour policy
   double ref_kl = 0;     // sum of k(logp, ref) over the tokens
   double entropy = 0;    // sum of H_t

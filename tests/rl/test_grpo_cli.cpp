@@ -31,10 +31,17 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
                         "\"groups_zero_variance\"",
                         "\"groups_correct\"",
                         "\"response_len_mean\"",
+                        "\"response_len_min\"",
                         "\"response_len_max\"",
+                        "\"response_len_terminated_mean\"",
+                        "\"overlong_fraction\"",
                         "\"clip_low\"",
                         "\"clip_high\"",
+                        "\"clip_region\"",
+                        "\"clip_dual\"",
+                        "\"approx_kl\"",
                         "\"ref_kl\"",
+                        "\"ref_kl_update\"",
                         "\"entropy\"",
                         "\"policy_loss\"",
                         "\"kl_loss\"",
@@ -42,7 +49,11 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
                         "\"advantage_mean\"",
                         "\"advantage_std\"",
                         "\"rollout_tokens_per_s\"",
+                        "\"logprob_tokens_per_s\"",
+                        "\"ref_logprob_tokens_per_s\"",
                         "\"train_tokens_per_s\"",
+                        "\"critic_values_tokens_per_s\"",
+                        "\"critic_update_tokens_per_s\"",
                         "\"generate\"",
                         "\"reward\"",
                         "\"logprob\"",
@@ -51,6 +62,8 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
                         "\"logprob_diff_mean\"",
                         "\"logprob_diff_max\"",
                         "\"importance_weight_mean\"",
+                        "\"importance_weight_min\"",
+                        "\"importance_weight_max\"",
                         "\"generate_rounds\""};
   while (std::getline(f, line)) {
     if (line.find("\"reward_mean\"") == std::string::npos) continue;
@@ -59,6 +72,15 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
     EXPECT_NE(line.find("\"updates\":4"), std::string::npos) << "2 epochs x 2 mini-batches: " << line;
   }
   EXPECT_EQ(lines, 3);
+  // The step line carries the comparison set (no critic here: its throughput is left out).
+  for (const char* part : {" (zero-std groups ", " | clip ", " entropy ", " len ", " clipped ", " kl(ref) ",
+                           " |dlogp| ", " ratio ", " | tokens/s generate ", " logprob ", " ref ", " update "})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << " in " << r.out;
+  EXPECT_EQ(r.out.find(" critic values "), std::string::npos) << r.out;
+  for (const nlohmann::json& j : read_step_metrics(out + "/metrics.jsonl")) {
+    EXPECT_GT(j.at("ref_logprob_tokens_per_s").get<double>(), 0) << j;
+    EXPECT_EQ(j.at("critic_values_tokens_per_s").get<double>(), 0) << j;
+  }
   EXPECT_TRUE(std::filesystem::exists(out + "/checkpoint-3/config.json"));
 }
 
@@ -78,13 +100,18 @@ TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
   while (std::getline(f, line)) {
     if (line.find("\"reward_mean\"") == std::string::npos) continue;
     ++lines;
-    for (const char* k :
-         {"\"value_loss\"", "\"value_mean\"", "\"explained_variance\"", "\"value_clip_frac\"", "\"critic_update\""})
+    for (const char* k : {"\"value_loss\"", "\"value_mean\"", "\"explained_variance\"", "\"value_clip_frac\"",
+                          "\"critic_update\"", "\"critic_values_tokens_per_s\"", "\"critic_update_tokens_per_s\""})
       EXPECT_NE(line.find(k), std::string::npos) << k << " in " << line;
     // (The untrained tiny model earns no reward here: returns and values are 0, and so is the value loss.)
     EXPECT_NE(line.find("\"updates\":2"), std::string::npos) << "2 epochs: " << line;
   }
   EXPECT_EQ(lines, 2);
+  EXPECT_NE(r.out.find(" critic values "), std::string::npos) << r.out;
+  for (const nlohmann::json& j : read_step_metrics(out + "/metrics.jsonl")) {
+    EXPECT_GT(j.at("critic_values_tokens_per_s").get<double>(), 0) << j;
+    EXPECT_GT(j.at("critic_update_tokens_per_s").get<double>(), 0) << j;
+  }
 }
 
 // Each --advantage value reaches the loop as itself (`process` once ran as `position`: the default's

@@ -42,11 +42,15 @@ std::string grpo(const std::string& d, const std::string& run, const std::string
          d + "/" + run + " " + extra;
 }
 
-// The step lines without their timings.
+// The step lines without their timings (the seconds and every phase's *_tokens_per_s).
 std::vector<nlohmann::json> steps_of(const std::string& metrics) {
   std::vector<nlohmann::json> v = read_step_metrics(metrics);
-  for (auto& j : v)
-    for (const char* k : {"time_s", "elapsed_s", "rollout_tokens_per_s", "train_tokens_per_s"}) j.erase(k);
+  for (auto& j : v) {
+    std::vector<std::string> timings = {"time_s", "elapsed_s"};
+    for (const auto& [k, value] : j.items())
+      if (k.ends_with("_tokens_per_s")) timings.push_back(k);
+    for (const std::string& k : timings) j.erase(k);
+  }
   return v;
 }
 

@@ -5,7 +5,8 @@
 //     overlong filtering gives truncated samples no gradient;
 //   mini-batches and epochs: 1 x 1 equals the single-update path written out by hand, micro-batches
 //     (gradient accumulation) equal one micro-batch, a second epoch sees ratios != 1 and clips;
-//   the reference model: the KL to it starts at 0, grows, and a KL loss term holds it down.
+//   the reference model: the KL to it starts at 0, grows, and a KL loss term holds it down;
+//   the metrics compared against TRL and veRL: clip region and dual clip, lengths, importance ratios, tokens/s.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -694,4 +695,102 @@ TEST(RlReference, KlSubtractedFromTheRewardGivesEqualRewardGroupsAGradient) {
   EXPECT_LT(kl.kl_reward, 0);
   EXPECT_NEAR(kl.kl_reward, -0.1 * kl.ref_kl, 1e-6 + 1e-4 * std::abs(kl.ref_kl)) << "-beta x the mean k3";
   expect_error([&] { grpo_update(*r.s, groups, o, 1); }, "kl_reward_coef 0.1 needs a reference model");
+}
+
+// The metrics compared against TRL's and veRL's (docs/rl.md "Metric names against TRL and veRL"), on steps
+// whose values can be worked out. One on-policy epoch clips nothing. Three epochs over two mini-batches at a
+// large lr move the ratios past 1 +- 0.05 on both sides: the region, counted by the objective on its own,
+// is low + high (a token is clipped on one side at most). A dual clip c = 1.01 (below 1 + eps_high) takes
+// the tokens with A < 0 and a ratio above c: counted apart, in none of the three.
+TEST(RlMetrics, ClipRegionIsLowPlusHighAndTheDualClipApart) {
+  Rig r = make_rig(3);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.lr = 5e-2;
+  o.loss.clip_low = o.loss.clip_high = 0.05;
+  GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0);
+  EXPECT_EQ(m.clip_region + m.clip_dual, 0.0) << "one on-policy epoch";
+  o.epochs = 3;
+  o.mini_batches = 2;
+  m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 1);
+  EXPECT_GT(m.clip_low, 0.0);
+  EXPECT_GT(m.clip_high, 0.0);
+  EXPECT_NEAR(m.clip_region, m.clip_low + m.clip_high, 1e-12);
+  EXPECT_EQ(m.clip_dual, 0.0) << "no dual clip";
+  o.loss.dual_clip = 1.01;
+  m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 2);
+  EXPECT_GT(m.clip_dual, 0.0);
+  EXPECT_GT(m.clip_region, 0.0);
+  EXPECT_NEAR(m.clip_region, m.clip_low + m.clip_high, 1e-12);
+  EXPECT_LE(m.clip_region + m.clip_dual, 1.0);
+}
+
+// Stop tokens (ids below 40) end samples at different lengths: min <= mean <= max, and the mean splits into
+// the samples cut at the limit (max_new_tokens each) and those that stopped. The trainer's log-probs equal
+// the engine's on the fp32 CPU path: every importance ratio is 1 within rounding. Each phase's tokens/s
+// times its seconds gives back the tokens it moved (generate: the responses; the old log-prob, reference and
+// critic-value forwards: prompt + response once; the updates: once per epoch), and a phase that did not run
+// reports 0. With one mini-batch, token-mean and a KL loss term, the KL loss is beta x ref_kl_update.
+TEST(RlMetrics, LengthsImportanceRatiosAndTokensPerSecondAddUp) {
+  Rig r = make_rig(3), ref = make_rig(3, true);
+  GrpoOptions o;
+  o.n = 4;
+  o.max_new_tokens = 8;
+  o.lr = 1e-2;
+  o.epochs = 2;
+  o.mismatch_every = 0;  // no extra forward without the replay
+  for (int32_t t = 0; t < 40; ++t) o.stop_token_ids.push_back(t);
+  const std::vector<std::vector<int32_t>> prompts = fixed_prompts(4);
+  double prompt_tokens = 0;
+  for (const std::vector<int32_t>& p : prompts) prompt_tokens += double(p.size() * size_t(o.n));
+  auto check = [&](const GrpoMetrics& m, bool with_ref, bool with_critic, const std::string& what) {
+    SCOPED_TRACE(what);
+    EXPECT_LE(m.response_len_min, m.response_len_mean);
+    EXPECT_LE(m.response_len_mean, m.response_len_max);
+    EXPECT_LT(m.response_len_min, m.response_len_max) << "the stop tokens vary the lengths";
+    EXPECT_GT(m.overlong_fraction, 0.0);
+    EXPECT_LT(m.overlong_fraction, 1.0);
+    EXPECT_NEAR(
+        m.response_len_mean,
+        m.overlong_fraction * double(o.max_new_tokens) + (1 - m.overlong_fraction) * m.response_len_terminated_mean,
+        1e-9);
+    EXPECT_LE(m.importance_weight_min, m.importance_weight_mean);
+    EXPECT_LE(m.importance_weight_mean, m.importance_weight_max);
+    EXPECT_GT(m.importance_weight_min, 1 - 1e-4);
+    EXPECT_LT(m.importance_weight_max, 1 + 1e-4);
+    const double response = m.response_len_mean * double(prompts.size() * size_t(o.n));
+    const double seqs = response + prompt_tokens, epochs = double(o.epochs);
+    auto expect_moved = [](double per_s, double s, double tokens, const char* phase) {
+      EXPECT_GT(s, 0.0) << phase;
+      EXPECT_NEAR(per_s * s, tokens, 1e-9 * tokens) << phase;
+    };
+    expect_moved(m.rollout_tokens_per_s, m.generate_s, response, "generate");
+    expect_moved(m.logprob_tokens_per_s, m.logprob_s, seqs, "old log-probs");
+    expect_moved(m.train_tokens_per_s, m.update_s, epochs * seqs, "update");
+    if (with_ref)
+      expect_moved(m.ref_logprob_tokens_per_s, m.ref_logprob_s, seqs, "reference");
+    else
+      EXPECT_EQ(m.ref_logprob_tokens_per_s, 0.0);
+    if (with_critic) {
+      expect_moved(m.critic_values_tokens_per_s, m.critic_value_s, seqs, "critic values");
+      expect_moved(m.critic_update_tokens_per_s, m.critic_update_s, epochs * seqs, "critic update");
+    } else {
+      EXPECT_EQ(m.critic_values_tokens_per_s, 0.0);
+      EXPECT_EQ(m.critic_update_tokens_per_s, 0.0);
+    }
+  };
+  GrpoMetrics m = grpo_step(*r.s, *r.engine, prompts, low_token_reward, o, 1);
+  check(m, false, false, "policy only");
+  EXPECT_EQ(m.ref_kl_update, 0.0);
+  m = grpo_step(*r.s, *r.engine, prompts, low_token_reward, o, 2, ref.s.get());
+  check(m, true, false, "with the reference");
+  EXPECT_GT(m.ref_kl, 0.0) << "the first step moved the policy";
+  EXPECT_EQ(m.ref_kl_update, 0.0) << "no KL loss term";
+  o.loss.kl_coef = 0.1;
+  std::unique_ptr<TrainSession> critic = make_critic(*r.s, 5);
+  m = grpo_step(*r.s, *r.engine, prompts, low_token_reward, o, 3, ref.s.get(), critic.get());
+  check(m, true, true, "PPO with the reference and a KL loss term");
+  EXPECT_GT(m.ref_kl_update, 0.0);
+  EXPECT_NEAR(m.kl_loss, 0.1 * m.ref_kl_update, 1e-5 * m.kl_loss);
 }
