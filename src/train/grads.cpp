@@ -122,6 +122,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   po.aux_scale = aux_scale;
   po.recompute = session.recompute();
   po.logits_out = policy ? nullptr : &logits;
+  po.temperature = opt.temperature;
   LossParts lp = model.forward_backward(local, po);
   // HSDP: the replicas of every gradient shard must hold the same bits (the all-reduce over
   // dp_replicate gives them one sum); checked here, before anything is gathered or written.
@@ -141,40 +142,52 @@ GradsResult run_grads(const GradsOptions& opt) {
   // The ranks with rows of their own: dp, and under tp every rank (tp rank order is row order within
   // a dp rank's rows, and the world's rank order is dp-major).
   comm::Communicator* rows_comm = pm.tp ? dist->world() : dist->dp();
-  if (policy) {
-    // no logits: the objective path never materialises them
-  } else if (rows_comm && rows_comm->size() > 1 && sp == 1) {
-    // Under tp the model may have padded each sequence to S' (B × S' divisible by tp): the gathered
-    // rows are [B, S'], and the padding is dropped.
-    const int64_t Sp = model.padded_seq_len(), V = cfg.vocab_size;
-    Tensor gathered = Tensor::empty({int64_t(rows_comm->size()) * logits.size(0), V});
-    rows_comm->all_gather(logits, gathered)->wait();
-    all_logits = gathered;
-    if (Sp != S) {
-      all_logits = Tensor::empty({B * S, V});
-      for (int64_t b = 0; b < B; ++b) all_logits.rows(b * S, S).copy_from(gathered.rows(b * Sp, S));
+  const bool rows_split = rows_comm && rows_comm->size() > 1 && sp == 1;
+  // Every rank's rows of a per-row tensor (the logits [rows, V], the log-probs [rows, 1]) laid out as one
+  // process's [B * S, V]; collective where the rows are split.
+  auto gather_rows = [&](const Tensor& mine, int64_t V) -> Tensor {
+    if (rows_split) {
+      // Under tp the model may have padded each sequence to S' (B × S' divisible by tp): the gathered
+      // rows are [B, S'], and the padding is dropped.
+      const int64_t Sp = model.padded_seq_len();
+      Tensor gathered = Tensor::empty({int64_t(rows_comm->size()) * mine.size(0), V});
+      rows_comm->all_gather(mine, gathered)->wait();
+      if (Sp == S) return gathered;
+      Tensor all = Tensor::empty({B * S, V});
+      for (int64_t b = 0; b < B; ++b) all.rows(b * S, S).copy_from(gathered.rows(b * Sp, S));
+      return all;
     }
-    ce_sum = 0;
-    for (double v : comm::all_gather_doubles(*rows_comm, {lp.ce_sum})) ce_sum += v;
-  } else if (sp > 1) {
-    // Every rank's [rows, C] chunk logits (padding included); dp_sp rank k holds rows of dp rank
-    // k / sp, chunk k % sp. Under tp each rank holds 1 / tp of its chunk's rows and tp varies fastest
-    // in the world's rank order, so the world gather lays the chunks out the same way. Reassembled
-    // into [B, S] without the padding.
-    const int64_t C = local.plan->chunk, V = cfg.vocab_size;
-    comm::Communicator& g = *dist->dp_sp();
-    comm::Communicator& src = pm.tp ? *dist->world() : g;
-    Tensor gathered = Tensor::empty({int64_t(src.size()) * logits.numel()});
-    src.all_gather(logits, gathered)->wait();
-    all_logits = Tensor::empty({B * S, V});
-    for (int k = 0; k < g.size(); ++k)
-      for (int64_t b = 0; b < rows; ++b)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t s = int64_t(k % sp) * C + c;
-          if (s >= S) continue;
-          all_logits.rows((int64_t(k / sp) * rows + b) * S + s, 1)
-              .copy_from(gathered.rows((int64_t(k) * rows * C + b * C + c) * V, V).view({1, V}));
-        }
+    if (sp > 1) {
+      // Every rank's [rows, C] chunk rows (padding included); dp_sp rank k holds rows of dp rank
+      // k / sp, chunk k % sp. Under tp each rank holds 1 / tp of its chunk's rows and tp varies fastest
+      // in the world's rank order, so the world gather lays the chunks out the same way. Reassembled
+      // into [B, S] without the padding.
+      const int64_t C = local.plan->chunk;
+      comm::Communicator& g = *dist->dp_sp();
+      comm::Communicator& src = pm.tp ? *dist->world() : g;
+      Tensor gathered = Tensor::empty({int64_t(src.size()) * mine.numel()});
+      src.all_gather(mine, gathered)->wait();
+      Tensor all = Tensor::empty({B * S, V});
+      for (int k = 0; k < g.size(); ++k)
+        for (int64_t b = 0; b < rows; ++b)
+          for (int64_t c = 0; c < C; ++c) {
+            const int64_t s = int64_t(k % sp) * C + c;
+            if (s >= S) continue;
+            all.rows((int64_t(k / sp) * rows + b) * S + s, 1)
+                .copy_from(gathered.rows((int64_t(k) * rows * C + b * C + c) * V, V).view({1, V}));
+          }
+      return all;
+    }
+    return mine.view({B * S, V});
+  };
+  // The objective path never materialises the logits; it has the log-probs of the targets.
+  Tensor all_logprobs;
+  if (policy)
+    all_logprobs = gather_rows(lp.logp.view({lp.logp.numel(), 1}), 1);
+  else
+    all_logits = gather_rows(logits, cfg.vocab_size);
+  if (!policy && (rows_split || sp > 1)) {
+    comm::Communicator& src = rows_split ? *rows_comm : pm.tp ? *dist->world() : *dist->dp_sp();
     ce_sum = 0;
     for (double v : comm::all_gather_doubles(src, {lp.ce_sum})) ce_sum += v;
   }
@@ -199,6 +212,14 @@ GradsResult run_grads(const GradsOptions& opt) {
   out.emplace_back("loss", loss);
   out.emplace_back("aux_loss", aux);
   if (!policy) out.emplace_back("logits", all_logits.to(Device::CPU).view({B, S, cfg.vocab_size}));
+  if (policy) {
+    // Row b * S + s holds log p(labels[b, s + 1]) (the shift): written aligned with the labels.
+    const Tensor rows_h = all_logprobs.to(Device::CPU);
+    Tensor logprobs = Tensor::zeros({B, S});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s + 1 < S; ++s) logprobs.data<float>()[b * S + s + 1] = rows_h.data<float>()[b * S + s];
+    out.emplace_back("logprobs", logprobs);
+  }
   CheckpointReader r(opt.model_dir);
   bool file_has_lm_head = r.has("lm_head.weight");
   for (auto& [name, t] : export_hf_tensors(cfg, table, grads, rep.layout)) {
@@ -226,7 +247,7 @@ static const char* const kGradsUsage =
     "usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors "
     "[--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] "
     "[--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] "
-    "[--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]]";
+    "[--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]] [--temperature T]";
 
 // The policy loss's numeric options: the field each sets, or null for any other flag.
 static double rl::PolicyLossConfig::* policy_number(const std::string& flag) {
@@ -259,7 +280,11 @@ int grads_main(const std::vector<std::string>& args) {
     else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
     else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
     else if (a == "--sp") opt.sp = parse_degree(a, value(), 1);
-    else if (a == "--objective") {
+    else if (a == "--temperature") {
+      opt.temperature = parse_flag_number<double>("grads: " + a, value());
+      if (!(opt.temperature > 0) || !std::isfinite(opt.temperature))
+        MT_THROW("grads: --temperature ", opt.temperature, " must be > 0 and finite");
+    } else if (a == "--objective") {
       opt.objective = value();
       opt.policy.kind = rl::parse_policy_loss(opt.objective);
     } else if (a == "--kl") {

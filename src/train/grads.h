@@ -1,6 +1,7 @@
 // `moetrain grads`: the numerics tool. Reads a Hugging Face model directory and a batch
 // (input_ids, labels: i64 [B, T], HF semantics), runs forward and backward in fp32 and writes
-// loss, aux_loss, logits and grad.<name> for every parameter, named as in the model's files.
+// loss, aux_loss, logits (logprobs under --objective) and grad.<name> for every parameter, named as in
+// the model's files.
 #pragma once
 #include <string>
 
@@ -29,9 +30,13 @@ struct GradsOptions {
   // --objective ppo|gspo|pg: an RL policy loss (rl/policy_loss.h) instead of cross-entropy. The batch
   // file then also holds f32 [B, T] tensors aligned with labels: advantages, old_logprobs,
   // token_weights and (with a KL term) ref_logprobs; each batch row is one sample. The output has loss
-  // (the objective, + aux) and the gradients, no logits.
+  // (the objective, + aux), the gradients and, instead of the logits, `logprobs`: f32 [B, T] aligned with
+  // labels, log p(label) under logits / temperature where the label is not -100, else 0.
   std::string objective;
   rl::PolicyLossConfig policy;
+  // --temperature T: every head sees logits / T (PassOptions::temperature), as the RL update's trainer does
+  // at the sampling temperature.
+  double temperature = 1.0;
 };
 
 // Loss definition (as transformers): mean token cross-entropy over labels != -100 after the

@@ -143,3 +143,13 @@ TEST(GradsCli, PolicyOptionsAreNumbersAndNeedAnObjective) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--kl-coef sets the RL policy loss; it needs --objective"), std::string::npos) << r.out;
 }
+
+// grads --temperature (every head on logits / T) is a positive finite number, checked before the model is read.
+TEST(GradsCli, TemperatureIsPositive) {
+  ShellRun r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --objective ppo --temperature 0");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("grads: --temperature 0 must be > 0 and finite"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --temperature warm");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--temperature 'warm' is not a number"), std::string::npos) << r.out;
+}
