@@ -3,7 +3,8 @@
 # time limit and its log's last lines are printed; logs go to OUT_DIR. Run after a build:
 # usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo|grpo_resume|
 #                                                  grpo_prompts|grpo_launch ...]   (grpo_launch: 2 GPUs)
-# (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default)
+# (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default; PROMPT_SEEDS: the seeds of
+# grpo_prompts, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -42,26 +43,37 @@ if want grpo; then
   step grpo "${GRPO_LIMIT_S:-600}" grpo --device cuda --out-dir "$out/grpo"
 fi
 if want ppo; then
-  step ppo "${PPO_LIMIT_S:-300}" grpo --device cuda --algorithm ppo --gamma 0 --steps 60 --out-dir "$out/ppo"
+  step ppo "${PPO_LIMIT_S:-300}" grpo --device cuda --algorithm ppo --out-dir "$out/ppo"
 fi
 if want grpo_resume; then  # 10 steps, stop, --resume to 20 (the demo model must exist: train first)
   common="grpo --device cuda --steps 20 --save-every 10 --eval-problems 50 --run-dir $out/grpo_resume"
   step grpo_first 300 $common --max-steps 10
   step grpo_resumed 300 $common --resume
 fi
-if want grpo_prompts; then  # a prompt file of additions in the demo's ids (answers reversed, as the demo writes them), exact match
+if want grpo_prompts; then  # a prompt file of 0..999 + 0..999 additions in the demo's ids (answers reversed, as
+  # the demo writes them), exact match, from the demo stopped early (grpo's default start: `grpo` makes it)
   python3 - "$out" <<'PY'
 import json, random, sys
 ids = lambda s: [3 + int(c) if c.isdigit() else {"+": 13, "=": 14}[c] for c in s]
-for name, seed, n in (("train", 1, 400), ("eval", 2, 100)):
-    rng = random.Random(seed)
+rng = random.Random(1)
+pairs = set()
+while len(pairs) < 2200:
+    pairs.add((rng.randint(0, 999), rng.randint(0, 999)))
+pairs = sorted(pairs)
+rng.shuffle(pairs)
+for name, part in (("train", pairs[:2000]), ("eval", pairs[2000:])):
     with open(f"{sys.argv[1]}/{name}_prompts.jsonl", "w") as f:
-        for _ in range(n):
-            a, b = rng.randint(100, 9999), rng.randint(1, 999)  # 3-digit ones the demo solves, 4-digit ones it does not
+        for a, b in part:
             f.write(json.dumps({"prompt_ids": [1] + ids(f"{a}+{b}="), "answer": ids(str(a + b)[::-1]), "a": a, "b": b}) + "\n")
 PY
-  step grpo_prompts 300 grpo --device cuda --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" \
-    --max-new-tokens 8 --steps 60 --run-dir "$out/grpo_prompts"
+  start=$(ls -d runs/grpo-start/checkpoint-* 2>/dev/null | sort -t- -k3 -n | tail -1)
+  [[ -z "$start" ]] && { step grpo_start 300 grpo --device cuda --steps 1 --run-dir "$out/grpo_start"; \
+    start=$(ls -d runs/grpo-start/checkpoint-* | sort -t- -k3 -n | tail -1); }
+  for seed in ${PROMPT_SEEDS:-1}; do
+    step "grpo_prompts_$seed" "${GRPO_LIMIT_S:-600}" grpo --device cuda --model "$start" --seed "$seed" \
+      --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" --max-new-tokens 8 \
+      --run-dir "$out/grpo_prompts_$seed"
+  done
 fi
 if want grpo_launch; then  # two ranks, one GPU each
   # --comm-timeout-s 60: a stuck collective ends the run with the watchdog's report instead of the step's limit.

@@ -24,7 +24,10 @@
 // is checked before any work starts. One process for now.
 #include "rl/grpo_cli.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -72,8 +75,12 @@ using rl::RewardRequest;
 
 const char* kUsage =
     "usage: moetrain grpo [options]\n"
-    "  --model DIR               start from this HF checkpoint (default runs/demo/checkpoint-2500, trained when "
-    "absent)\n"
+    "  --task sharpen|extend     the built-in task and its recipe (default sharpen: 1..3-digit addition from the\n"
+    "                            demo stopped early at 15% held-out exact match, runs/grpo-start, trained when\n"
+    "                            absent; exact reward, outcome advantages, T 1.0, lr 2e-4, 1000 steps. extend: a\n"
+    "                            fourth digit from the full demo, runs/demo/checkpoint-2500: digits reward,\n"
+    "                            position advantages, T 1.5, 500 steps); the options below override the recipe\n"
+    "  --model DIR               start from this HF checkpoint instead (the task's start by default)\n"
     "  --prompts FILE.jsonl      train on these prompts instead of the built-in task: lines with \"prompt_ids\",\n"
     "                            \"prompt\" (text) or \"messages\" (chat), plus \"answer\" and any metadata\n"
     "                            (text needs DIR/tokenizer.json); drawn in shuffled epochs (--seed)\n"
@@ -81,32 +88,34 @@ const char* kUsage =
     "  --max-new-tokens N        response length limit with --prompts (default 256)\n"
     "  --reward-timeout S, --reward-on-error zero|stop   a reward program's batch deadline (default 60) and\n"
     "                            what a failed sample does (default zero: reward 0, logged)\n"
-    "  --steps N                 GRPO steps (default 500)\n"
+    "  --steps N                 GRPO steps (default: the task's)\n"
     "  --prompts-per-step P      groups per step (default 16)\n"
     "  --n G                     samples per prompt (>= 2, default 8)\n"
     "  --min-digits D            built-in task: operands have D..max digits (default 1)\n"
-    "  --max-digits D            (default 4; the demo is trained on 1..3)\n"
-    "  --longest on|off          on: at least one operand has max digits (default on)\n"
+    "  --max-digits D            (default: sharpen 3, extend 4; the demo is trained on 1..3)\n"
+    "  --longest on|off          on: at least one operand has max digits (default: sharpen off, extend on)\n"
     "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages) (default grpo)\n"
     "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
     "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default 2e-4), --warmup-steps N (default 5), --min-lr LR: a cosine decay from\n"
+    "  --lr LR                   (default: the task's), --warmup-steps N (default 5), --min-lr LR: a cosine decay from\n"
     "                            LR after the warm-up to this at the last step (default: LR, constant)\n"
-    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default 1.5;\n"
-    "                            1.0 with --prompts)\n"
+    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default: sharpen\n"
+    "                            and --prompts 1.0, extend 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
     "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
     "  --kl-reward-coef B        KL to the reference subtracted from the reward instead: -B k(old, ref) per token\n"
     "                            (default 0)\n"
     "  --reward R                built-in task: digits|prefix|exact, the share of answer positions right, of the\n"
-    "                            answer right before the first mistake, or 1/0 for an exact answer (default\n"
-    "                            digits; the advantages use it under --advantage outcome only, else it is a\n"
-    "                            metric); --prompts: exact (default) | math | program:\"CMD ARGS\" (JSON lines\n"
+    "                            answer right before the first mistake, or 1/0 for an exact answer (default:\n"
+    "                            sharpen exact, extend digits; the advantages use it under --advantage outcome\n"
+    "                            only, else it is a metric); --prompts: exact (default) | math |\n"
+    "                            program:\"CMD ARGS\" (JSON lines\n"
     "                            {prompt, response, metadata} in, a number or {\"reward\": x} out)\n"
     "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
     "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
-    "                            against the group's same position (default position; outcome with --prompts);\n"
+    "                            against the group's same position (default: sharpen and --prompts outcome,\n"
+    "                            extend position);\n"
     "                            under ppo GAE gets the per-token rewards, or the sample's with outcome\n"
     "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
     "  --entropy-coef C          (default 0)\n"
@@ -141,6 +150,111 @@ const char* kUsage =
     "                            top-p is not covered)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
+
+// The built-in tasks (--task). Each names its starting model and the recipe its numbers were measured
+// with (docs/rl.md "moetrain grpo"); any option given on the command line overrides the preset.
+// sharpen (the default): the demo's own task (1..3-digit addition) from the demo recipe stopped early, at
+//   the first evaluation that reaches kStartExactMatch: a model that solves the problems sometimes (pass@8
+//   well above pass@1), which GRPO with a binary reward and outcome advantages makes reliable.
+// extend: a fourth digit the demo was never trained on (pass@k = 0 for an exact answer), from the fully
+//   trained demo, with a reward per right digit credited per position.
+struct TaskPreset {
+  std::string name;
+  std::string start;    // a model directory, or (sharpen) the run directory of the early-stopped demo
+  bool start_is_run = false;
+  int lo = 1, hi = 3;
+  bool longest = false;
+  const char* reward = "exact";
+  bool process = false, per_position = false;  // --advantage outcome | position
+  float temperature = 1.0f;
+  double lr = 2e-4;
+  int64_t steps = 500;
+};
+constexpr double kStartExactMatch = 15;
+constexpr const char* kStartRun = "runs/grpo-start";
+
+TaskPreset task_preset(const std::string& name) {
+  if (name == "sharpen") {
+    TaskPreset t;
+    t.name = name;
+    t.start = kStartRun;
+    t.start_is_run = true;
+    t.steps = 1000;
+    return t;
+  }
+  if (name == "extend") {
+    TaskPreset t;
+    t.name = name;
+    t.start = kDemoModel;
+    t.hi = 4;
+    t.longest = true;
+    t.reward = "digits";
+    t.process = t.per_position = true;
+    t.temperature = 1.5f;
+    t.lr = 2e-4;
+    t.steps = 500;
+    return t;
+  }
+  MT_THROW("grpo: --task '", name, "' is unknown; use sharpen (the default) or extend");
+}
+
+// The newest complete checkpoint of the early-stopped demo run, or "" when it has none.
+std::string start_checkpoint(const std::string& run) {
+  if (!fs::is_directory(run)) return "";
+  return find_resume_checkpoint(run, "latest").dir;
+}
+
+// An exclusive lock on PATH (created when absent), held until the object dies: runs started together (a
+// seed study) make the shared starting model once, the others wait for it and then read it.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd_ < 0) MT_THROW("grpo: cannot open the lock file ", path, ": ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX) != 0) {
+      const int e = errno;
+      ::close(fd_);
+      MT_THROW("grpo: cannot lock ", path, ": ", std::strerror(e));
+    }
+  }
+  ~FileLock() { ::close(fd_); }  // closing releases the lock
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// The task's starting model: made when absent (the demo recipe, trained here), as `moetrain train` would.
+std::string ensure_task_start(const TaskPreset& t, const std::string& device_name) {
+  std::string dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
+  if (!dir.empty() && fs::exists(dir + "/config.json")) return dir;
+  if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
+    MT_THROW("grpo: the starting model ", t.start, " is absent; under moetrain launch make it first (moetrain grpo "
+             "--task ", t.name, " --steps 1 in one process)");
+  const fs::path parent = fs::path(t.start).parent_path();
+  if (!parent.empty()) fs::create_directories(parent);
+  FileLock lock(t.start + ".lock");
+  dir = t.start_is_run ? start_checkpoint(t.start) : t.start;  // another run may have made it meanwhile
+  if (!dir.empty() && fs::exists(dir + "/config.json")) return dir;
+  TrainConfig tc;
+  tc.device = device_name;
+  if (t.start_is_run) {
+    tc.out_dir = t.start;
+    tc.eval_every = 50;
+    tc.stop_at_exact_match = kStartExactMatch;
+    log_info("grpo: ", t.start, " is absent: training the demo model until its held-out exact match reaches ",
+             kStartExactMatch, "% (moetrain train --run-dir ", t.start, " --eval-every 50 --stop-at-exact-match ",
+             kStartExactMatch, ")");
+  } else {
+    log_info("grpo: ", t.start, " is absent: training the demo model first (moetrain train)");
+  }
+  run_training(tc);
+  dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
+  if (dir.empty() || !fs::exists(dir + "/config.json"))
+    MT_THROW("grpo: training the starting model left no checkpoint in ", t.start);
+  return dir;
+}
 
 std::vector<int32_t> ids32(const std::vector<int64_t>& v) {
   return std::vector<int32_t>(v.begin(), v.end());
@@ -448,28 +562,36 @@ json recorded_args(const std::vector<std::string>& args) {
 }  // namespace
 
 int grpo_main(const std::vector<std::string>& args) {
-  std::string model_dir = kDemoModel, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
+  // The built-in task's preset first: the options below override its values.
+  std::string task_name = "sharpen";
+  for (size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == "--task") task_name = args[i + 1];
+  const TaskPreset preset = task_preset(task_name);
+  std::string model_dir, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
   std::string prompts_path, eval_prompts_path, resume;
-  int64_t steps = 500, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
+  int64_t steps = preset.steps, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
   std::optional<double> min_lr;  // --min-lr: a cosine decay to it; unset: constant after the warm-up
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
   bool reward_stop = false, model_given = false;
   Task task;
+  task.lo = preset.lo;
+  task.hi = preset.hi;
+  task.longest = preset.longest;
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
   std::string advantage_given;
   bool temperature_given = false;
   std::string aggregation_name;  // --aggregation as given ("": the loss's own, below)
   std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
-  bool process = true, per_position = true;
+  bool process = preset.process, per_position = preset.per_position;
   bool ppo = false, dynamic_given = false;
   rl::GrpoOptions o;
   o.n = 8;
-  o.lr = 2e-4;
+  o.lr = preset.lr;
   o.critic_lr = 5e-4;
-  o.sampling.temperature = 1.5f;
+  o.sampling.temperature = preset.temperature;
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
   o.progress_every_s = 10;
@@ -484,6 +606,9 @@ int grpo_main(const std::vector<std::string>& args) {
     if (a == "--help" || a == "-h") {
       std::printf("%s\n", kUsage);
       return 0;
+    } else if (a == "--task") {
+      value();  // applied above, before the other options
+      task_flags.push_back(a);
     } else if (a == "--model") {
       model_dir = value();
       model_given = true;
@@ -740,7 +865,8 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW(
           "grpo: --max-new-tokens sets the response length of --prompts; the built-in task's comes from "
           "--max-digits");
-    if (reward_spec.empty() || reward_spec == "digits")
+    if (reward_spec.empty()) reward_spec = preset.reward;
+    if (reward_spec == "digits")
       reward_kind = Reward::Digits;
     else if (reward_spec == "exact")
       reward_kind = Reward::Exact;
@@ -837,15 +963,10 @@ int grpo_main(const std::vector<std::string>& args) {
              ", which is not before the end of this run (", max_steps > 0 ? "--max-steps " : "--steps ", stop,
              "); raise --steps or --max-steps");
 
-  if (!fs::exists(model_dir + "/config.json")) {
-    if (model_dir != kDemoModel || from_file) MT_THROW("grpo: --model ", model_dir, " has no config.json");
-    if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
-      MT_THROW("grpo: ", model_dir, " is absent; under moetrain launch train it first (moetrain train)");
-    log_info("grpo: ", model_dir, " is absent: training the demo model first (moetrain train)");
-    TrainConfig tc;
-    tc.device = device_name;
-    run_training(tc);
+  if (model_dir.empty()) {
+    model_dir = from_file ? std::string(kDemoModel) : ensure_task_start(preset, device_name);
   }
+  if (!fs::exists(model_dir + "/config.json")) MT_THROW("grpo: --model ", model_dir, " has no config.json");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
   const json fingerprint = resuming ? state.at("model_fingerprint") : model_fingerprint(model_dir);
   if (resuming) {

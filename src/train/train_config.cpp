@@ -134,6 +134,13 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) {
          return c.max_steps < 0 ? std::string("must be >= 0 (0 = steps)") : "";
        }},
+      {"stop_at_exact_match", &TrainConfig::stop_at_exact_match,
+       "stop (saving a checkpoint) at the first evaluation (eval_every) whose held-out exact match reaches this "
+       "percentage; 0 = off",
+       [](const TrainConfig& c) {
+         return c.stop_at_exact_match < 0 || c.stop_at_exact_match > 100 ? std::string("must be in [0, 100] (0 = off)")
+                                                                        : "";
+       }},
       {"resume", &TrainConfig::resume,
        "continue a run exactly: latest (bare --resume: the newest checkpoint of the run dir whose manifest "
        "verifies) or a checkpoint-N directory; \"\" = start fresh",
@@ -437,6 +444,10 @@ void validate_train_config(const TrainConfig& c) {
              " (steps is the length of the LR schedule; max_steps stops the run earlier)");
   if (c.warmup_steps > c.steps)
     MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
+  if (c.stop_at_exact_match > 0 && (c.data.rfind("synthetic:", 0) != 0 || c.eval_every < 1))
+    MT_THROW("train config: stop_at_exact_match = ", real_str(c.stop_at_exact_match),
+             " is not allowed here: it stops at an evaluation of held-out exact match, which needs synthetic data (data = \"",
+             c.data, "\") and eval_every >= 1 (", c.eval_every, ")");
   if (c.data.rfind("synthetic:", 0) == 0 && !c.tokenizer.empty())
     MT_THROW("train config: tokenizer = \"", c.tokenizer, "\" is not allowed with data = \"", c.data,
              "\": the synthetic task has its own character ids, which a tokenizer.json copied into its checkpoints "
@@ -485,7 +496,7 @@ std::string train_config_changes(const nlohmann::json& saved, const TrainConfig&
   // Where and how the same steps run: these may change between a save and its resume. (score_before_experts
   // is the checkpoint's own: the trainer refuses a resume that contradicts it, and -1 takes it.)
   static const std::vector<std::string> kFree = {"score_before_experts",
-      "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "resume", "save_every", "keep_last",
+      "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "stop_at_exact_match", "resume", "save_every", "keep_last",
       "log_every", "eval_every", "eval_problems", "metrics_file", "tensorboard", "threads", "dp_shard",
       "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "deterministic", "reshard_after_forward",
       "grad_sync", "comm_timeout_s", "schedule_check", "schedule_check_every", "recompute", "bad_lines"};

@@ -46,6 +46,9 @@ struct TrainConfig {
   int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
   int64_t keep_last = 0;                    // keep the newest N complete checkpoints; 0 = all
   int64_t max_steps = 0;                    // stop (and save) at this step; 0 = steps (the schedule still spans steps)
+  // Stop (and save) at the first evaluation whose held-out exact match (percent) reaches this; 0 = off.
+  // A model stopped early that solves the task sometimes: the start of `moetrain grpo`'s built-in run.
+  double stop_at_exact_match = 0;
   std::string resume = "";                  // "" | latest (newest good checkpoint of out_dir) | a checkpoint dir
   std::string recompute = "none";           // activation recompute per block: none | full | selective | moe
   int64_t score_before_experts = -1;       // 1: routing weights multiply the experts' input; -1: init_from's

@@ -383,6 +383,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   so.router_bias_update_rate = cfg.router_bias_update_rate;
   so.schedule_check_every = cfg.schedule_check_every;
   so.check_replicas = cfg.schedule_check != "off";
+  int64_t end = stop;  // stop_at_exact_match may end the run earlier
   for (int64_t step = start_step; step < stop; ++step) {
     auto step_start = Clock::now();
     auto td = Clock::now();
@@ -461,12 +462,22 @@ TrainSummary run_training(const TrainConfig& cfg) {
     }
     // The checkpoint first: whatever the evaluation meets, the weights are on disk.
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < stop) save(step + 1);
-    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < stop) evaluate(step + 1);
+    if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < stop) {
+      evaluate(step + 1);
+      // Every rank evaluated the same weights on the same problems: the same decision everywhere.
+      if (cfg.stop_at_exact_match > 0 && sum.evaluated && sum.eval.exact_match() >= cfg.stop_at_exact_match) {
+        if (lead)
+          log_info("stop_at_exact_match: held-out exact match ", sum.eval.exact_match(), "% >= ",
+                   cfg.stop_at_exact_match, "% at step ", step + 1, "; stopping here");
+        end = step + 1;
+        break;
+      }
+    }
   }
-  sum.steps = stop;
+  sum.steps = end;
   sum.skipped = opt.steps_skipped();
-  save(stop);
-  evaluate(stop);
+  save(end);
+  if (end == stop) evaluate(stop);  // an early stop has just evaluated these weights
   dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
