@@ -72,7 +72,7 @@ PY
   for seed in ${PROMPT_SEEDS:-1}; do
     step "grpo_prompts_$seed" "${GRPO_LIMIT_S:-600}" grpo --device cuda --model "$start" --seed "$seed" \
       --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" --max-new-tokens 8 \
-      --run-dir "$out/grpo_prompts_$seed"
+      --steps 1000 --run-dir "$out/grpo_prompts_$seed"
   done
 fi
 if want grpo_launch; then  # two ranks, one GPU each

@@ -94,7 +94,8 @@ const char* kUsage =
     "  --min-digits D            built-in task: operands have D..max digits (default 1)\n"
     "  --max-digits D            (default: sharpen 3, extend 4; the demo is trained on 1..3)\n"
     "  --longest on|off          on: at least one operand has max digits (default: sharpen off, extend on)\n"
-    "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages) (default grpo)\n"
+    "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages; its policy lr\n"
+    "                            defaults to 1e-4) (default grpo)\n"
     "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
     "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
@@ -129,7 +130,7 @@ const char* kUsage =
     "                            (samples: geometric-mean ratio) outside the band (default off)\n"
     "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant (default\n"
     "                            token-mean; seq-mean-token-mean under --loss gspo, GSPO's objective)\n"
-    "  --dynamic-sampling on|off drop zero-variance groups and refill (default on; off under ppo),\n"
+    "  --dynamic-sampling on|off drop zero-variance groups and refill (default on),\n"
     "                            --max-generate-rounds R (4)\n"
     "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
     "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty on the sample's reward\n"
@@ -170,7 +171,8 @@ struct TaskPreset {
   double lr = 2e-4;
   int64_t steps = 500;
 };
-constexpr double kStartExactMatch = 15;
+constexpr double kStartExactMatch = 20;
+constexpr double kPpoLr = 1e-4;
 constexpr const char* kStartRun = "runs/grpo-start";
 
 TaskPreset task_preset(const std::string& name) {
@@ -179,7 +181,7 @@ TaskPreset task_preset(const std::string& name) {
     t.name = name;
     t.start = kStartRun;
     t.start_is_run = true;
-    t.steps = 1000;
+    t.steps = 1500;
     return t;
   }
   if (name == "extend") {
@@ -586,7 +588,7 @@ int grpo_main(const std::vector<std::string>& args) {
   std::string aggregation_name;  // --aggregation as given ("": the loss's own, below)
   std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
   bool process = preset.process, per_position = preset.per_position;
-  bool ppo = false, dynamic_given = false;
+  bool ppo = false;
   rl::GrpoOptions o;
   o.n = 8;
   o.lr = preset.lr;
@@ -728,7 +730,6 @@ int grpo_main(const std::vector<std::string>& args) {
     }
     else if (a == "--dynamic-sampling") {
       o.dynamic_sampling = parse_on_off(a, value());
-      dynamic_given = true;
     } else if (a == "--max-generate-rounds")
       o.max_generate_rounds = parse_flag_number<int64_t>(a, value());
     else if (a == "--overlong-filter")
@@ -821,7 +822,9 @@ int grpo_main(const std::vector<std::string>& args) {
   if (o.kl_reward_coef > 0 && !use_reference)
     MT_THROW("grpo: --kl-reward-coef ", o.kl_reward_coef, " needs the reference model; drop --reference off");
   // PPO has no group baseline: a group of equal rewards still trains the critic and has GAE advantages.
-  if (ppo && !dynamic_given) o.dynamic_sampling = false;
+  // PPO's policy takes smaller steps than GRPO's by default: its whitened GAE advantages carry the critic's
+  // error too (measured: lr 2e-4 loses the reward the task starts with, 1e-4 gains; docs/rl.md).
+  if (ppo && !given.count("--lr")) o.lr = kPpoLr;
   if (!ppo && (o.critic_lr != 5e-4 || o.gamma != 1.0 || o.lam != rl::GrpoOptions{}.lam ||
                o.value_clip != rl::GrpoOptions{}.value_clip))
     MT_THROW(
@@ -899,8 +902,7 @@ int grpo_main(const std::vector<std::string>& args) {
   refines("--overlong-buffer", o.overlong_penalty > 0,
           "is the soft overlong penalty's buffer, which is off without --overlong-penalty F");
   refines("--max-generate-rounds", o.dynamic_sampling,
-          "caps dynamic sampling's generate rounds, which is off here (--dynamic-sampling off, or --algorithm ppo "
-          "without --dynamic-sampling on)");
+          "caps dynamic sampling's generate rounds, which --dynamic-sampling off turns off");
   refines("--kl-estimator", use_reference,
           "measures the KL to the reference model, which --reference off drops (no KL metric, loss or reward term)");
   for (const char* f : {"--clip-low", "--clip-high", "--dual-clip"})
