@@ -886,7 +886,7 @@ int grpo_main(const std::vector<std::string>& args) {
   // advantages (and in PPO's returns), so the penalty would only change the reward metrics.
   if (process && o.overlong_penalty > 0)
     MT_THROW("grpo: --overlong-penalty ", o.overlong_penalty, " shapes the sample's reward, which --advantage ",
-             advantage_given.empty() ? "position (the default)" : advantage_given,
+             advantage_given.empty() ? "position (the task's default)" : advantage_given,
              " does not train on (its advantages come from the per-token rewards); add --advantage outcome or drop "
              "--overlong-penalty");
   // Options that refine another one: without it they would do nothing.

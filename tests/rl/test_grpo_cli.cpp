@@ -89,7 +89,7 @@ TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
   const std::string out = tmp_path("grpocli", "ppo");
   ShellRun r = sh(kMoetrainBin + " grpo --device cpu --algorithm ppo --model " + kGoldens +
                   "/tiny --steps 2 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 8 "
-                  "--epochs 2 --critic-lr 1e-3 --gamma 0.99 --lam 0.9 --value-clip 0.5 --out-dir " +
+                  "--epochs 2 --critic-lr 1e-3 --gamma 0.99 --lam 0.9 --value-clip 0.5 --dynamic-sampling off --out-dir " +
                   out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("PPO: critic lr"), std::string::npos) << r.out;
@@ -115,17 +115,51 @@ TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
 }
 
 // Each --advantage value reaches the loop as itself (`process` once ran as `position`: the default's
-// per-position switch stayed on), and the run's first line names it.
+// per-position switch stayed on), and the run's first line names it; without it, the task's own (sharpen:
+// outcome, extend: position).
 TEST(GrpoCli, EachAdvantageModeRunsAsNamed) {
-  for (const std::string mode : {"", "outcome", "process", "position"}) {
+  for (const std::string mode : {"", "outcome", "process", "position", "extend"}) {
     const std::string out = tmp_path("grpocli", "adv" + mode);
+    const std::string flag = mode.empty() ? "" : mode == "extend" ? " --task extend" : " --advantage " + mode;
     ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
                     "/tiny --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
-                    "--dynamic-sampling off --out-dir " + out + (mode.empty() ? "" : " --advantage " + mode));
+                    "--dynamic-sampling off --out-dir " + out + flag);
     ASSERT_EQ(r.code, 0) << r.out;
-    const std::string want = ", advantages: " + (mode.empty() ? std::string("position") : mode) + ",";
-    EXPECT_NE(r.out.find(want), std::string::npos) << "--advantage " << mode << ": " << r.out;
+    const std::string named = mode.empty() ? "outcome" : mode == "extend" ? "position" : mode;
+    EXPECT_NE(r.out.find(", advantages: " + named + ","), std::string::npos) << flag << ": " << r.out;
   }
+}
+
+// The task presets: sharpen (the default) and extend set the task, the reward, the temperature and the
+// length of the run (ppo its own policy lr); an option given wins over the preset; --task is refused with
+// --prompts.
+TEST(GrpoCli, TaskPresetsSetTheRecipeAndOptionsWin) {
+  struct Case {
+    std::string flags, want;
+  } cases[] = {
+      {"", "operands of 1..2 digits; held-out"},  // sharpen: no "at least one of" (longest off)
+      {"", "1500 steps of 2 prompts x 2 samples, lr 0.0002, temperature 1,"},
+      {"--algorithm ppo", "1500 steps of 2 prompts x 2 samples, lr 0.0001, temperature 1,"},
+      {"--algorithm ppo --lr 3e-4", "lr 0.0003,"},
+      {"--task extend", "operands of 1..2 digits, at least one of 2"},
+      {"--task extend", "500 steps of 2 prompts x 2 samples, lr 0.0002, temperature 1.5,"},
+      {"--task extend --temperature 0.9 --steps 7", "7 steps of 2 prompts x 2 samples, lr 0.0002, temperature 0.9,"},
+      {"--lr 1e-05 --longest on", "at least one of 2"},
+  };
+  for (const Case& c : cases) {
+    const std::string out = tmp_path("grpocli", "task");
+    ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+                    "/tiny --max-steps 1 --prompts-per-step 2 --n 2 --max-digits 2 --eval-problems 4 --out-dir " +
+                    out + " " + c.flags);
+    ASSERT_EQ(r.code, 0) << c.flags << ": " << r.out;
+    EXPECT_NE(r.out.find(c.want), std::string::npos) << c.flags << ": " << r.out;
+  }
+  ShellRun r = sh(kMoetrainBin + " grpo --task fourth");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--task 'fourth' is unknown; use sharpen (the default) or extend"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " grpo --model " + kGoldens + "/tiny --task extend --prompts /nonexistent.jsonl");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--task sets the built-in addition task"), std::string::npos) << r.out;
 }
 
 TEST(GrpoCli, BadOptionsAreErrorsBeforeAnyWork) {

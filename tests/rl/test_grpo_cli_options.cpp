@@ -20,18 +20,20 @@ ShellRun grpo(const std::string& tag, const std::string& extra) {
 
 }  // namespace
 
-// The soft overlong penalty is added to the sample's reward, which per-token advantages (the built-in task's
-// default, position, and process) never read: it once ran and changed nothing but the reward metrics.
+// The soft overlong penalty is added to the sample's reward, which per-token advantages (position, the extend
+// task's default, and process) never read: it once ran and changed nothing but the reward metrics.
 TEST(GrpoCliOptions, OverlongPenaltyNeedsOutcomeAdvantages) {
-  for (const std::string adv : {"", "--advantage position", "--advantage process"}) {
+  for (const std::string adv : {"--task extend", "--advantage position", "--advantage process"}) {
     const ShellRun r = grpo("overlong", "--overlong-penalty 1 --overlong-buffer 2 " + adv);
     EXPECT_NE(r.code, 0) << adv << ": " << r.out;
     EXPECT_NE(r.out.find("--overlong-penalty 1 shapes the sample's reward, which --advantage "), std::string::npos)
         << adv << ": " << r.out;
     EXPECT_EQ(r.out.find("grpo: step 1/1"), std::string::npos) << "refused before any work: " << r.out;
   }
-  const ShellRun ok = grpo("overlong_outcome", "--overlong-penalty 1 --overlong-buffer 2 --advantage outcome");
-  EXPECT_EQ(ok.code, 0) << ok.out;
+  for (const std::string adv : {"", "--advantage outcome", "--task extend --advantage outcome"}) {
+    const ShellRun ok = grpo("overlong_outcome", "--overlong-penalty 1 --overlong-buffer 2 " + adv);
+    EXPECT_EQ(ok.code, 0) << adv << ": " << ok.out;
+  }
 }
 
 // --algorithm given twice: the last one runs (grpo or dr-grpo after ppo once still ran PPO with a critic).
@@ -58,7 +60,10 @@ TEST(GrpoCliOptions, PpoNamesItsAdvantagesAndRefusesTheGroupEstimators) {
     EXPECT_NE(r.out.find("--advantage " + adv + " is a group estimator; under --algorithm ppo"), std::string::npos)
         << r.out;
   }
-  ShellRun r = grpo("ppo_default", "--algorithm ppo");
+  ShellRun r = grpo("ppo_default", "--algorithm ppo");  // sharpen: one reward per sample
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(", advantages: GAE on the outcome reward,"), std::string::npos) << r.out;
+  r = grpo("ppo_extend", "--algorithm ppo --task extend");  // extend: a reward per answer digit
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find(", advantages: GAE on per-token rewards,"), std::string::npos) << r.out;
   r = grpo("ppo_outcome", "--algorithm ppo --advantage outcome");
@@ -163,13 +168,13 @@ TEST(GrpoCliOptions, RouterOptionsNeedMoeLayers) {
 }
 
 // The built-in task's --reward (digits, prefix, exact) reaches the advantages only under --advantage outcome:
-// position and process (the default) train on the per-token rewards, so there it changes only the reward
-// metrics. The help said what each reward scores, not that (docs/rl.md did).
+// position and process (extend's default) train on the per-token rewards, so there it changes only the
+// reward metrics. The help said what each reward scores, not that (docs/rl.md did).
 TEST(GrpoCliOptions, HelpSaysTheTaskRewardTrainsOnlyUnderOutcome) {
   const ShellRun r = sh(kMoetrainBin + " grpo --help");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("the advantages use it under --advantage outcome only, else it is a\n"
-                       "                            metric)"),
+  EXPECT_NE(r.out.find("the advantages use it under --advantage outcome\n"
+                       "                            only, else it is a metric)"),
             std::string::npos)
       << r.out;
 }

@@ -75,6 +75,57 @@ TEST(Trainer, RunsLogsMetricsAndSavesAReloadableCheckpoint) {
   fs::remove_all(c.out_dir);
 }
 
+// stop_at_exact_match ends the run at the first evaluation that reaches it, saving there (the start of
+// `moetrain grpo`'s default task): the demo on its addition data, 1 right answer of 200 as the bar.
+TEST(Trainer, StopAtExactMatchEndsAtTheFirstEvaluationThatReachesIt) {
+  TrainConfig c = test::tiny_train_run("trainer", "stopat", 200);
+  c.model = "demo";
+  c.steps = 2500;  // the demo's schedule
+  c.micro_batch_size = 16;
+  c.grad_accum = 1;
+  c.seq_len = 64;
+  c.warmup_steps = 100;
+  c.max_steps = 300;
+  c.eval_every = 25;
+  c.stop_at_exact_match = 0.5;
+  c.log_every = 50;
+  TrainSummary s = run_training(c);
+  std::vector<std::pair<int64_t, double>> evals;
+  for (const nlohmann::json& j : read_jsonl(c.out_dir + "/metrics.jsonl"))
+    if (j.value("event", "") == "eval") evals.push_back({j["step"].get<int64_t>(), j["exact_match"].get<double>()});
+  ASSERT_FALSE(evals.empty());
+  // The demo gets a first answer right within 300 steps (100 on this machine); else the test says nothing.
+  ASSERT_GE(evals.back().second, 0.5) << "no evaluation reached 0.5% in 300 steps";
+  for (size_t i = 0; i + 1 < evals.size(); ++i) {
+    EXPECT_LT(evals[i].second, 0.5) << "step " << evals[i].first;
+    EXPECT_EQ(evals[i].first, int64_t(25 * (i + 1)));
+  }
+  EXPECT_LT(evals.back().first, 300);
+  EXPECT_EQ(s.steps, evals.back().first);
+  EXPECT_EQ(s.checkpoint_dir, c.out_dir + "/checkpoint-" + std::to_string(evals.back().first));
+  EXPECT_TRUE(fs::exists(s.checkpoint_dir + "/model.safetensors"));
+  EXPECT_NE(s.summary_line.find("exact-match"), std::string::npos) << s.summary_line;
+  fs::remove_all(c.out_dir);
+
+  // Only where an evaluation of held-out exact match runs.
+  TrainConfig bad = test::tiny_train_run("trainer", "stopat_bad", 8);
+  bad.stop_at_exact_match = 10;
+  bad.eval_every = 0;
+  try {
+    validate_train_config(bad);
+    ADD_FAILURE() << "eval_every 0 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("stop_at_exact_match = 10.0 is not allowed here"), std::string::npos) << e.what();
+  }
+  bad.stop_at_exact_match = 101;
+  try {
+    validate_train_config(bad);
+    ADD_FAILURE() << "101 accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("stop_at_exact_match"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, SameSeedSameLossCurve) {
   std::vector<double> curves[2];
   for (int r = 0; r < 2; ++r) {
