@@ -345,7 +345,7 @@ def run_moetrain(a):
            "--reward", "exact", "--max-new-tokens", str(a.max_new_tokens), "--n", str(a.n),
            "--prompts-per-step", str(a.prompts_per_step), "--steps", str(a.steps), "--lr", str(a.lr),
            "--warmup-steps", str(a.warmup), "--temperature", str(a.temperature), "--clip-low", str(a.clip_low),
-           "--clip-high", str(a.clip_high), "--kl-coef", str(a.beta), "--dynamic-sampling", "off",
+           "--clip-high", str(a.clip_high), "--kl-coef", str(a.beta), "--dynamic-sampling", a.dynamic_sampling,
            "--aggregation", "token-mean", "--seed", str(a.seed), "--run-dir", run_dir]
     if a.beta == 0:
         cmd += ["--reference", "off"]
@@ -370,7 +370,7 @@ def run_moetrain(a):
         metrics = read_prompts(mpath)
     rewards = [r.get("reward_mean", 0.0) for r in metrics]
     keys = ("loss", "grad_norm", "reward_mean", "reward_std", "lr", "groups_zero_variance", "advantage_std", "entropy")
-    res = {"side": "moetrain", "seed": a.seed, "before": before, "after": after, "gain": round(after - before, 2),
+    res = {"side": "moetrain", "dynamic_sampling": a.dynamic_sampling, "seed": a.seed, "before": before, "after": after, "gain": round(after - before, 2),
            "wall_s": round(wall, 1), "steps": a.steps, "n": a.n, "prompts_per_step": a.prompts_per_step, "lr": a.lr,
            "warmup": a.warmup, "temperature": a.temperature, "beta": a.beta, "max_new_tokens": a.max_new_tokens,
            "clip": [a.clip_low, a.clip_high], "model": a.model, "eval_prompts": int(m.group(3)),
@@ -403,7 +403,7 @@ def summarize(results):
 
 
 RUN_OPTIONS = ["model", "train", "eval", "n", "prompts_per_step", "steps", "lr", "warmup", "temperature", "beta",
-               "max_new_tokens", "clip_low", "clip_high", "threads", "moetrain"]
+               "max_new_tokens", "clip_low", "clip_high", "threads", "moetrain", "dynamic_sampling"]
 
 
 def compare(a):
@@ -456,6 +456,9 @@ def main():
         p.add_argument("--clip-low", type=float, default=0.2)
         p.add_argument("--clip-high", type=float, default=0.28)
         p.add_argument("--threads", type=int, default=0, help="torch threads on the TRL side (0: torch's default)")
+        p.add_argument("--dynamic-sampling", choices=["on", "off"], default="off",
+                       help="moetrain's side: DAPO's dynamic sampling (TRL has none; off matches TRL's loop, on is "
+                            "moetrain grpo's default)")
         p.add_argument("--moetrain", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                                           "build-cpu", "moetrain"))
         if name == "compare":

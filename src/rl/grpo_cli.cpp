@@ -2,12 +2,12 @@
 // (docs/rl.md "moetrain grpo", "Prompt files"), with checkpoints a run can resume from exactly
 // ("Checkpoints and resume").
 //
-// The built-in task starts from the demo checkpoint (training it first when it is absent), on problems
-// longer than the demo was trained on; by default each answer token is rewarded (1 for a right digit) and
-// credited against the group's samples at the same position (--advantage position; the sample-level
-// rewards and GRPO's outcome advantages are options); it evaluates greedy exact match on held-out
-// problems before and after and ends with `grpo: exact-match <before>% -> <after>% on <n> held-out
-// problems`. `--baseline sft` spends the same wall time on supervised fine-tuning instead (the right
+// The built-in tasks (--task, TaskPreset below) each name a starting model, made when absent, and a recipe:
+// sharpen (the default) the demo's own problems from the demo stopped early, with the standard recipe (an
+// exact-answer reward, GRPO's outcome advantages); extend a fourth digit from the full demo, each answer
+// token rewarded and credited against the group's samples at the same position. Both evaluate greedy exact
+// match on held-out problems before and after and end with `grpo: exact-match <before>% -> <after>% on <n>
+// held-out problems`. `--baseline sft` spends the same wall time on supervised fine-tuning instead (the right
 // answers of problems from the same distribution, cross-entropy through the same train_step): the
 // comparison the docs quote.
 //
@@ -232,8 +232,11 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
   std::string dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
   if (!dir.empty() && fs::exists(dir + "/config.json")) return dir;
   if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
-    MT_THROW("grpo: the starting model ", t.start, " is absent; under moetrain launch make it first (moetrain grpo "
-             "--task ", t.name, " --steps 1 in one process)");
+    MT_THROW("grpo: the starting model ", t.start, " is absent; under moetrain launch make it first, in one process (",
+             t.start_is_run ? str("moetrain train --run-dir ", t.start, " --eval-every 50 --stop-at-exact-match ",
+                                  kStartExactMatch)
+                            : std::string("moetrain train"),
+             ")");
   const fs::path parent = fs::path(t.start).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   FileLock lock(t.start + ".lock");
