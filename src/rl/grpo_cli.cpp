@@ -99,8 +99,8 @@ const char* kUsage =
     "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
     "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
     "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default: the task's), --warmup-steps N (default 5), --min-lr LR: a cosine decay from\n"
-    "                            LR after the warm-up to this at the last step (default: LR, constant)\n"
+    "  --lr LR                   (default: the task's), --warmup-steps N (default 5), --min-lr LR: a cosine\n"
+    "                            decay from LR after the warm-up to this at the last step (default: LR, constant)\n"
     "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default: sharpen\n"
     "                            and --prompts 1.0, extend 1.5)\n"
     "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
@@ -161,7 +161,7 @@ constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 //   trained demo, with a reward per right digit credited per position.
 struct TaskPreset {
   std::string name;
-  std::string start;    // a model directory, or (sharpen) the run directory of the early-stopped demo
+  std::string start;  // a model directory, or (sharpen) the run directory of the early-stopped demo
   bool start_is_run = false;
   int lo = 1, hi = 3;
   bool longest = false;

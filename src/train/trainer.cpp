@@ -467,8 +467,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
       // Every rank evaluated the same weights on the same problems: the same decision everywhere.
       if (cfg.stop_at_exact_match > 0 && sum.evaluated && sum.eval.exact_match() >= cfg.stop_at_exact_match) {
         if (lead)
-          log_info("stop_at_exact_match: held-out exact match ", sum.eval.exact_match(), "% >= ",
-                   cfg.stop_at_exact_match, "% at step ", step + 1, "; stopping here");
+          log_info("stop_at_exact_match: held-out exact match ", sum.eval.exact_match(),
+                   "% >= ", cfg.stop_at_exact_match, "% at step ", step + 1, "; stopping here");
         end = step + 1;
         break;
       }

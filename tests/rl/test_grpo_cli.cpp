@@ -87,10 +87,11 @@ TEST(GrpoCli, RunsStepsWritesMetricsAndTheSummaryLine) {
 // --algorithm ppo: the critic's metrics on every line, 2 critic steps a step (2 epochs).
 TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
   const std::string out = tmp_path("grpocli", "ppo");
-  ShellRun r = sh(kMoetrainBin + " grpo --device cpu --algorithm ppo --model " + kGoldens +
-                  "/tiny --steps 2 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 8 "
-                  "--epochs 2 --critic-lr 1e-3 --gamma 0.99 --lam 0.9 --value-clip 0.5 --dynamic-sampling off --out-dir " +
-                  out);
+  ShellRun r =
+      sh(kMoetrainBin + " grpo --device cpu --algorithm ppo --model " + kGoldens +
+         "/tiny --steps 2 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 8 "
+         "--epochs 2 --critic-lr 1e-3 --gamma 0.99 --lam 0.9 --value-clip 0.5 --dynamic-sampling off --out-dir " +
+         out);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("PPO: critic lr"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" value loss "), std::string::npos) << r.out;
@@ -123,7 +124,8 @@ TEST(GrpoCli, EachAdvantageModeRunsAsNamed) {
     const std::string flag = mode.empty() ? "" : mode == "extend" ? " --task extend" : " --advantage " + mode;
     ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
                     "/tiny --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
-                    "--dynamic-sampling off --out-dir " + out + flag);
+                    "--dynamic-sampling off --out-dir " +
+                    out + flag);
     ASSERT_EQ(r.code, 0) << r.out;
     const std::string named = mode.empty() ? "outcome" : mode == "extend" ? "position" : mode;
     EXPECT_NE(r.out.find(", advantages: " + named + ","), std::string::npos) << flag << ": " << r.out;
@@ -149,8 +151,8 @@ TEST(GrpoCli, TaskPresetsSetTheRecipeAndOptionsWin) {
   for (const Case& c : cases) {
     const std::string out = tmp_path("grpocli", "task");
     ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
-                    "/tiny --max-steps 1 --prompts-per-step 2 --n 2 --max-digits 2 --eval-problems 4 --out-dir " +
-                    out + " " + c.flags);
+                    "/tiny --max-steps 1 --prompts-per-step 2 --n 2 --max-digits 2 --eval-problems 4 --out-dir " + out +
+                    " " + c.flags);
     ASSERT_EQ(r.code, 0) << c.flags << ": " << r.out;
     EXPECT_NE(r.out.find(c.want), std::string::npos) << c.flags << ": " << r.out;
   }

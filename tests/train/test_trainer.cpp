@@ -115,7 +115,8 @@ TEST(Trainer, StopAtExactMatchEndsAtTheFirstEvaluationThatReachesIt) {
     validate_train_config(bad);
     ADD_FAILURE() << "eval_every 0 accepted";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("stop_at_exact_match = 10.0 is not allowed here"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("stop_at_exact_match = 10.0 is not allowed here"), std::string::npos)
+        << e.what();
   }
   bad.stop_at_exact_match = 101;
   try {
