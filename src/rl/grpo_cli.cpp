@@ -229,8 +229,11 @@ class FileLock {
 
 // The task's starting model: made when absent (the demo recipe, trained here), as `moetrain train` would.
 std::string ensure_task_start(const TaskPreset& t, const std::string& device_name) {
-  std::string dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
-  if (!dir.empty() && fs::exists(dir + "/config.json")) return dir;
+  auto present = [&t]() -> std::string {  // the start's model directory, "" while it has none
+    const std::string dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
+    return !dir.empty() && fs::exists(dir + "/config.json") ? dir : "";
+  };
+  if (std::string dir = present(); !dir.empty()) return dir;
   if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
     MT_THROW("grpo: the starting model ", t.start, " is absent; under moetrain launch make it first, in one process (",
              t.start_is_run ? str("moetrain train --run-dir ", t.start, " --eval-every 50 --stop-at-exact-match ",
@@ -240,8 +243,7 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
   const fs::path parent = fs::path(t.start).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   FileLock lock(t.start + ".lock");
-  dir = t.start_is_run ? start_checkpoint(t.start) : t.start;  // another run may have made it meanwhile
-  if (!dir.empty() && fs::exists(dir + "/config.json")) return dir;
+  if (std::string dir = present(); !dir.empty()) return dir;  // another run made it meanwhile
   TrainConfig tc;
   tc.device = device_name;
   if (t.start_is_run) {
@@ -255,9 +257,8 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
     log_info("grpo: ", t.start, " is absent: training the demo model first (moetrain train)");
   }
   run_training(tc);
-  dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
-  if (dir.empty() || !fs::exists(dir + "/config.json"))
-    MT_THROW("grpo: training the starting model left no checkpoint in ", t.start);
+  const std::string dir = present();
+  if (dir.empty()) MT_THROW("grpo: training the starting model left no checkpoint in ", t.start);
   return dir;
 }
 

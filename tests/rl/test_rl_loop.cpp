@@ -306,16 +306,25 @@ TEST(RlUpdate, OneMiniBatchOneEpochEqualsTheSingleUpdateAndMicroBatchesAccumulat
   EXPECT_LT(rel_l2(c.s->grads(), a.s->grads()), 1e-5) << "micro-batches vs one micro-batch";
 }
 
-// Two epochs over two mini-batches: four optimizer steps; after the first, the old log-probs (fixed
-// before the first epoch) no longer equal the current ones, so ratios move off 1 and the clip engages.
-// One epoch on one mini-batch is on-policy: ratios are 1, nothing clips.
-TEST(RlUpdate, SecondEpochSeesRatiosOffOneAndClips) {
-  Rig r = make_rig(3);
+// Options under which the clip engages once the ratios leave 1: a large lr on the tiny model and a narrow
+// range (1 +- 0.05), so updates after the first see ratios beyond it; one on-policy epoch clips nothing.
+namespace {
+GrpoOptions clip_engaging_options() {
   GrpoOptions o;
   o.n = 4;
   o.max_new_tokens = 8;
   o.lr = 5e-2;
   o.loss.clip_low = o.loss.clip_high = 0.05;
+  return o;
+}
+}  // namespace
+
+// Two epochs over two mini-batches: four optimizer steps; after the first, the old log-probs (fixed
+// before the first epoch) no longer equal the current ones, so ratios move off 1 and the clip engages.
+// One epoch on one mini-batch is on-policy: ratios are 1, nothing clips.
+TEST(RlUpdate, SecondEpochSeesRatiosOffOneAndClips) {
+  Rig r = make_rig(3);
+  GrpoOptions o = clip_engaging_options();
   GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0);
   EXPECT_EQ(m.updates, 1);
   EXPECT_EQ(m.clip_low + m.clip_high, 0.0);
@@ -704,11 +713,7 @@ TEST(RlReference, KlSubtractedFromTheRewardGivesEqualRewardGroupsAGradient) {
 // the tokens with A < 0 and a ratio above c: counted apart, in none of the three.
 TEST(RlMetrics, ClipRegionIsLowPlusHighAndTheDualClipApart) {
   Rig r = make_rig(3);
-  GrpoOptions o;
-  o.n = 4;
-  o.max_new_tokens = 8;
-  o.lr = 5e-2;
-  o.loss.clip_low = o.loss.clip_high = 0.05;
+  GrpoOptions o = clip_engaging_options();
   GrpoMetrics m = grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, 0);
   EXPECT_EQ(m.clip_region + m.clip_dual, 0.0) << "one on-policy epoch";
   o.epochs = 3;
