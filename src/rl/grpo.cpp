@@ -77,7 +77,8 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
   if (o.loss.kl_coef > 0 && !reference)
     MT_THROW("grpo: kl_coef ", o.loss.kl_coef, " needs a reference model (a frozen copy of the initial policy)");
   if (o.kl_reward_coef > 0 && !reference)
-    MT_THROW("grpo: kl_reward_coef ", o.kl_reward_coef, " needs a reference model (a frozen copy of the initial policy)");
+    MT_THROW("grpo: kl_reward_coef ", o.kl_reward_coef,
+             " needs a reference model (a frozen copy of the initial policy)");
   if (reference) check_same_layout(session, *reference, "reference");
   if (critic) check_same_layout(session, *critic, "critic");
   // GSPO's sequence ratio is the mean over a sample's every token, taken in the objective from the rows it
@@ -85,8 +86,8 @@ void check_sessions(TrainSession& session, const GrpoOptions& o, TrainSession* r
   const int tp = session.dist().mesh().size(Axis::Tp), sp = session.dist().mesh().size(Axis::Sp);
   if (o.loss.kind == PolicyLoss::Gspo && (tp > 1 || sp > 1))
     MT_THROW("grpo: the gspo loss under ", tp > 1 ? "tp " : "sp ", tp > 1 ? tp : sp,
-             " is not supported: its sequence ratio needs each sample's tokens on one rank, and a ", tp > 1 ? "tp" : "sp",
-             " rank holds a slice of them; use ppo or pg, or a layout without tp and sp");
+             " is not supported: its sequence ratio needs each sample's tokens on one rank, and a ",
+             tp > 1 ? "tp" : "sp", " rank holds a slice of them; use ppo or pg, or a layout without tp and sp");
 }
 
 // A micro-batch of whole sequences grown to a multiple of `multiple` rows with empty rows (token 0, every
@@ -325,12 +326,21 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   PassOptions ref_po = po;
   ref_po.token_entropy = false;
   int64_t logprob_tokens = 0, ref_tokens = 0;  // through the forwards, for the phases' tokens/s
+  // On-policy, the update's forward gives the old log-probs (and the entropies and the mismatch metrics):
+  // no forward of the policy before it, only the reference's.
+  const bool mismatch_on = o.mismatch.tis_cap > 0 || o.mismatch.token_mask_high > 0 || o.mismatch.seq_mask_high > 0;
+  const bool on_policy = !o.old_logprob_forward && o.epochs == 1 && std::min(o.mini_batches, kept_groups) == 1 &&
+                         o.kl_reward_coef <= 0 && !mismatch_on;
   auto trainer_rows = [&](const PackedRollouts& p, const std::vector<size_t>& which) {
     auto t = Clock::now();
-    const HeadRows lp = forward_rows(session, p.mb, po);
-    const std::vector<std::vector<float>> old = response_values(p, lp.logp), ent = response_values(p, lp.entropy);
-    m.logprob_s += since(t);
-    logprob_tokens += sequence_tokens(p);
+    std::vector<std::vector<float>> old, ent;
+    if (!on_policy) {
+      const HeadRows lp = forward_rows(session, p.mb, po);
+      old = response_values(p, lp.logp);
+      ent = response_values(p, lp.entropy);
+      m.logprob_s += since(t);
+      logprob_tokens += sequence_tokens(p);
+    }
     std::vector<std::vector<float>> ref;
     if (reference) {
       t = Clock::now();
@@ -340,8 +350,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     }
     for (size_t k = 0; k < which.size(); ++k) {
       Kept& x = kept[which[k]];
-      x.old_lp = old[k];
-      x.entropy = ent[k];
+      if (!on_policy) {
+        x.old_lp = old[k];
+        x.entropy = ent[k];
+      }
       if (reference) x.ref_lp = ref[k];
     }
   };
@@ -472,9 +484,10 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       }
       u.p = pack_rollouts(ss, K);
       if (o.kl_reward_coef <= 0) trainer_rows(u.p, u.samples);  // else done before the advantages
+      // The old log-probs' slot: the trainer's, or on-policy the engine's (for the objective's mismatch metrics).
       std::vector<std::vector<float>> old, ent, ref;
       for (size_t i : u.samples) {
-        old.push_back(kept[i].old_lp);
+        old.push_back(on_policy ? kept[i].s.logprobs : kept[i].old_lp);
         ent.push_back(kept[i].entropy);
         if (reference) ref.push_back(kept[i].ref_lp);
       }
@@ -492,6 +505,14 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         const Kept& x = kept[u.samples[k]];
         const int64_t len = int64_t(x.s.response.size());
         for (int64_t j = 0; j < len; ++j) {
+          adv_sum += x.advantage[size_t(j)];
+          adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
+          if (!own.empty()) {
+            const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+            nr_sum += std::abs(dn);
+            m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
+          }
+          if (on_policy) continue;  // the objective measures the rest during the update
           const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
           const double w = std::exp(d);
           dsum += std::abs(d);
@@ -499,15 +520,8 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
           w_min = std::min(w_min, w);
           w_max = std::max(w_max, w);
           m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
-          if (!own.empty()) {
-            const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
-            nr_sum += std::abs(dn);
-            m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
-          }
           ent_sum += ent[k][size_t(j)];
           if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
-          adv_sum += x.advantage[size_t(j)];
-          adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
         }
         tokens_all += len;
         adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
@@ -547,8 +561,9 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     std::vector<std::vector<double>> old_d, roll_d;
     std::vector<bool> filtered;
     for (size_t i = s0; i < s1; ++i) {
-      old_d.emplace_back(kept[i].old_lp.begin(), kept[i].old_lp.end());
       roll_d.emplace_back(kept[i].s.logprobs.begin(), kept[i].s.logprobs.end());
+      // On-policy there is no mismatch correction: the weights need only the lengths.
+      old_d.push_back(on_policy ? roll_d.back() : std::vector<double>(kept[i].old_lp.begin(), kept[i].old_lp.end()));
       filtered.push_back(kept[i].filtered);
     }
     const MiniBatchWeights mw =
@@ -560,15 +575,9 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       set_token_values(u.p, PolicyObjective::kWeight, w_t);
     }
   }
-  m.logprob_diff_mean = dsum / double(tokens_all);
   m.masked_fraction = double(masked_tokens) / double(tokens_all);
   m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
   if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
-  m.importance_weight_mean = wsum / double(tokens_all);
-  m.importance_weight_min = w_min;
-  m.importance_weight_max = w_max;
-  m.entropy = ent_sum / double(tokens_all);
-  m.ref_kl = reference ? ref_kl_sum / double(tokens_all) : 0;
   m.advantage_mean = adv_sum / double(tokens_all);
   m.advantage_std = std::sqrt(std::max(0.0, adv_sq / double(tokens_all) - m.advantage_mean * m.advantage_mean));
 
@@ -578,6 +587,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
           trained = 0;
   int64_t c_tokens = 0, c_clipped = 0, c_train_tokens = 0;  // the critic's
   double approx_kl = 0, pg_sum = 0, kl_sum = 0, ref_kl_sum_update = 0;
+  int64_t op_rows = 0;  // on-policy: the rows the objective measured the mismatch, entropy and KL on
   for (const auto& mb : minis) total_mbs += int64_t(mb.size());
   total_mbs *= o.epochs;
   auto last_line = Clock::now();
@@ -588,11 +598,12 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         batches.push_back(pad_rows(u.p.mb, dp, K));
         train_tokens += sequence_tokens(u.p);
       }
-      PolicyObjective obj(o.loss);
+      PolicyObjective obj(o.loss, on_policy);
       StepOptions so;
       so.lr = o.lr;
       so.objective = &obj;
       so.temperature = o.sampling.temperature;
+      so.token_entropy = on_policy;  // the entropy metric
       so.aux_loss_coef = o.aux_loss_coef;
       so.router_z_loss_coef = o.router_z_loss_coef;
       if (o.freeze_router) so.frozen = is_router_weight;
@@ -622,6 +633,18 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       approx_kl += pm.approx_kl;
       ref_kl_sum_update += pm.ref_kl;
       trained += pm.tokens;
+      if (on_policy) {
+        if (pm.rows > 0) {
+          w_min = std::min(w_min, pm.weight_min);
+          w_max = std::max(w_max, pm.weight_max);
+        }
+        op_rows += pm.rows;
+        dsum += pm.diff_sum;
+        m.logprob_diff_max = std::max(m.logprob_diff_max, pm.diff_max);
+        wsum += pm.weight_sum;
+        ent_sum += pm.row_entropy;
+        ref_kl_sum += pm.row_ref_kl;
+      }
     }
   m.update_s = since(t);
   // 5. PPO: the critic's update on the returns, the same epochs and mini-batches.
@@ -653,13 +676,30 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
   // The objectives' own metrics are sums over this rank's rows: one all-gather after the update adds them
   // up over the ranks (every rank holds rows of its own; train_step reduced the loss and the norms).
   if (dist.distributed()) {
-    const std::vector<double> all =
-        comm::all_gather_doubles(*dist.world(), {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl,
-                                                 double(trained), double(c_tokens), double(c_clipped),
-                                                 double(clip_region), double(clip_dual), ref_kl_sum_update});
+    const std::vector<double> all = comm::all_gather_doubles(
+        *dist.world(), {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl, double(trained),
+                        double(c_tokens), double(c_clipped), double(clip_region), double(clip_dual), ref_kl_sum_update,
+                        double(op_rows), dsum, wsum, ent_sum, ref_kl_sum, m.logprob_diff_max, w_min, w_max});
     pg_sum = kl_sum = approx_kl = ref_kl_sum_update = 0;
     clip_low = clip_high = clip_region = clip_dual = trained = c_tokens = c_clipped = 0;
-    for (size_t k = 0; k < all.size(); k += 11) {
+    if (on_policy) {  // else the rank's own sums below were over every sample already
+      op_rows = 0;
+      dsum = wsum = ent_sum = ref_kl_sum = 0;
+    }
+    constexpr size_t kStride = 19;
+    for (size_t k = 0; k < all.size(); k += kStride) {
+      if (on_policy) {
+        op_rows += int64_t(all[k + 11]);
+        dsum += all[k + 12];
+        wsum += all[k + 13];
+        ent_sum += all[k + 14];
+        ref_kl_sum += all[k + 15];
+        m.logprob_diff_max = std::max(m.logprob_diff_max, all[k + 16]);
+        if (all[k + 11] > 0) {
+          w_min = std::min(w_min, all[k + 17]);
+          w_max = std::max(w_max, all[k + 18]);
+        }
+      }
       pg_sum += all[k];
       kl_sum += all[k + 1];
       clip_low += int64_t(all[k + 2]);
@@ -673,6 +713,15 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       ref_kl_sum_update += all[k + 10];
     }
   }
+  // The rollout/trainer mismatch, entropy and reference KL over the kept samples' response tokens: from the
+  // forward before the update, or on-policy from the update's own (every target row, on some rank).
+  const double measured = on_policy ? double(std::max<int64_t>(op_rows, 1)) : double(tokens_all);
+  m.logprob_diff_mean = dsum / measured;
+  m.importance_weight_mean = wsum / measured;
+  m.importance_weight_min = w_min;
+  m.importance_weight_max = w_max;
+  m.entropy = ent_sum / measured;
+  m.ref_kl = reference ? ref_kl_sum / measured : 0;
   m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
   m.logprob_tokens_per_s = per_second(logprob_tokens, m.logprob_s);
   m.ref_logprob_tokens_per_s = per_second(ref_tokens, m.ref_logprob_s);
@@ -726,8 +775,8 @@ void validate(const GrpoOptions& o) {
   if (!std::isfinite(o.value_clip)) MT_THROW("grpo: value_clip ", o.value_clip, "; need a finite value (<= 0: off)");
   if (!(o.critic_lr >= 0) || !std::isfinite(o.critic_lr))
     MT_THROW("grpo: critic_lr ", o.critic_lr, "; need a finite value >= 0");
-  for (const auto& [name, v] : {std::pair<const char*, double>{"aux_loss_coef", o.aux_loss_coef},
-                                 {"router_z_loss_coef", o.router_z_loss_coef}})
+  for (const auto& [name, v] :
+       {std::pair<const char*, double>{"aux_loss_coef", o.aux_loss_coef}, {"router_z_loss_coef", o.router_z_loss_coef}})
     if (!(v >= 0) || !std::isfinite(v)) MT_THROW("grpo: ", name, " ", v, "; need a finite value >= 0 (0: off)");
   validate(o.loss);
 }

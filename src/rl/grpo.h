@@ -51,7 +51,8 @@ struct GrpoOptions {
   // With token_reward: position_advantages (each token against the group's same position) instead of
   // process_advantages.
   bool per_position = false;
-  PolicyLossConfig loss;  // kl_coef > 0 needs the reference session  // KL in the reward instead of (or besides) the loss term: each response token's reward gets
+  PolicyLossConfig loss;  // kl_coef > 0 needs the reference session  // KL in the reward instead of (or besides) the
+                          // loss term: each response token's reward gets
   // -kl_reward_coef k(old, ref) (the estimator loss.kl) before the advantages (GRPO: summed into the sample's
   // reward; process rewards and PPO's token rewards: per token). Needs the reference; 0: off.
   double kl_reward_coef = 0;
@@ -80,6 +81,10 @@ struct GrpoOptions {
   // The update: `epochs` passes over the step's samples, split into `mini_batches` mini-batches of whole
   // groups (one optimizer step each), each in micro-batches of micro_batch_samples samples (0: one).
   int64_t epochs = 1, mini_batches = 1, micro_batch_samples = 0;
+  // On-policy updates (one epoch of one mini-batch, no KL in the reward, no mismatch correction) take the
+  // update's own log-probs, detached, as the old ones (PolicyObjective's on_policy): the same values the
+  // trainer's forward before the update would give, without that forward. true: run it anyway (the A/B).
+  bool old_logprob_forward = false;
   // PPO (grpo_step's `critic`): token rewards r_t are the process rewards of token_reward when set, else
   // the outcome reward on the last response token; GAE(gamma, lam) over them with the critic's values
   // (0 after the last token); advantages whitened (mean 0, std 1) over the step's trained tokens; the
@@ -113,19 +118,19 @@ struct GrpoMetrics {
   int64_t generate_rounds = 0, groups_generated = 0, groups_kept = 0;
   // The update, over the kept samples (averaged over the optimizer steps where it says so).
   int64_t updates = 0, micro_batches = 0;
-  double loss = 0, policy_loss = 0, kl_loss = 0;      // mean over the optimizer steps
-  double grad_norm = 0, grad_norm_max = 0;            // mean and max over the optimizer steps
+  double loss = 0, policy_loss = 0, kl_loss = 0;  // mean over the optimizer steps
+  double grad_norm = 0, grad_norm_max = 0;        // mean and max over the optimizer steps
   // Fractions / mean over the trained tokens (weight != 0) of every epoch's optimizer steps: the PPO clip took
   // the clipped term with the ratio below 1 - eps_low (A < 0) or above 1 + eps_high (A > 0), region either of
   // the two (the sides exclude each other, so region = low + high); the dual clip's bound -c A took the loss
   // (A < 0, ratio > c; in none of the three). Approximate KL: mean of old - logp.
   double clip_low = 0, clip_high = 0, clip_region = 0, clip_dual = 0, approx_kl = 0;
-  double ref_kl = 0;   // mean over response tokens of k(old, ref) before the update (0 without a reference)
+  double ref_kl = 0;  // mean over response tokens of k(old, ref) before the update (0 without a reference)
   // With a KL loss term (loss.kl_coef > 0): mean of k(logp, ref) over the trained tokens of every epoch, the
   // current policy's during the update (TRL's `kl`); 0 without one.
   double ref_kl_update = 0;
   double kl_reward = 0;  // with kl_reward_coef: mean over response tokens of the reward's -coef k(old, ref)
-  double entropy = 0;  // mean over response tokens of the tempered distribution's entropy, before the update
+  double entropy = 0;    // mean over response tokens of the tempered distribution's entropy, before the update
   double advantage_mean = 0, advantage_std = 0;  // over the kept samples' response tokens
   // Rollout vs trainer log-probs of the sampled tokens (the trainer's before the update), over the kept
   // samples' response tokens (before any mismatch mask or cap): |old - rollout| and the importance ratio

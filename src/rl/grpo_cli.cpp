@@ -136,6 +136,8 @@ const char* kUsage =
     "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty on the sample's reward\n"
     "                            (with --advantage outcome; default off)\n"
     "  --epochs E, --mini-batches M, --micro-batch-samples S   the update (defaults 1, 1, 0 = one)\n"
+    "  --old-logprob-forward on|off  a forward for the old log-probs even on-policy (default off: one epoch of\n"
+    "                            one mini-batch takes the update's own, detached; the same values)\n"
     "  --eval-problems N         built-in task: held-out problems (default 200)\n"
     "  --baseline sft --sft-seconds S   instead of GRPO, S seconds of SFT on the task's problems (the comparison)\n"
     "  --run-dir DIR             checkpoints and metrics (default runs/grpo; --out-dir is the same)\n"
@@ -144,7 +146,8 @@ const char* kUsage =
     "  --resume [CKPT_DIR]       continue from the newest checkpoint of the run dir whose manifest verifies\n"
     "                            (or from CKPT_DIR); the same options as the run that saved it\n"
     "  --device cpu|cuda|auto, --seed S (1)\n"
-    "  --dp-shard N, --dp-replicate N, --ep N, --tp N, --sp N   the layout under moetrain launch (docs/rl.md \"Several\n"
+    "  --dp-shard N, --dp-replicate N, --ep N, --tp N, --sp N   the layout under moetrain launch (docs/rl.md "
+    "\"Several\n"
     "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)\n"
     "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)\n"
     "  --deterministic           CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's\n"
@@ -589,7 +592,7 @@ int grpo_main(const std::vector<std::string>& args) {
   Reward reward_kind = Reward::Digits;
   std::string advantage_given;
   bool temperature_given = false;
-  std::string aggregation_name;  // --aggregation as given ("": the loss's own, below)
+  std::string aggregation_name;         // --aggregation as given ("": the loss's own, below)
   std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
   bool process = preset.process, per_position = preset.per_position;
   bool ppo = false;
@@ -684,8 +687,7 @@ int grpo_main(const std::vector<std::string>& args) {
     else if (a == "--temperature") {
       o.sampling.temperature = parse_flag_number<float>(a, value());
       temperature_given = true;
-    }
-    else if (a == "--clip-low")
+    } else if (a == "--clip-low")
       o.loss.clip_low = parse_flag_number<double>(a, value());
     else if (a == "--clip-high")
       o.loss.clip_high = parse_flag_number<double>(a, value());
@@ -727,12 +729,10 @@ int grpo_main(const std::vector<std::string>& args) {
         MT_THROW("grpo: ", a, " '", v, "'; need 0 <= LOW < HIGH (e.g. 0.5,2)");
       (a == "--token-mask" ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low) = lo;
       (a == "--token-mask" ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high) = hi;
-    }
-    else if (a == "--aggregation") {
+    } else if (a == "--aggregation") {
       aggregation_name = value();
       o.aggregation = rl::parse_loss_aggregation(aggregation_name);
-    }
-    else if (a == "--dynamic-sampling") {
+    } else if (a == "--dynamic-sampling") {
       o.dynamic_sampling = parse_on_off(a, value());
     } else if (a == "--max-generate-rounds")
       o.max_generate_rounds = parse_flag_number<int64_t>(a, value());
@@ -746,6 +746,8 @@ int grpo_main(const std::vector<std::string>& args) {
       o.epochs = parse_flag_number<int64_t>(a, value());
     else if (a == "--mini-batches")
       o.mini_batches = parse_flag_number<int64_t>(a, value());
+    else if (a == "--old-logprob-forward")
+      o.old_logprob_forward = parse_on_off(a, value());
     else if (a == "--micro-batch-samples")
       o.micro_batch_samples = parse_flag_number<int64_t>(a, value());
     else if (a == "--eval-problems") {
@@ -781,8 +783,7 @@ int grpo_main(const std::vector<std::string>& args) {
     else if (a == "--comm-timeout-s") {
       comm_timeout_s = parse_flag_number<double>(a, value());
       if (!(comm_timeout_s >= 1)) MT_THROW("grpo: --comm-timeout-s ", comm_timeout_s, "; need seconds >= 1");
-    }
-    else if (a == "--seed")
+    } else if (a == "--seed")
       seed = parse_flag_number<int64_t>(a, value());
     else
       MT_THROW("grpo: unknown argument '", a, "'; ", kUsage);
@@ -1262,8 +1263,8 @@ int grpo_main(const std::vector<std::string>& args) {
       st["problems_drawn"] = problems_drawn;
     }
     st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
-    st["lr_schedule"] = {{"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr.value_or(o.lr)},
-                         {"next_lr", lr_at(step + 1)}};
+    st["lr_schedule"] = {
+        {"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr.value_or(o.lr)}, {"next_lr", lr_at(step + 1)}};
     st["model_dir"] = model_dir;
     st["model_fingerprint"] = fingerprint;
     if (has_eval) st["eval_before"] = before;
@@ -1324,7 +1325,8 @@ int grpo_main(const std::vector<std::string>& args) {
              : !process     ? "outcome"
              : per_position ? "position"
                             : "process",
-             ", aggregation ", aggregation_name, o.dynamic_sampling ? ", dynamic sampling" : "", reference ? ", reference model" : "",
+             ", aggregation ", aggregation_name, o.dynamic_sampling ? ", dynamic sampling" : "",
+             reference ? ", reference model" : "",
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
                     : std::string());

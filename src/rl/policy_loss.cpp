@@ -28,7 +28,8 @@ LossAggregation parse_loss_aggregation(const std::string& s) {
   if (s == "seq-mean-token-sum") return LossAggregation::SeqMeanTokenSum;
   if (s == "seq-mean-token-mean") return LossAggregation::SeqMeanTokenMean;
   if (s == "constant") return LossAggregation::Constant;
-  MT_THROW("unknown loss aggregation '", s, "'; allowed: token-mean, seq-mean-token-sum, seq-mean-token-mean, constant");
+  MT_THROW("unknown loss aggregation '", s,
+           "'; allowed: token-mean, seq-mean-token-sum, seq-mean-token-mean, constant");
 }
 
 void validate(const PolicyLossConfig& c) {
@@ -72,9 +73,12 @@ TokenTerm policy_term(const PolicyLossConfig& c, double log_ratio, double A) {
 double kl_value(KlEstimator k, double logp, double ref) {
   const double d = ref - logp;
   switch (k) {
-    case KlEstimator::K1: return -d;
-    case KlEstimator::K2: return 0.5 * d * d;
-    case KlEstimator::K3: return std::exp(d) - d - 1;
+    case KlEstimator::K1:
+      return -d;
+    case KlEstimator::K2:
+      return 0.5 * d * d;
+    case KlEstimator::K3:
+      return std::exp(d) - d - 1;
   }
   return 0;
 }
@@ -82,9 +86,12 @@ double kl_value(KlEstimator k, double logp, double ref) {
 double kl_grad(KlEstimator k, double logp, double ref) {
   const double d = ref - logp;
   switch (k) {
-    case KlEstimator::K1: return 1;
-    case KlEstimator::K2: return -d;
-    case KlEstimator::K3: return 1 - std::exp(d);
+    case KlEstimator::K1:
+      return 1;
+    case KlEstimator::K2:
+      return -d;
+    case KlEstimator::K3:
+      return 1 - std::exp(d);
   }
   return 0;
 }
@@ -161,15 +168,17 @@ MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_l
   return out;
 }
 
-double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples,
-                        double constant) {
+double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples, double constant) {
   if (length < 1 || step_tokens < 1 || step_samples < 1)
     MT_THROW("aggregation_norm: length ", length, ", step tokens ", step_tokens, " and step samples ", step_samples,
              " must be >= 1");
   switch (a) {
-    case LossAggregation::TokenMean: return 1.0 / double(step_tokens);
-    case LossAggregation::SeqMeanTokenSum: return 1.0 / double(step_samples);
-    case LossAggregation::SeqMeanTokenMean: return 1.0 / (double(step_samples) * double(length));
+    case LossAggregation::TokenMean:
+      return 1.0 / double(step_tokens);
+    case LossAggregation::SeqMeanTokenSum:
+      return 1.0 / double(step_samples);
+    case LossAggregation::SeqMeanTokenMean:
+      return 1.0 / (double(step_samples) * double(length));
     case LossAggregation::Constant:
       if (!(constant > 0)) MT_THROW("aggregation_norm: the constant normaliser ", constant, " must be > 0");
       return 1.0 / (double(step_samples) * constant);
@@ -177,7 +186,9 @@ double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, 
   return 0;
 }
 
-PolicyObjective::PolicyObjective(const PolicyLossConfig& c) : cfg_(c) { validate(c); }
+PolicyObjective::PolicyObjective(const PolicyLossConfig& c, bool on_policy) : cfg_(c), on_policy_(on_policy) {
+  validate(c);
+}
 
 double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tensor* dentropy) const {
   const int64_t n = rows.rows;
@@ -188,17 +199,35 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
              cfg_.kind == PolicyLoss::Gspo ? ", sample id" : "", ")");
   const Tensor logp_h = rows.logp.to(Device::CPU);
   Tensor ent_h;
-  if (needs_entropy()) ent_h = rows.entropy.to(Device::CPU);
+  if (rows.entropy.defined()) ent_h = rows.entropy.to(Device::CPU);
   const float* lp = logp_h.data<float>();
   const int64_t* lab = rows.labels.data<int64_t>();
   auto val = [&](int k, int64_t t) { return double(rows.values[size_t(k)].data<float>()[t]); };
+  // The old log-prob of row t: the slot's, or on-policy the row's own (the slot then holds the engine's).
+  auto old_of = [&](int64_t t) { return on_policy_ ? double(lp[t]) : val(kOldLogp, t); };
+  if (on_policy_) {
+    const bool has_ref = rows.values.size() > size_t(kRefLogp);
+    for (int64_t t = 0; t < n; ++t) {
+      if (lab[t] == -100) continue;
+      const double d = double(lp[t]) - val(kOldLogp, t), w = std::exp(d);
+      if (metrics_.rows == 0) metrics_.weight_min = metrics_.weight_max = w;
+      ++metrics_.rows;
+      metrics_.diff_sum += std::abs(d);
+      metrics_.diff_max = std::max(metrics_.diff_max, std::abs(d));
+      metrics_.weight_sum += w;
+      metrics_.weight_min = std::min(metrics_.weight_min, w);
+      metrics_.weight_max = std::max(metrics_.weight_max, w);
+      if (ent_h.defined()) metrics_.row_entropy += double(ent_h.data<float>()[t]);
+      if (has_ref) metrics_.row_ref_kl += kl_value(cfg_.kl, double(lp[t]), val(kRefLogp, t));
+    }
+  }
   // GSPO: each sample's mean log ratio over its tokens in these rows, those of weight 0 (masked) left out.
   std::map<int64_t, std::pair<double, int64_t>> seq;
   if (cfg_.kind == PolicyLoss::Gspo)
     for (int64_t t = 0; t < n; ++t)
       if (lab[t] != -100 && val(kWeight, t) != 0) {
         auto& s = seq[int64_t(val(kSample, t))];
-        s.first += double(lp[t]) - val(kOldLogp, t);
+        s.first += double(lp[t]) - old_of(t);
         ++s.second;
       }
   Tensor g = Tensor::zeros({n}), h = Tensor::zeros({n});
@@ -206,7 +235,7 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
   for (int64_t t = 0; t < n; ++t) {
     // Weight 0 (overlong-filtered, masked): no loss, no gradient, and not a trained token of the metrics.
     if (lab[t] == -100 || val(kWeight, t) == 0) continue;
-    const double w = val(kWeight, t), A = val(kAdvantage, t), old = val(kOldLogp, t), logp = double(lp[t]);
+    const double w = val(kWeight, t), A = val(kAdvantage, t), old = old_of(t), logp = double(lp[t]);
     double log_ratio = logp - old;
     if (cfg_.kind == PolicyLoss::Gspo) {
       const auto& s = seq[int64_t(val(kSample, t))];

@@ -73,8 +73,7 @@ struct MismatchConfig {
 std::vector<double> token_weights(std::span<const double> old_logp, std::span<const double> rollout_logp, double norm,
                                   const MismatchConfig& m, int64_t* masked = nullptr);
 // The normaliser of one sample of `length` response tokens under an aggregation, given the step's totals.
-double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples,
-                        double constant);
+double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, int64_t step_samples, double constant);
 // The token weights of one mini-batch (what the loop gives PolicyObjective): the mismatch masks first, then
 // the aggregation's normaliser over what is left, times the TIS weight. A masked token and every token of a
 // `filtered` sample (overlong filtering) get weight 0 and count in no denominator: `tokens` is the
@@ -101,14 +100,24 @@ struct PolicyMetrics {
   double approx_kl = 0;  // sum of (old - logp) over the tokens: PPO's approximate KL to the behaviour policy
   double ref_kl = 0;     // sum of k(logp, ref) over the tokens
   double entropy = 0;    // sum of H_t
+  // On-policy mode only, over every target row (trained or not): the rollout/trainer mismatch of the update's
+  // own log-probs against the engine's (|d| and w = e^d with d = logp - rollout), the entropy (when the rows
+  // carry it) and k(logp, ref) (when they carry the reference's log-probs): what the separate forward before
+  // the update measures otherwise.
+  int64_t rows = 0;
+  double diff_sum = 0, diff_max = 0, weight_sum = 0, weight_min = 0, weight_max = 0, row_entropy = 0, row_ref_kl = 0;
 };
 
 // The objective of an RL update. MicroBatch::token_values, shifted with the labels: [0] advantage,
-// [1] old log-prob, [2] token weight w_t, [3] reference log-prob (when kl_coef > 0), [4] the sample's id
-// within the micro-batch (GSPO). Rows with label -100 (prompt, padding) contribute nothing.
+// [1] old log-prob, [2] token weight w_t, [3] reference log-prob (when kl_coef > 0, or for the on-policy
+// metrics), [4] the sample's id within the micro-batch (GSPO). Rows with label -100 (prompt, padding)
+// contribute nothing.
+// on_policy (one epoch of one mini-batch): the old log-prob is the current one, detached (the ratio is 1),
+// as when the trainer's forward before the update gave it; slot [1] then carries the rollout engine's
+// log-probs, for the mismatch metrics only. No forward before the update is needed.
 class PolicyObjective : public TokenObjective {
  public:
-  explicit PolicyObjective(const PolicyLossConfig& c);
+  explicit PolicyObjective(const PolicyLossConfig& c, bool on_policy = false);
   bool needs_entropy() const override { return cfg_.entropy_coef != 0; }
   double coefficients(const TokenRows& rows, Tensor& dlogp, Tensor* dentropy) const override;
   const PolicyMetrics& metrics() const { return metrics_; }
@@ -118,6 +127,7 @@ class PolicyObjective : public TokenObjective {
 
  private:
   PolicyLossConfig cfg_;
+  bool on_policy_ = false;
   mutable PolicyMetrics metrics_;
 };
 

@@ -230,7 +230,12 @@ int rl_selftest_main(const std::vector<std::string>& args) {
                    {"policy_loss", scalar(m.policy_loss)},
                    {"grad_norm", scalar(m.grad_norm)},
                    {"entropy", scalar(m.entropy)},
+                   {"ref_kl", scalar(m.ref_kl)},
+                   {"importance_weight_mean", scalar(m.importance_weight_mean)},
                    {"advantage_std", scalar(m.advantage_std)}};
+  // The rollout/trainer gap of the synthetic rollouts is O(1); of generated ones it is rounding, which
+  // differs between layouts by as much as itself.
+  if (!generate) out.emplace_back("logprob_diff_mean", scalar(m.logprob_diff_mean));
   if (critic) {
     out.emplace_back("value_loss", scalar(m.value_loss));
     out.emplace_back("critic_grad_norm", scalar(m.critic_grad_norm));

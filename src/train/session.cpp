@@ -111,6 +111,8 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   PassOptions po;
   po.objective = so.objective;
   po.temperature = so.temperature;
+  po.token_logprobs = so.token_entropy;  // the entropy comes with the log-probs (PassOptions)
+  po.token_entropy = so.token_entropy;
   if (!so.objective) po.ce_scale = 1.0 / double(r.targets);
   po.aux_scale = model.aux_enabled() ? so.aux_loss_coef / double(n) : 0.0;
   // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).

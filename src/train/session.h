@@ -49,7 +49,10 @@ struct StepOptions {
   // The objective of every micro-batch: cross-entropy averaged over the target tokens of the whole
   // step on all ranks (null), or a per-token objective whose normalisers the caller fixed beforehand.
   const TokenObjective* objective = nullptr;
-  double temperature = 1.0;            // the head's logits / T (PassOptions::temperature): RL at the sampler's T
+  double temperature = 1.0;  // the head's logits / T (PassOptions::temperature): RL at the sampler's T
+  // The head computes every row's entropy for the objective to read (PassOptions::token_entropy; its metrics),
+  // besides any the objective asks for itself (TokenObjective::needs_entropy); no gradient flows through it.
+  bool token_entropy = false;
   double aux_loss_coef = 0;            // the load-balancing loss (used only when the model's aux loss is on)
   double router_z_loss_coef = 0;       // averaged over the router rows of the step
   double router_bias_update_rate = 0;  // aux-loss-free balancing (the model's router bias must be enabled)

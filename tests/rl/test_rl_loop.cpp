@@ -3,7 +3,8 @@
 //     log_softmax(logits / T), and the gradient at T matches finite differences;
 //   dynamic sampling refills the step with informative groups (and the cap on generate rounds holds);
 //     overlong filtering gives truncated samples no gradient;
-//   mini-batches and epochs: 1 x 1 equals the single-update path written out by hand, micro-batches
+//   mini-batches and epochs: 1 x 1 equals the single-update path written out by hand and, taking its own
+//     log-probs as the old ones, the same step with a forward for them first; micro-batches
 //     (gradient accumulation) equal one micro-batch, a second epoch sees ratios != 1 and clips;
 //   the reference model: the KL to it starts at 0, grows, and a KL loss term holds it down;
 //   the metrics compared against TRL and veRL: clip region and dual clip, lengths, importance ratios, tokens/s.
@@ -16,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -26,8 +29,8 @@
 #include "rl/advantages.h"
 #include "rl/grpo.h"
 #include "rl/policy_loss.h"
-#include "rl/rollout_batch.h"
 #include "rl/rl_test_util.h"
+#include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
@@ -304,6 +307,49 @@ TEST(RlUpdate, OneMiniBatchOneEpochEqualsTheSingleUpdateAndMicroBatchesAccumulat
   EXPECT_EQ(mc.updates, 1);
   // The gradients (Adam's first step, lr sign(g), would magnify rounding where g is near 0).
   EXPECT_LT(rel_l2(c.s->grads(), a.s->grads()), 1e-5) << "micro-batches vs one micro-batch";
+}
+
+// On-policy (one epoch, one mini-batch) the update takes its own log-probs, detached, as the old ones: no
+// forward before it (logprob_s 0), and the same step as with that forward (old_logprob_forward): equal
+// weights after three steps, equal loss and gradient norm, and the metrics the forward measured (entropy,
+// rollout/trainer |d logp| and importance ratios, KL to the reference) measured by the objective instead.
+TEST(RlUpdate, OnPolicyTakesTheUpdatesOwnLogprobsAndEqualsTheSeparateForward) {
+  auto run = [](bool forward) {
+    Rig r = make_rig(7), ref = make_rig(7, true);
+    GrpoOptions o;
+    o.n = 4;
+    o.max_new_tokens = 6;
+    o.lr = 1e-2;
+    o.mismatch_every = 0;
+    o.old_logprob_forward = forward;
+    std::vector<GrpoMetrics> m;
+    for (int64_t step = 0; step < 3; ++step)
+      m.push_back(grpo_step(*r.s, *r.engine, fixed_prompts(4), low_token_reward, o, step, ref.s.get()));
+    return std::make_pair(std::move(r), m);
+  };
+  const auto [fr, fm] = run(true);
+  const auto [orig, om] = run(false);
+  EXPECT_EQ(max_abs_diff(fr.s->master(), orig.s->master()), 0.0) << "the same three steps, bit for bit";
+  for (size_t k = 0; k < 3; ++k) {
+    SCOPED_TRACE("step " + std::to_string(k));
+    EXPECT_GT(fm[k].logprob_s, 0.0);
+    EXPECT_EQ(om[k].logprob_s, 0.0) << "no forward before the update";
+    EXPECT_EQ(om[k].logprob_tokens_per_s, 0.0);
+    EXPECT_EQ(om[k].loss, fm[k].loss);
+    EXPECT_EQ(om[k].grad_norm, fm[k].grad_norm);
+    EXPECT_EQ(om[k].clip_region, 0.0);
+    for (auto [a, b, what] : {std::tuple{om[k].entropy, fm[k].entropy, "entropy"},
+                              {om[k].logprob_diff_mean, fm[k].logprob_diff_mean, "|d logp| mean"},
+                              {om[k].logprob_diff_max, fm[k].logprob_diff_max, "|d logp| max"},
+                              {om[k].importance_weight_mean, fm[k].importance_weight_mean, "ratio mean"},
+                              {om[k].importance_weight_min, fm[k].importance_weight_min, "ratio min"},
+                              {om[k].importance_weight_max, fm[k].importance_weight_max, "ratio max"},
+                              {om[k].ref_kl, fm[k].ref_kl, "KL to the reference"}})
+      EXPECT_NEAR(a, b, 1e-12 + 1e-9 * std::abs(b)) << what;
+    EXPECT_GT(om[k].entropy, 0.1);
+    EXPECT_GT(om[k].logprob_diff_max, 0.0) << "the engine's and the trainer's log-probs differ by rounding";
+  }
+  EXPECT_GT(om[2].ref_kl, 1e-6) << "the policy moved from the reference";
 }
 
 // Options under which the clip engages once the ratios leave 1: a large lr on the tiny model and a narrow
