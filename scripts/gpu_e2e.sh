@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The user's commands, end to end, on a GPU (what no unit test covers: the P8 lesson). Each runs with a
-# time limit and its log's last lines are printed; logs go to OUT_DIR. Run after a build:
+# The user's commands, end to end, on a GPU (what no unit test covers: a command can go wrong on a GPU
+# while every unit test passes). Each runs with a time limit and its log's last lines are printed; logs
+# go to OUT_DIR. Run after a build:
 # usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo|grpo_resume|
 #                                                  grpo_prompts|grpo_launch ...]   (grpo_launch: 2 GPUs)
 # (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default; PROMPT_SEEDS: the seeds of

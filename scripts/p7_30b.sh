@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Qwen3-30B-A3B run (issue P7) on all GPUs of one machine: the real shape with random weights
+# The Qwen3-30B-A3B run on all GPUs of one machine: the real shape with random weights
 # (or cut to fewer layers for a rehearsal on fewer GPUs), seq 4096, batch 1 per GPU, through
 # train_step under `moetrain launch`:
 #   fsdp_ep_all   dense FSDP over all N GPUs, experts split N ways (EP N, no expert data parallelism)

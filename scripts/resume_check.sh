@@ -2,7 +2,7 @@
 # Resume check on any device: the demo model trained N steps straight, and N/2 steps then `--resume` to
 # N in a new process; prints one JSON line with the largest relative difference of the per-step losses
 # after the resume point and whether the final weight files are byte-identical. On the CPU both are
-# exact (tests/train cover it); on a GPU without --deterministic (P12 item 3) they are close, not equal.
+# exact (tests/train cover it); on a GPU without --deterministic (float atomics) they are close, not equal.
 # A second straight run checks determinism itself: repeat_* compare it with the first (the same bits
 # with --deterministic, on any device; close otherwise on a GPU).
 # EXTRA (5th argument, or the EXTRA environment variable) is added to every run, e.g. --deterministic:
