@@ -4,14 +4,14 @@
 #include <string>
 #include <vector>
 
-#include "selftest/comm_selftest.h"
-#include "selftest/dist_selftest.h"
-#include "rl/rl_selftest.h"
-#include "launch/launch.h"
+#include "cli/commands.h"
 #include "core/error.h"
 #include "data/tokenize_cli.h"
+#include "launch/launch.h"
 #include "rl/grpo_cli.h"
-#include "rollout/generate.h"
+#include "rl/rl_selftest.h"
+#include "selftest/comm_selftest.h"
+#include "selftest/dist_selftest.h"
 #include "train/convert.h"
 #include "train/grads.h"
 #include "train/plot.h"
@@ -31,7 +31,8 @@ static const char* kUsage =
     "  generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N] [--temperature T] [--n N] ...\n"
     "          sample from a Hugging Face model with the rollout engine (paged KV cache; see generate --help)\n"
     "  grpo [--model DIR] [--steps N] [--n G] [--max-digits D] ...\n"
-    "          GRPO on the built-in addition task from the demo checkpoint (see grpo --help; under launch: --dp-shard, --ep, --tp)\n"
+    "          GRPO on the built-in addition task from the demo checkpoint (see grpo --help; under launch: --dp-shard, "
+    "--ep, --tp)\n"
     "  convert --from RUN_DIR/checkpoint-N --to DIR [--dtype bf16|f32] [--max-shard-size SIZE] [--tokenizer PATH]\n"
     "          export a checkpoint as a Hugging Face model directory (config, generation config, shards, tokenizer)\n"
     "  plot    RUN_DIR [--out FILE.svg]   draw a run's metrics.jsonl (loss, reward, throughput, ...) as an SVG\n"
@@ -75,7 +76,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "moetrain: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "moetrain %s: error: %s\n", cmd.c_str(), e.what());
+    // A message that starts with the command's name already says whose it is.
+    std::string msg = e.what();
+    if (msg.rfind(cmd + ": ", 0) == 0) msg = msg.substr(cmd.size() + 2);
+    std::fprintf(stderr, "moetrain %s: error: %s\n", cmd.c_str(), msg.c_str());
     return 1;
   }
 }

@@ -18,8 +18,8 @@ TEST(GenerateCliOptions, BadValuesAreErrors) {
   const std::pair<std::string, std::string> cases[] = {
       {"--stop-token-ids 3,99999", "--stop-token-ids: 99999 is not a token id of the model (vocabulary [0, "},
       {"--stop-token-ids -1", "--stop-token-ids: -1 is not a token id of the model (vocabulary [0, "},
-      {"--threads -2", "--threads -2; need >= 0 (0: all cores)"},
-      {"--seed -1", "--seed '-1' must be >= 0"},
+      {"--threads -2", "--threads -2; need >= 0; 0: all cores"},
+      {"--seed -1", "--seed -1; need >= 0"},
   };
   for (const auto& [opts, want] : cases) {
     const ShellRun r = sh(base + " " + opts);

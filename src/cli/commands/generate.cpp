@@ -6,46 +6,40 @@
 // Under `moetrain launch` the model is laid out as in training (--dp-shard, --ep; frozen weights), the
 // engine's inference layout gathers it once (the weight-sync time is printed), every rank generates for
 // the prompts i with i % world == rank, and rank 0 collects the samples and writes --out.
-#include "rollout/generate.h"
-
 #include <algorithm>
 #include <bit>
-#include <filesystem>
-#include <optional>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
+#include "cli/commands.h"
+#include "cli/common_options.h"
+#include "cli/options.h"
 #include "comm/gather_words.h"
-#include "data/tokenizer.h"
 #include "core/cli_args.h"
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model/hf_checkpoint.h"
 #include "model/qwen3_moe.h"
-#include "ops/threads.h"
+#include "parallel/dist.h"
 #include "rollout/engine.h"
 #include "rollout/prompts.h"
-#include "parallel/dist.h"
 #include "train/session.h"
-#include "train/trainer.h"
 
 namespace mt {
 
 namespace {
 
-const char* kUsage =
-    "usage: moetrain generate --model DIR --prompts FILE.jsonl --out FILE.jsonl [--max-new-tokens N]\n"
-    "       [--temperature T] [--top-p P] [--top-k K] [--min-p P] [--n N] [--seed S] [--stop-token-ids a,b]\n"
-    "       [--ignore-eos] [--device cpu|cuda|auto] [--kv-cache-fraction F] [--block-size B] [--max-running N]\n"
-    "       [--threads N] [--dp-shard N] [--ep N] (under moetrain launch)\n"
-    "prompt lines: {\"prompt_ids\": [...]}, or with a tokenizer.json in the model directory {\"prompt\": \"text\"} or\n"
+const char* kPromptLines =
+    "Prompt lines: {\"prompt_ids\": [...]}, or with a tokenizer.json in the model directory {\"prompt\": \"text\"} or\n"
     "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}]} (the Qwen3 chat template); other keys are allowed\n"
-    "and not copied to --out (grpo's rewards read them): join the output to the prompts by its \"prompt_index\"";
+    "and not copied to --out (grpo's rewards read them): join the output to the prompts by its \"prompt_index\".";
 
 // Available host memory (MemAvailable of /proc/meminfo), for the CPU's KV budget.
 int64_t host_available_bytes() {
@@ -57,7 +51,6 @@ int64_t host_available_bytes() {
     if (key == "MemAvailable:") return kb * 1024;
   return int64_t(4) << 30;
 }
-
 
 // Every rank's samples on rank 0 (others get none), ordered by (prompt, sample): each rank's packed as
 // i32 words (prompt, sample, finish, n, tokens, logprob bits), all-gathered over the world communicator
@@ -98,57 +91,55 @@ std::vector<GeneratedSample> gather_samples(const std::vector<GeneratedSample>& 
 }  // namespace
 
 int generate_main(const std::vector<std::string>& args) {
-  std::string model_dir, prompts_path, out_path, device_name = "auto";
+  std::string model_dir, prompts_path, out_path;
   GenerateRequest base;
-  base.sampling.temperature = 1.0f;
   base.max_new_tokens = 16;
+  base.sampling.seed = uint64_t(cli::kDefaultSeed);
+  int64_t seed = cli::kDefaultSeed;
   double kv_fraction = 0.5;
   EngineOptions eo;
-  int64_t threads = 0;
-  int dp_shard = 0, ep = 1;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) MT_THROW(a, " needs a value; ", kUsage);
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return 0;
-    } else if (a == "--model") model_dir = value();
-    else if (a == "--prompts") prompts_path = value();
-    else if (a == "--out") out_path = value();
-    else if (a == "--max-new-tokens") base.max_new_tokens = parse_flag_number<int64_t>(a, value());
-    else if (a == "--temperature") base.sampling.temperature = parse_flag_number<float>(a, value());
-    else if (a == "--top-p") base.sampling.top_p = parse_flag_number<float>(a, value());
-    else if (a == "--top-k") base.sampling.top_k = parse_flag_number<int32_t>(a, value());
-    else if (a == "--min-p") base.sampling.min_p = parse_flag_number<float>(a, value());
-    else if (a == "--n") base.n = parse_flag_number<int64_t>(a, value());
-    else if (a == "--seed") base.sampling.seed = parse_flag_number<uint64_t>(a, value());
-    else if (a == "--ignore-eos") base.ignore_eos = true;
-    else if (a == "--device") device_name = value();
-    else if (a == "--kv-cache-fraction") kv_fraction = parse_flag_number<double>(a, value());
-    else if (a == "--block-size") eo.block_size = parse_flag_number<int32_t>(a, value());
-    else if (a == "--max-running") eo.max_running = parse_flag_number<int64_t>(a, value());
-    else if (a == "--threads") threads = parse_flag_number<int64_t>(a, value());
-    else if (a == "--dp-shard") dp_shard = parse_flag_number<int>(a, value());
-    else if (a == "--ep") ep = parse_flag_number<int>(a, value());
-    else if (a == "--stop-token-ids") {
-      std::stringstream ss(value());
-      std::string item;
-      while (std::getline(ss, item, ',')) base.stop_token_ids.push_back(parse_flag_number<int32_t>(a, item));
-    } else
-      MT_THROW("generate: unknown argument '", a, "'; ", kUsage);
+  cli::DeviceOptions dev;
+  MeshSpec mesh;
+  std::string stop_ids;
+  cli::Options opt("generate", "--model DIR --prompts FILE.jsonl --out FILE.jsonl [options]",
+                   "Samples from a Hugging Face model directory with the rollout engine (paged KV cache).\n" +
+                       std::string(kPromptLines));
+  opt.group("input and output");
+  opt.add("model", &model_dir, "the Hugging Face model directory").var("DIR").required();
+  opt.add("prompts", &prompts_path, "one prompt per line (JSON)").var("FILE.jsonl").required();
+  opt.add("out", &out_path, "one JSON line per sample (prompt_index, sample_index, token_ids, logprobs, ...)")
+      .var("FILE.jsonl")
+      .required();
+  opt.group("generation");
+  opt.add("max-new-tokens", &base.max_new_tokens, "new tokens per sample at most").at_least(1);
+  opt.add("n", &base.n, "samples per prompt").at_least(1);
+  opt.add("seed", &seed, "the sampler's seed (each prompt its own stream: the same samples on any number of ranks)")
+      .at_least(0);
+  opt.add("stop-token-ids", &stop_ids, "a sample also ends at these tokens (a,b,c); the EOS always stops it")
+      .var("a,b,...");
+  opt.add("ignore-eos", &base.ignore_eos, "keep sampling past the EOS token");
+  cli::add_sampling_options(opt, base.sampling);
+  opt.group("engine");
+  opt.add("kv-cache-fraction", &kv_fraction, "the share of free memory for the KV cache").above(0).at_most(1);
+  opt.add("block-size", &eo.block_size, "tokens per KV-cache block").at_least(1);
+  opt.add("max-running", &eo.max_running, "sequences decoded together at most").at_least(1);
+  cli::add_device_options(opt, dev);
+  cli::add_mesh_options(opt, mesh, {.replicate = false, .tp = false, .sp = false});
+  if (!opt.parse(args)) {
+    std::printf("%s", opt.help().c_str());
+    return 0;
   }
-  if (model_dir.empty() || prompts_path.empty() || out_path.empty())
-    MT_THROW("generate: --model, --prompts and --out are required; ", kUsage);
-  if (!(kv_fraction > 0 && kv_fraction <= 1))
-    MT_THROW("--kv-cache-fraction ", kv_fraction, " must be in (0, 1]");
-  if (base.max_new_tokens < 1) MT_THROW("--max-new-tokens ", base.max_new_tokens, " must be >= 1");
-  if (threads < 0) MT_THROW("--threads ", threads, "; need >= 0 (0: all cores)");
+  opt.check();
+  base.sampling.seed = uint64_t(seed);
+  if (!stop_ids.empty()) {
+    std::stringstream ss(stop_ids);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      base.stop_token_ids.push_back(parse_flag_number<int32_t>("--stop-token-ids", item));
+  }
   validate_sampling_params(base.sampling);
-  if (threads > 0) ops::set_cpu_threads(int(threads));
-  const Device device = resolve_device(device_name);
+  const Device device = cli::apply_device_options(dev);
+  const int dp_shard = mesh.dp_shard, ep = mesh.ep;
 
   ModelConfig cfg = load_model_config(model_dir);
   for (int32_t id : base.stop_token_ids)  // one outside the vocabulary is never sampled: it would stop nothing
@@ -157,9 +148,10 @@ int generate_main(const std::vector<std::string>& args) {
                model_dir, ")");
   // The model directory's tokenizer, when it has one: text and chat prompts, and each sample's text.
   std::optional<Tokenizer> tokenizer;
-  if (std::filesystem::exists(model_dir + "/tokenizer.json")) tokenizer = Tokenizer::from_file(model_dir + "/tokenizer.json");
-  const std::vector<Prompt> all_prompts = read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings,
-                                                       tokenizer ? &*tokenizer : nullptr);
+  if (std::filesystem::exists(model_dir + "/tokenizer.json"))
+    tokenizer = Tokenizer::from_file(model_dir + "/tokenizer.json");
+  const std::vector<Prompt> all_prompts =
+      read_prompts(prompts_path, cfg.vocab_size, cfg.max_position_embeddings, tokenizer ? &*tokenizer : nullptr);
   // Every rank checks every prompt, so a bad one stops all ranks before any collective.
   for (const Prompt& p : all_prompts)
     if (int64_t(p.ids.size()) + base.max_new_tokens > cfg.max_position_embeddings)
@@ -207,17 +199,18 @@ int generate_main(const std::vector<std::string>& args) {
     const double rate = p.seconds > 0 ? double(p.new_tokens) / p.seconds : 0;
     const double eta = rate > 0 ? double(max_tokens - p.new_tokens) / rate : 0;  // an upper bound (stops end early)
     log_info("generate: ", p.finished, "/", p.total, " sequences, ", p.new_tokens, " new tokens, ", p.running,
-             " running, ", p.waiting, " prompts waiting, ", std::round(rate), " tokens/s, ETA <= ", std::round(eta), " s");
+             " running, ", p.waiting, " prompts waiting, ", std::round(rate), " tokens/s, ETA <= ", std::round(eta),
+             " s");
   };
   eo.lockstep = dist.ep();
   // The inference layout first (the gathers), then the KV budget: a fraction of the memory then free.
   const double sync_s = model.begin_inference();
   // On the CPU the ranks of a launch share the host's memory: each takes its share. Never more than the
   // requests can hold at once.
-  const int64_t free_bytes = device == Device::CUDA ? int64_t(device_mem::cuda_free_bytes())
-                                                    : host_available_bytes() / std::max(1, world);
-  eo.kv_cache_bytes = std::min(int64_t(double(free_bytes) * kv_fraction),
-                               RolloutEngine::kv_bytes_needed(model, reqs, eo.block_size));
+  const int64_t free_bytes =
+      device == Device::CUDA ? int64_t(device_mem::cuda_free_bytes()) : host_available_bytes() / std::max(1, world);
+  eo.kv_cache_bytes =
+      std::min(int64_t(double(free_bytes) * kv_fraction), RolloutEngine::kv_bytes_needed(model, reqs, eo.block_size));
   RolloutEngine engine(model, eo);
   if (rank == 0)
     log_info("generate: weight sync (inference layout) ", sync_s, " s; KV cache of ", engine.num_blocks(),
@@ -252,8 +245,8 @@ int generate_main(const std::vector<std::string>& args) {
   f.close();
   if (!f) MT_THROW("writing ", out_path, " failed");
   const double secs = engine.stats().seconds;  // rank 0's; the ranks step together under ep
-  std::printf("generate: %zu sequences, %lld new tokens in %.2f s (%.0f tokens/s)\n", out.size(),
-              (long long)new_tokens, secs, secs > 0 ? double(new_tokens) / secs : 0.0);
+  std::printf("generate: %zu sequences, %lld new tokens in %.2f s (%.0f tokens/s)\n", out.size(), (long long)new_tokens,
+              secs, secs > 0 ? double(new_tokens) / secs : 0.0);
   return 0;
 }
 

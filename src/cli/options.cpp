@@ -1,0 +1,365 @@
+// The option declarations and the one parser (cli/options.h).
+#include "cli/options.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace mt::cli {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::vector<std::string> split_names(const std::string& names) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : names + "|") {
+    if (c != '|') {
+      cur += c;
+      continue;
+    }
+    if (!cur.empty()) out.push_back(canonical_key(cur));
+    cur.clear();
+  }
+  if (out.empty()) MT_THROW("Options: an option needs a name");
+  return out;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Whole-text numbers only ("3x", "", "1e" are errors); integers refuse a fraction.
+int64_t parse_int(const std::string& flag, const std::string& v) {
+  int64_t x = 0;
+  const char *b = v.data(), *e = v.data() + v.size();
+  if (!v.empty() && *b == '+') ++b;
+  const auto r = std::from_chars(b, e, x);
+  if (v.empty() || r.ec != std::errc() || r.ptr != e) MT_THROW(flag, " '", v, "' is not a whole number");
+  return x;
+}
+
+double parse_real(const std::string& flag, const std::string& v) {
+  double x = 0;
+  const char *b = v.data(), *e = v.data() + v.size();
+  if (!v.empty() && *b == '+') ++b;
+  const auto r = std::from_chars(b, e, x);
+  if (v.empty() || r.ec != std::errc() || r.ptr != e || !std::isfinite(x)) MT_THROW(flag, " '", v, "' is not a number");
+  return x;
+}
+
+}  // namespace
+
+std::string canonical_key(const std::string& key) {
+  size_t i = 0;
+  while (i < key.size() && key[i] == '-') ++i;
+  std::string k = key.substr(i);
+  std::replace(k.begin(), k.end(), '_', '-');
+  return k;
+}
+
+std::vector<std::string> near_names(const std::string& key, const std::vector<std::string>& names) {
+  const std::string k = canonical_key(key);
+  std::vector<std::pair<size_t, std::string>> hits;
+  for (const std::string& n : names) {
+    const size_t d = edit_distance(k, n);
+    const bool near = d <= std::max<size_t>(2, n.size() / 4) || (k.size() >= 3 && n.find(k) != std::string::npos) ||
+                      (n.size() >= 3 && k.find(n) != std::string::npos);
+    if (near) hits.emplace_back(d, n);
+  }
+  std::stable_sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (const auto& h : hits)
+    if (std::find(out.begin(), out.end(), h.second) == out.end()) out.push_back(h.second);
+  if (out.size() > 4) out.resize(4);
+  return out;
+}
+
+bool parse_bool(const std::string& flag, const std::string& v) {
+  const std::string s = lower(v);
+  if (s == "on" || s == "true" || s == "1" || s == "yes") return true;
+  if (s == "off" || s == "false" || s == "0" || s == "no") return false;
+  MT_THROW(flag, " '", v, "' is not on or off (on/off, true/false, 1/0, yes/no)");
+}
+
+std::string Option::allowed() const {
+  std::string s;
+  if (!choices.empty()) {
+    s = "one of ";
+    for (size_t i = 0; i < choices.size(); ++i) s += (i ? ", " : "") + choices[i];
+  } else if (lo && hi) {
+    s = (lo_open || hi_open)
+            ? str(lo_open ? "> " : ">= ", number_text(*lo), " and ", hi_open ? "< " : "<= ", number_text(*hi))
+            : str(number_text(*lo), "..", number_text(*hi));
+  } else if (lo) {
+    s = str(lo_open ? "> " : ">= ", number_text(*lo));
+  } else if (hi) {
+    s = str(hi_open ? "< " : "<= ", number_text(*hi));
+  }
+  if (!note.empty()) s += s.empty() ? note : "; " + note;
+  return s;
+}
+
+Options::Options(std::string command, std::string synopsis, std::string summary)
+    : command_(std::move(command)), synopsis_(std::move(synopsis)), summary_(std::move(summary)) {}
+
+Option& Options::declare(const std::string& names, Kind kind, const std::string& help) {
+  Option o;
+  o.names = split_names(names);
+  for (const std::string& n : o.names)
+    if (find(n)) MT_THROW("Options: --", n, " is declared twice in ", command_);
+  o.kind = kind;
+  o.group = group_;
+  o.help = help;
+  o.metavar = kind == Kind::Int ? "N" : kind == Kind::Real ? "X" : kind == Kind::Bool ? "on|off" : "TEXT";
+  options_.push_back(std::move(o));
+  return options_.back();
+}
+
+// Each setter checks the range of the option as declared when it runs: the Option is looked up by
+// name then (options_ may reallocate while options are still being declared).
+Option& Options::add(const std::string& names, int64_t* field, const std::string& help) {
+  Option& o = declare(names, Kind::Int, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) { *field = parse_int(find(key)->flag(), v); };
+  o.get = [field] { return std::to_string(*field); };
+  return o;
+}
+
+Option& Options::add(const std::string& names, int* field, const std::string& help) {
+  Option& o = declare(names, Kind::Int, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) {
+    const int64_t x = parse_int(find(key)->flag(), v);
+    if (x < INT32_MIN || x > INT32_MAX) MT_THROW(find(key)->flag(), " '", v, "' is out of range");
+    *field = int(x);
+  };
+  o.get = [field] { return std::to_string(*field); };
+  return o;
+}
+
+Option& Options::add(const std::string& names, double* field, const std::string& help) {
+  Option& o = declare(names, Kind::Real, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) { *field = parse_real(find(key)->flag(), v); };
+  o.get = [field] { return number_text(*field); };
+  return o;
+}
+
+Option& Options::add(const std::string& names, float* field, const std::string& help) {
+  Option& o = declare(names, Kind::Real, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) { *field = float(parse_real(find(key)->flag(), v)); };
+  o.get = [field] { return number_text(*field); };
+  return o;
+}
+
+Option& Options::add(const std::string& names, std::string* field, const std::string& help) {
+  Option& o = declare(names, Kind::Text, help);
+  o.set = [field](const std::string& v) { *field = v; };
+  o.get = [field] { return *field; };
+  return o;
+}
+
+Option& Options::add(const std::string& names, bool* field, const std::string& help) {
+  Option& o = declare(names, Kind::Bool, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) { *field = parse_bool(find(key)->flag(), v); };
+  o.get = [field] { return std::string(*field ? "on" : "off"); };
+  return o;
+}
+
+Option& Options::add(const std::string& names, std::optional<double>* field, const std::string& help,
+                     const std::string& unset) {
+  Option& o = declare(names, Kind::Real, help);
+  const std::string key = o.names.front();
+  o.set = [this, key, field](const std::string& v) { *field = parse_real(find(key)->flag(), v); };
+  o.get = [field, unset] { return *field ? number_text(**field) : unset; };
+  return o;
+}
+
+Option& Options::custom(const std::string& names, Kind kind, const std::string& help,
+                        std::function<void(const std::string&)> set, std::function<std::string()> shown) {
+  Option& o = declare(names, kind, help);
+  o.set = std::move(set);
+  o.get = std::move(shown);
+  return o;
+}
+
+const Option* Options::find(const std::string& name) const {
+  const std::string k = canonical_key(name);
+  for (const Option& o : options_)
+    if (std::find(o.names.begin(), o.names.end(), k) != o.names.end()) return &o;
+  return nullptr;
+}
+
+bool Options::given(const std::string& name) const {
+  const Option* o = find(name);
+  if (!o) MT_THROW("Options::given: ", command_, " has no option --", canonical_key(name));
+  return std::find(given_.begin(), given_.end(), o->names.front()) != given_.end();
+}
+
+void Options::unknown(const std::string& arg) const {
+  std::vector<std::string> all;
+  for (const Option& o : options_)
+    for (const std::string& n : o.names) all.push_back(n);
+  const std::string key = arg.substr(0, arg.find('='));
+  const std::vector<std::string> near = near_names(key, all);
+  std::string hint;
+  for (size_t i = 0; i < near.size(); ++i) hint += (i ? ", --" : "--") + near[i];
+  MT_THROW(command_, ": unknown option ", key, near.empty() ? "" : "; did you mean ", hint, near.empty() ? "" : "?",
+           " (moetrain ", command_, " --help lists every option)");
+}
+
+bool Options::parse(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") return false;
+    if (a == "--") {
+      if (positional_what_.empty()) MT_THROW(command_, ": '--' but the command takes no further arguments");
+      positional_.insert(positional_.end(), args.begin() + std::ptrdiff_t(i) + 1, args.end());
+      break;
+    }
+    if (a.size() < 3 || a.rfind("--", 0) != 0) {
+      if (positional_what_.empty())
+        MT_THROW(command_, ": unexpected argument '", a, "'; options are --key value or --key=value (moetrain ",
+                 command_, " --help lists them)");
+      positional_.push_back(a);
+      continue;
+    }
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq);
+    const Option* found = find(key);
+    if (!found) unknown(a);
+    Option& o = options_[size_t(found - options_.data())];
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (o.kind == Kind::Bool) {
+      // Bare means on; a following word that reads as a boolean is its value.
+      value = "on";
+      if (i + 1 < args.size()) {
+        const std::string n = lower(args[i + 1]);
+        if (n == "on" || n == "off" || n == "true" || n == "false" || n == "1" || n == "0" || n == "yes" || n == "no")
+          value = args[++i];
+      }
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      value = args[++i];
+    } else if (o.implicit) {
+      value = *o.implicit;
+    } else {
+      const std::string what = o.allowed();
+      MT_THROW(command_, ": ", o.flag(), " needs a value (", o.metavar, what.empty() ? "" : ": " + what, ")");
+    }
+    try {
+      if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), value) == o.choices.end())
+        MT_THROW(o.flag(), " '", value, "'; allowed: ", o.allowed());
+      if ((o.kind == Kind::Int || o.kind == Kind::Real) && (o.lo || o.hi)) {
+        const double x = o.kind == Kind::Int ? double(parse_int(o.flag(), value)) : parse_real(o.flag(), value);
+        const bool ok =
+            (!o.lo || (o.lo_open ? x > *o.lo : x >= *o.lo)) && (!o.hi || (o.hi_open ? x < *o.hi : x <= *o.hi));
+        if (!ok) MT_THROW(o.flag(), " ", value, "; need ", o.allowed());
+      }
+      o.set(value);
+    } catch (const Error& e) {  // every error of a value says whose command it is
+      const std::string msg = e.what();
+      if (msg.rfind(command_ + ":", 0) == 0) throw;
+      MT_THROW(command_, ": ", msg);
+    }
+    given_.push_back(o.names.front());
+  }
+  return true;
+}
+
+void Options::check() const {
+  std::string missing;
+  for (const Option& o : options_)
+    if (o.needed && !given(o.names.front())) missing += (missing.empty() ? "" : ", ") + o.flag();
+  if (!missing.empty())
+    MT_THROW(command_, ": ", missing, missing.find(',') == std::string::npos ? " is" : " are", " required\n", usage());
+  for (const auto& r : rules_) r();
+}
+
+std::string Options::usage() const {
+  return str("usage: moetrain ", command_, " ", synopsis_, "\n(moetrain ", command_, " --help lists every option)");
+}
+
+std::string Options::help() const {
+  std::ostringstream os;
+  os << "usage: moetrain " << command_ << " " << synopsis_ << "\n";
+  if (!summary_.empty()) os << summary_ << "\n";
+  os << "Options take --key value or --key=value; on/off options also true/false, 1/0, or alone for on.\n";
+  std::vector<std::string> groups;
+  for (const Option& o : options_)
+    if (!o.hidden && std::find(groups.begin(), groups.end(), o.group) == groups.end()) groups.push_back(o.group);
+  for (const std::string& g : groups) {
+    os << "\n" << (g.empty() ? "options" : g) << ":\n";
+    for (const Option& o : options_) {
+      if (o.hidden || o.group != g) continue;
+      std::string head = "  " + o.flag();
+      for (size_t k = 1; k < o.names.size(); ++k) head += ", --" + o.names[k];
+      head += " " + (o.choices.empty() ? o.metavar : [&] {
+                std::string c;
+                for (size_t k = 0; k < o.choices.size(); ++k) c += (k ? "|" : "") + o.choices[k];
+                return c;
+              }());
+      std::string line = o.help;
+      const std::string dflt = o.get ? o.get() : "";
+      line += o.needed ? std::string(" (required") : str(" (default ", dflt.empty() ? "none" : dflt);
+      const std::string allowed = o.choices.empty() ? o.allowed() : o.note;
+      if (!allowed.empty()) line += "; " + allowed;
+      line += ")";
+      // The help text wrapped at 100 columns, indented under its own column.
+      constexpr size_t kCol = 30, kWidth = 100;
+      os << head;
+      size_t at = head.size();
+      if (at >= kCol) {
+        os << "\n";
+        at = 0;
+      }
+      os << std::string(kCol - at, ' ');
+      at = kCol;
+      std::istringstream words(line);
+      std::string w;
+      bool first = true;
+      while (words >> w) {
+        if (!first && at + 1 + w.size() > kWidth) {
+          os << "\n" << std::string(kCol, ' ');
+          at = kCol;
+        } else if (!first) {
+          os << ' ';
+          ++at;
+        }
+        os << w;
+        at += w.size();
+        first = false;
+      }
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace mt::cli
