@@ -1,5 +1,5 @@
 // Training checkpoints: shards of the training state, commit by manifest and rename, the search for the
-// newest good checkpoint, keep-last-N, resharding on load (checkpoint.h).
+// newest good checkpoint, keep-last-N and weights-only older checkpoints, resharding on load (checkpoint.h).
 #include "train/checkpoint.h"
 
 #include <algorithm>
@@ -38,14 +38,44 @@ std::string shard_name(int rank) {
   return str("rank-", rank, ".safetensors");
 }
 
+constexpr const char* kWeightsOnlyWhy = "holds weights only (its training state was dropped as an older checkpoint)";
+
 // Why `dir` cannot be resumed from ("" when it can): its manifest, then the training state in it.
 std::string unusable(const std::string& dir) {
   std::string why = verify_manifest(dir, /*check_hashes=*/true);
   if (!why.empty()) return why;
+  if (is_weights_only(dir)) return kWeightsOnlyWhy;
   if (!fs::is_regular_file(fs::path(dir) / kTrainStateFile))
     return str("no ", kTrainStateFile, " (a weights-only checkpoint: use --init-from to start from it)");
   if (!fs::is_directory(fs::path(dir) / kTrainStateDir)) return str("no ", kTrainStateDir, "/ directory");
   return "";
+}
+
+// The files reduce_to_weights drops (paths relative to the checkpoint, '/'-separated): the training state's
+// file and everything below a subdirectory (train_state/, a grpo run's critic/).
+bool training_file(const std::string& rel) {
+  return rel == kTrainStateFile || rel.find('/') != std::string::npos;
+}
+
+// Whether a checkpoint still holds any file reduce_to_weights drops.
+bool has_training_files(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->is_directory() || it->path().filename() == kTrainStateFile) return true;
+  return false;
+}
+
+nlohmann::ordered_json read_manifest_json(const std::string& dir) {
+  const fs::path p = fs::path(dir) / kManifestFile;
+  std::ifstream f(p);
+  if (!f) MT_THROW("cannot open '", p.string(), "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return nlohmann::ordered_json::parse(ss.str());
+  } catch (const nlohmann::json::exception& e) {
+    MT_THROW(p.string(), ": not valid JSON (", e.what(), ")");
+  }
 }
 
 }  // namespace
@@ -203,6 +233,14 @@ ResumePoint find_resume_checkpoint(const std::string& run_dir, const std::string
   ResumePoint rp;
   if (spec != "latest") {
     const std::string why = fs::is_directory(spec) ? unusable(spec) : std::string("is not a directory");
+    if (why == kWeightsOnlyWhy) {
+      // Its run directory may hold a newer checkpoint that still has its training state.
+      fs::path run = fs::path(spec).lexically_normal();
+      if (run.filename().empty()) run = run.parent_path();
+      const ResumePoint newest = find_resume_checkpoint(run.parent_path().string(), "latest");
+      MT_THROW(spec, " ", kWeightsOnlyWhy, "; ", newest.dir.empty() ? "" : "resume from " + newest.dir + " or ",
+               "start a new run with --init-from ", spec);
+    }
     if (!why.empty()) MT_THROW("cannot resume from '", spec, "': ", why);
     rp.dir = spec;
     rp.step = read_train_state(spec).value("step", int64_t(0));
@@ -250,6 +288,69 @@ std::vector<std::string> prune_checkpoints(const std::string& run_dir, int64_t k
   for (size_t i = 0; i < removed.size(); ++i)
     if (removed[i].ends_with(".tmp") || removed[i].ends_with(".replaced")) fs::remove_all(removed[i], ec);
   return removed;
+}
+
+std::vector<std::string> retain_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_full) {
+  std::vector<std::string> done;
+  if (keep_last <= 0) {
+    int64_t full = 0;
+    for (int64_t s : list_checkpoints(run_dir)) {
+      const std::string dir = checkpoint_dir(run_dir, s);
+      if (!verify_manifest(dir, /*check_hashes=*/false).empty()) continue;  // incomplete: not ours to judge
+      if (is_weights_only(dir)) {
+        if (has_training_files(dir)) reduce_to_weights(dir);  // a reduction that was cut short
+        continue;
+      }
+      if (full < keep_full) {
+        ++full;
+        continue;
+      }
+      reduce_to_weights(dir);
+      done.push_back(str("reduced ", dir, " to its weights (training state dropped)"));
+    }
+  }
+  // keep_last > 0 deletes the older checkpoints; either way the leftovers of killed saves go.
+  for (const std::string& r : prune_checkpoints(run_dir, keep_last)) done.push_back("removed " + r);
+  return done;
+}
+
+void reduce_to_weights(const std::string& ckpt_dir) {
+  nlohmann::ordered_json m = read_manifest_json(ckpt_dir);
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_array())
+    MT_THROW(ckpt_dir, "/", kManifestFile, " lists no files; not a committed checkpoint");
+  if (!(m.contains("weights_only") && m["weights_only"] == true)) {
+    // The manifest first: should the process die before the files go, it already vouches only for the
+    // weights, and the next call deletes the rest.
+    nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+    for (const auto& f : m["files"])
+      if (!f.is_object() || !f.contains("path") || !f["path"].is_string() ||
+          !training_file(f["path"].get<std::string>()))
+        kept.push_back(f);
+    m["files"] = kept;
+    m["weights_only"] = true;
+    write_file_atomic((fs::path(ckpt_dir) / kManifestFile).string(), m.dump(1) + "\n");
+    fsync_path(ckpt_dir, true);
+  }
+  std::vector<fs::path> drop;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(ckpt_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->is_directory() || it->path().filename() == kTrainStateFile) drop.push_back(it->path());
+  if (ec) MT_THROW("cannot list '", ckpt_dir, "': ", ec.message());
+  for (const fs::path& p : drop) {
+    fs::remove_all(p, ec);
+    if (ec) MT_THROW("keep_last: cannot remove '", p.string(), "': ", ec.message());
+  }
+}
+
+bool is_weights_only(const std::string& ckpt_dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(ckpt_dir) / kManifestFile, ec)) return false;
+  try {
+    const nlohmann::ordered_json m = read_manifest_json(ckpt_dir);
+    return m.is_object() && m.contains("weights_only") && m["weights_only"] == true;
+  } catch (const std::exception&) {
+    return false;  // an unreadable manifest is verify_manifest's to report
+  }
 }
 
 nlohmann::json read_train_state(const std::string& ckpt_dir) {

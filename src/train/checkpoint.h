@@ -8,6 +8,9 @@
 //   train_state/rank-R.safetensors   rank R's f32 master shard, AdamW moments (exp_avg, exp_avg_sq) and
 //                                    "pieces" (i64 [n, 3]: global flat begin, end, offset in the shard)
 //   manifest.json                    every other file with its size and CRC32C, written last
+// An older checkpoint may be reduced to its weights (retain_checkpoints): train_state.json and every
+// subdirectory go, the top-level files (the HF model) stay, and the manifest is rewritten to list what
+// is left and say "weights_only": true, so that it still verifies and a resume names why it is skipped.
 // A checkpoint is written into checkpoint-N.tmp/ and renamed to checkpoint-N once its manifest is on
 // disk (io/manifest.h), so a run killed while saving leaves no directory that looks complete; a
 // checkpoint-N without a manifest that verifies is not used.
@@ -64,13 +67,32 @@ struct ResumePoint {
   std::vector<std::string> rejected;  // "checkpoint-N: why" for each newer checkpoint that was not usable
 };
 // The newest checkpoint of run_dir whose manifest verifies (sizes and CRC32C) and that holds a training
-// state. `spec` is "latest" (search run_dir) or a checkpoint directory (verified the same way; an error
-// when it does not verify).
+// state (a weights-only one is skipped: rejected says so). `spec` is "latest" (search run_dir) or a
+// checkpoint directory (verified the same way; an error when it does not verify, and for a weights-only
+// one an error that names the newest checkpoint beside it that can be resumed from, and --init-from).
 ResumePoint find_resume_checkpoint(const std::string& run_dir, const std::string& spec);
 
 // Deletes all but the newest keep_last complete checkpoints of run_dir (keep_last <= 0: keeps all) and
 // leftover checkpoint-N.tmp directories of other steps. Returns the directories removed.
 std::vector<std::string> prune_checkpoints(const std::string& run_dir, int64_t keep_last);
+
+// What a run keeps after a new checkpoint committed (rank 0 only; the trainer's --keep-last, and grpo's):
+//   keep_last > 0:  prune_checkpoints: the newest keep_last complete checkpoints stay whole, the older ones
+//                   (and leftover .tmp directories) are deleted;
+//   keep_last <= 0: every checkpoint stays, but only the newest keep_full complete ones with their training
+//                   state: each older complete one is reduced to its weights (reduce_to_weights), what
+//                   `convert` and `generate --model` read (a training state is 12 of a checkpoint's 16
+//                   bytes per parameter). Incomplete ones are left as they are.
+// Returns one line per directory it touched, for the log: "removed DIR" or "reduced DIR to its weights
+// (training state dropped)". Errors name the directory and the system's reason.
+std::vector<std::string> retain_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_full = 2);
+
+// Drops a committed checkpoint's training state: rewrites its manifest (crash-safe: written before any
+// file goes) without train_state.json and the subdirectories' files and with "weights_only": true, then
+// deletes them. A checkpoint already reduced has its leftovers deleted; nothing else changes.
+void reduce_to_weights(const std::string& ckpt_dir);
+// Whether the manifest of ckpt_dir marks it as reduced to its weights.
+bool is_weights_only(const std::string& ckpt_dir);
 
 // train_state.json of a checkpoint (an error naming the file when it is missing or not JSON).
 nlohmann::json read_train_state(const std::string& ckpt_dir);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
@@ -125,7 +126,7 @@ TrainConfig prepare_sft(const TrainConfig& in) {
   return c;
 }
 
-int sft_main(const std::vector<std::string>& args) {
+int sft_main(const std::vector<std::string>& args, const RunOptions& run) {
   for (const std::string& a : args)
     if (a == "--help" || a == "-h") {
       const TrainConfig d = sft_defaults();
@@ -143,13 +144,16 @@ int sft_main(const std::vector<std::string>& args) {
       return 0;
     }
   const TrainConfig cfg = prepare_sft(sft_config_from_args(args));
-  TrainSummary s = run_training(cfg);
+  install_stop_signals();
+  RunOptions ro = run;
+  ro.command = "sft";
+  TrainSummary s = run_training(cfg, ro);
   if (!s.summary_line.empty()) {
     const size_t colon = s.summary_line.find(':');
     std::printf("sft%s\n",
                 colon == std::string::npos ? (": " + s.summary_line).c_str() : s.summary_line.substr(colon).c_str());
   }
-  return 0;
+  return exit_status(s);
 }
 
 }  // namespace mt

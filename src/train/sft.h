@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "train/train_config.h"
+#include "train/trainer.h"
 
 namespace mt {
 
@@ -24,6 +25,8 @@ TrainConfig sft_config_from_args(const std::vector<std::string>& args);
 // Resolves the model and the tokenizer (see the file comment); for a preset writes <out_dir>/init-model.
 // Returns the config run_training gets.
 TrainConfig prepare_sft(const TrainConfig& cfg);
-int sft_main(const std::vector<std::string>& args);
+// Installs the stop signals (a signal ends the run after its step, saved: trainer.h) and runs; returns 0,
+// or 128 + the signal that stopped the run. `run.command` is set to "sft".
+int sft_main(const std::vector<std::string>& args, const RunOptions& run = {});
 
 }  // namespace mt

@@ -73,7 +73,8 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) {
          return c.min_lr >= 0 && std::isfinite(c.min_lr) ? "" : std::string("must be >= 0");
        }},
-      {"warmup_steps", &TrainConfig::warmup_steps, "steps of linear warmup (<= steps)",
+      {"warmup_steps", &TrainConfig::warmup_steps,
+       "steps of linear warmup; more than steps: the run warms up over all its steps",
        [](const TrainConfig& c) { return c.warmup_steps < 0 ? std::string("must be >= 0") : ""; }},
       {"lr_schedule", &TrainConfig::lr_schedule, "cosine | linear | constant (after warmup)",
        [](const TrainConfig& c) {
@@ -127,7 +128,8 @@ const std::vector<Field>& fields() {
       {"save_every", &TrainConfig::save_every, "steps between checkpoints; 0 = only at the end",
        [](const TrainConfig& c) { return c.save_every < 0 ? std::string("must be >= 0 (0 = only at the end)") : ""; }},
       {"keep_last", &TrainConfig::keep_last,
-       "keep the newest N complete checkpoints, deleting older ones once a new one is complete; 0 = keep all",
+       "keep the newest N complete checkpoints, deleting older ones once a new one is complete; 0 = keep all, "
+       "those older than the newest 2 as weights only (HF config and safetensors, no training state)",
        [](const TrainConfig& c) { return c.keep_last < 0 ? std::string("must be >= 0 (0 = keep all)") : ""; }},
       {"max_steps", &TrainConfig::max_steps,
        "stop after this step (saving a checkpoint there) although the LR schedule spans `steps`; 0 = steps",
@@ -298,6 +300,10 @@ bool parse_real(const std::string& s, double* out) {
   return true;
 }
 
+void mark_given(TrainConfig& c, const Field& f) {
+  if (!train_config_given(c, f.key)) c.given.push_back(f.key);
+}
+
 void set_from_text(TrainConfig& c, const Field& f, const std::string& value, const std::string& origin) {
   if (auto m = std::get_if<StrMember>(&f.member)) {
     c.** m = value;
@@ -309,6 +315,7 @@ void set_from_text(TrainConfig& c, const Field& f, const std::string& value, con
       MT_THROW("train config (", origin, "): ", f.key, " = \"", value, "\" is not a finite number");
   }
   check_rule(c, f, origin);
+  mark_given(c, f);
 }
 
 void set_from_json(TrainConfig& c, const Field& f, const nlohmann::json& v, const std::string& origin) {
@@ -334,6 +341,7 @@ void set_from_json(TrainConfig& c, const Field& f, const nlohmann::json& v, cons
     c.*std::get<RealMember>(f.member) = v.get<double>();
   }
   check_rule(c, f, origin);
+  mark_given(c, f);
 }
 
 std::string read_file(const std::string& path) {
@@ -442,8 +450,6 @@ void validate_train_config(const TrainConfig& c) {
   if (c.max_steps > c.steps)
     MT_THROW("train config: max_steps = ", c.max_steps, " is not allowed: must be <= steps = ", c.steps,
              " (steps is the length of the LR schedule; max_steps stops the run earlier)");
-  if (c.warmup_steps > c.steps)
-    MT_THROW("train config: warmup_steps = ", c.warmup_steps, " is not allowed: must be <= steps = ", c.steps);
   if (c.stop_at_exact_match > 0 && (c.data.rfind("synthetic:", 0) != 0 || c.eval_every < 1))
     MT_THROW("train config: stop_at_exact_match = ", real_str(c.stop_at_exact_match),
              " is not allowed here: it stops at an evaluation of held-out exact match, which needs synthetic data (data = \"",
@@ -460,6 +466,20 @@ void validate_train_config(const TrainConfig& c) {
     MT_THROW("train config: seq_len = ", c.seq_len, " is not allowed with data = \"", c.data,
              "\" and max_digits = ", c.max_digits, ": a problem takes up to ", max_problem_tokens(int(c.max_digits)),
              " tokens, so seq_len must be >= ", max_problem_tokens(int(c.max_digits)));
+}
+
+bool train_config_given(const TrainConfig& c, const std::string& key) {
+  return std::find(c.given.begin(), c.given.end(), key) != c.given.end();
+}
+
+int64_t effective_warmup_steps(const TrainConfig& c) {
+  return std::min(c.warmup_steps, c.steps);
+}
+
+std::string warmup_clamp_note(const TrainConfig& c) {
+  if (c.warmup_steps <= c.steps) return "";
+  return str("warmup_steps ", c.warmup_steps, train_config_given(c, "warmup_steps") ? " (your setting)" : "",
+             " > steps ", c.steps, "; warming up over all ", c.steps, " steps");
 }
 
 std::string to_json(const TrainConfig& c) {

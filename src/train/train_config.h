@@ -27,7 +27,7 @@ struct TrainConfig {
   int64_t seq_len = 64;
   double lr = 7e-4;      // peak learning rate (the demo's 3e-3 of earlier versions was chaotic: docs/train.md)
   double min_lr = 7e-5;  // end of the decay
-  int64_t warmup_steps = 100;
+  int64_t warmup_steps = 100;          // more than steps: the run warms up over all its steps (effective_warmup_steps)
   std::string lr_schedule = "cosine";  // cosine | linear | constant
   double weight_decay = 0.1;
   double beta1 = 0.9;
@@ -44,7 +44,9 @@ struct TrainConfig {
   int64_t eval_every = 500;                 // steps between evaluations; 0 = only at the end
   int64_t log_every = 1;                    // steps between log lines
   int64_t save_every = 0;                   // steps between checkpoints; 0 = only at the end
-  int64_t keep_last = 0;                    // keep the newest N complete checkpoints; 0 = all
+  // Keep the newest N complete checkpoints (a checkpoint takes 16 bytes per parameter); 0 = all of them,
+  // those older than the newest 2 reduced to their weights (retain_checkpoints, train/checkpoint.h).
+  int64_t keep_last = 2;
   int64_t max_steps = 0;                    // stop (and save) at this step; 0 = steps (the schedule still spans steps)
   // Stop (and save) at the first evaluation whose held-out exact match (percent) reaches this; 0 = off.
   // A model stopped early that solves the task sometimes: the start of `moetrain grpo`'s built-in run.
@@ -74,6 +76,10 @@ struct TrainConfig {
   int64_t comm_timeout_s = 300;   // a collective or rendezvous that takes longer is an error (watchdog)
   std::string schedule_check = "periodic";  // collective-schedule check: off | periodic | per_op (debug)
   int64_t schedule_check_every = 100;       // steps between periodic schedule checks
+
+  // Not a setting: the keys a config file or the command line set (in their table spelling, e.g.
+  // "warmup_steps"), so that a message can tell the user's value from a default. to_json leaves it out.
+  std::vector<std::string> given;
 };
 
 // Reads a JSON config file and validates it (validate_train_config).
@@ -89,9 +95,19 @@ void apply_overrides(TrainConfig& c, const std::vector<std::string>& args);
 TrainConfig train_config_from_args(const std::vector<std::string>& args);
 // Sets one field from its text form (the command-line spelling of the key is accepted).
 void set_train_config_field(TrainConfig& c, const std::string& key, const std::string& value);
-// The rules that involve several fields: min_lr <= lr, warmup_steps <= steps, and for synthetic data
+// The rules that involve several fields: min_lr <= lr, max_steps <= steps, and for synthetic data
 // a seq_len that holds one problem and no more eval_problems than there are held-out pairs.
+// (warmup_steps > steps is not an error: see effective_warmup_steps.)
 void validate_train_config(const TrainConfig& c);
+// Whether a config file or the command line set `key` (TrainConfig::given).
+bool train_config_given(const TrainConfig& c, const std::string& key);
+
+// The warm-up the run uses: warmup_steps, clamped to steps (a short run of the default 100-step warm-up
+// warms up over all its steps instead of being refused).
+int64_t effective_warmup_steps(const TrainConfig& c);
+// "" when warmup_steps <= steps; else the line that says so, naming the value as the user's when a config
+// file or the command line set it: "warmup_steps 100 > steps 20; warming up over all 20 steps".
+std::string warmup_clamp_note(const TrainConfig& c);
 
 // Every field as a JSON object, in declaration order, 2-space indented; load_train_config reads it back.
 std::string to_json(const TrainConfig& c);

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/dist_env.h"
 #include "core/determinism.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "data/batch.h"
 #include "model/hf_checkpoint.h"
@@ -63,7 +65,19 @@ ModelConfig resolve_model_config(const std::string& model) {
   MT_THROW("model '", model, "' is neither a preset (", names, ") nor a Hugging Face model directory");
 }
 
-TrainSummary run_training(const TrainConfig& cfg) {
+// How to continue a run that a signal stopped: the same command on the settings this run wrote to
+// out_dir/train_config.json (all of them, so nothing of the original command line is lost), under the
+// same launch when there was more than one rank.
+static std::string resume_command(const std::string& command, const std::string& out_dir, int world_size) {
+  const std::string cmd =
+      str(command, " --config ", (fs::path(out_dir) / "train_config.json").string(), " --resume latest");
+  if (world_size <= 1) return "moetrain " + cmd;
+  const int local = comm::detect_dist_env().local_world_size;
+  if (local == world_size) return str("moetrain launch --nproc-per-node ", local, " -- ", cmd);
+  return "moetrain launch <this job's launch options> -- " + cmd;
+}
+
+TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   validate_train_config(cfg);
   ops::set_cpu_threads(int(cfg.threads));
   Device device = resolve_device(cfg.device);
@@ -247,6 +261,8 @@ TrainSummary run_training(const TrainConfig& cfg) {
   session.make_optimizer(oc, cfg.optimizer_overlap != 0);
   AdamW& opt = session.optimizer();
   LrParams lrp = lr_params(cfg);
+  // A warm-up longer than the run spans the run (the note is logged with the run's other settings below).
+  lrp.warmup_steps = effective_warmup_steps(cfg);
   const int64_t stop = cfg.max_steps > 0 ? cfg.max_steps : cfg.steps;  // this run ends here
   int64_t start_step = 0;
   if (resuming) {
@@ -294,6 +310,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
   log0("model ", mc.architecture, ": ", mc.num_parameters() / 1e6, " M parameters (", model.table().total(),
            " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
            mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
+  if (const std::string note = warmup_clamp_note(cfg); !note.empty()) log0(run.command, ": ", note);
   log0("data: ", data->describe());
   log0("training ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), cfg.steps,
        " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
@@ -357,7 +374,7 @@ TrainSummary run_training(const TrainConfig& cfg) {
       st["skipped_steps"] = opt.steps_skipped();
       st["data_position"] = data->position();
       st["lr_schedule"] = {{"kind", cfg.lr_schedule}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr},
-                           {"warmup_steps", cfg.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
+                           {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
       st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
       st["flat_numel"] = table.total();
       const DeviceMesh& mesh = dist->mesh();
@@ -370,10 +387,24 @@ TrainSummary run_training(const TrainConfig& cfg) {
     all_ranks_agree(0);  // every shard is on disk
     if (lead) {
       commit_checkpoint(dir, final_dir);
-      for (const std::string& r : prune_checkpoints(cfg.out_dir, cfg.keep_last)) log_info("removed ", r);
+      for (const std::string& r : retain_checkpoints(cfg.out_dir, cfg.keep_last)) log_info(r);
     }
     sum.checkpoint_dir = final_dir;
     log0("saved checkpoint ", final_dir, " (HF weights + training state, manifest) in ", seconds_since(t), " s");
+  };
+
+  // A stop signal (core/interrupt.h) ends the run after the step in progress. Every rank must leave the
+  // loop at the same step (the others would wait in the next step's collectives), so with more than one
+  // rank the flag is combined every step: the largest signal number any rank saw, one all-reduce of one int.
+  auto stop_agreed = [&]() -> int {
+    const int mine = stop_signal();
+    if (!dist->distributed()) return mine;
+    Tensor f = Tensor::empty({1}, DType::I32);
+    f.data<int32_t>()[0] = mine;
+    Tensor d = f.to(device);
+    dist->world()->all_reduce(d, comm::ReduceOp::Max)->wait();
+    device_mem::synchronize(device);
+    return d.to(Device::CPU).data<int32_t>()[0];
   };
 
   bool replicas_logged = false;  // the HSDP replica check logs its first pass only
@@ -460,6 +491,12 @@ TrainSummary run_training(const TrainConfig& cfg) {
                     fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
       log_line(line);
     }
+    if (run.after_step) run.after_step(step + 1);
+    if (const int sig = stop_agreed(); sig != 0) {  // saved below, like the run's end
+      sum.stop_signal = sig;
+      end = step + 1;
+      break;
+    }
     // The checkpoint first: whatever the evaluation meets, the weights are on disk.
     if (cfg.save_every > 0 && (step + 1) % cfg.save_every == 0 && step + 1 < stop) save(step + 1);
     if (cfg.eval_every > 0 && (step + 1) % cfg.eval_every == 0 && step + 1 < stop) {
@@ -477,7 +514,17 @@ TrainSummary run_training(const TrainConfig& cfg) {
   sum.steps = end;
   sum.skipped = opt.steps_skipped();
   save(end);
-  if (end == stop) evaluate(stop);  // an early stop has just evaluated these weights
+  if (sum.stop_signal == 0) sum.stop_signal = stop_agreed();  // one that came during the save skips the evaluation
+  if (sum.stop_signal != 0) {
+    if (lead && end < stop)
+      log_info(run.command, ": stopped by ", stop_signal_name(sum.stop_signal), " after step ", end, "; saved ",
+               sum.checkpoint_dir, "; resume with: ", resume_command(run.command, cfg.out_dir, dist->world_size()));
+    else if (lead)
+      log_info(run.command, ": stopped by ", stop_signal_name(sum.stop_signal), " after the last step (", end,
+               "); saved ", sum.checkpoint_dir, eval_set.empty() ? "" : "; the final evaluation was skipped");
+  } else if (end == stop) {
+    evaluate(stop);  // an early stop has just evaluated these weights
+  }
   dist->finish();
   if (!lead) return sum;  // rank 0 prints the summary
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
@@ -491,11 +538,16 @@ TrainSummary run_training(const TrainConfig& cfg) {
   return sum;
 }
 
-int train_main(const std::vector<std::string>& args) {
+int exit_status(const TrainSummary& s) {
+  return s.stop_signal != 0 ? 128 + s.stop_signal : 0;
+}
+
+int train_main(const std::vector<std::string>& args, const RunOptions& run) {
   TrainConfig cfg = train_config_from_args(args);
-  TrainSummary s = run_training(cfg);
+  install_stop_signals();
+  TrainSummary s = run_training(cfg, run);
   if (!s.summary_line.empty()) std::printf("%s\n", s.summary_line.c_str());
-  return 0;
+  return exit_status(s);
 }
 
 }  // namespace mt

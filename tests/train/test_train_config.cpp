@@ -117,10 +117,10 @@ TEST(TrainConfig, JsonErrors) {
   msg = error_of([] { load_train_config("/nonexistent/cfg.json"); });
   EXPECT_NE(msg.find("/nonexistent/cfg.json"), std::string::npos) << msg;
   // Cross-field rules are checked after loading a file.
-  std::string path = write_temp("b.json", R"({"steps": 10, "warmup_steps": 20})");
+  std::string path = write_temp("b.json", R"({"steps": 10, "max_steps": 20})");
   msg = error_of([&] { load_train_config(path); });
   fs::remove(path);
-  EXPECT_NE(msg.find("warmup_steps = 20"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_steps = 20"), std::string::npos) << msg;
   EXPECT_NE(msg.find("steps = 10"), std::string::npos) << msg;
 }
 
@@ -167,7 +167,8 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
   expect_override_error({"--lr-schedule", "step"}, {"lr_schedule = \"step\"", "cosine, linear, constant"});
   expect_override_error({"--device", "gpu"}, {"device = \"gpu\"", "cpu, cuda, auto"});
   expect_override_error({"--recompute", "partial"}, {"recompute = \"partial\"", "none, full, selective, moe"});
-  expect_override_error({"--warmup-steps", "2501"}, {"warmup_steps = 2501", "steps = 2500"});
+  expect_override_error({"--max-steps", "2501"}, {"max_steps = 2501", "steps = 2500"});
+  expect_override_error({"--warmup-steps", "-1"}, {"warmup_steps = -1", "must be >= 0"});
   expect_override_error({"--seq-len", "1"}, {"seq_len = 1", "must be >= 2"});
   expect_override_error({"--seq-len", "10"}, {"seq_len = 10", "max_digits = 3", "14"});
   expect_override_error({"--max-digits", "1"}, {"eval_problems = 200", "max_digits = 1", "<= 10"});
@@ -188,18 +189,48 @@ TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
 }
 
 TEST(TrainConfig, FromArgsReadsConfigThenOverrides) {
-  std::string path = write_temp("c.json", R"({"steps": 10, "warmup_steps": 20, "lr": 0.5})");
-  // The file alone breaks warmup_steps <= steps; the override fixes it, and validation runs once at the end.
+  std::string path = write_temp("c.json", R"({"steps": 10, "max_steps": 20, "lr": 0.5})");
+  // The file alone breaks max_steps <= steps; the override fixes it, and validation runs once at the end.
   TrainConfig c = train_config_from_args({"--steps", "100", "--config", path, "--lr=0.25"});
   EXPECT_EQ(c.steps, 100);
-  EXPECT_EQ(c.warmup_steps, 20);
+  EXPECT_EQ(c.max_steps, 20);
   EXPECT_DOUBLE_EQ(c.lr, 0.25);
   TrainConfig d = train_config_from_args({"--config=" + path, "--steps=20"});
   EXPECT_DOUBLE_EQ(d.lr, 0.5);
   std::string msg = error_of([&] { train_config_from_args({"--config", path}); });
-  EXPECT_NE(msg.find("warmup_steps = 20"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_steps = 20"), std::string::npos) << msg;
   msg = error_of([&] { train_config_from_args({"--config", path, "--config", path}); });
   EXPECT_NE(msg.find("--config given twice"), std::string::npos) << msg;
   fs::remove(path);
   EXPECT_EQ(train_config_from_args({}).steps, 2500);
+}
+
+// A warm-up longer than the run is clamped to it, not refused (the default 100 under --steps 20), and the
+// note says whether the value was the user's; a negative one is still an error. The demo (100 of 2500) and
+// keep_last's default are unchanged by this.
+TEST(TrainConfig, WarmupLongerThanStepsIsClampedNotRefused) {
+  const TrainConfig def = train_config_from_args({"--steps", "20"});
+  EXPECT_EQ(def.warmup_steps, 100);  // the setting stays as given; the run uses the clamped value
+  EXPECT_EQ(effective_warmup_steps(def), 20);
+  EXPECT_EQ(warmup_clamp_note(def), "warmup_steps 100 > steps 20; warming up over all 20 steps");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--steps", "20", "--warmup-steps", "500"}, {"--steps=20", "--warmup_steps=500"}}) {
+    const TrainConfig mine = train_config_from_args(args);
+    EXPECT_EQ(effective_warmup_steps(mine), 20);
+    EXPECT_EQ(warmup_clamp_note(mine), "warmup_steps 500 (your setting) > steps 20; warming up over all 20 steps");
+  }
+  // The default's own value, given explicitly, is the user's too; so is a config file's.
+  EXPECT_NE(warmup_clamp_note(train_config_from_args({"--steps", "20", "--warmup-steps", "100"})).find("(your setting)"),
+            std::string::npos);
+  TrainConfig file;
+  apply_json(file, "{\"steps\": 5, \"warmup_steps\": 8}", "x.json");
+  EXPECT_EQ(warmup_clamp_note(file), "warmup_steps 8 (your setting) > steps 5; warming up over all 5 steps");
+  // Not clamped: no note.
+  const TrainConfig demo;
+  EXPECT_EQ(effective_warmup_steps(demo), 100);
+  EXPECT_EQ(warmup_clamp_note(demo), "");
+  EXPECT_EQ(warmup_clamp_note(train_config_from_args({"--steps", "20", "--warmup-steps", "20"})), "");
+  expect_override_error({"--warmup-steps", "-1"}, {"warmup_steps = -1 is not allowed: must be >= 0"});
+  // Checkpoint retention: the newest 2 by default.
+  EXPECT_EQ(demo.keep_last, 2);
 }

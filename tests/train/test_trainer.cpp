@@ -196,3 +196,19 @@ TEST(Optimizer, ClipsToMaxNormLikeTorch) {
   EXPECT_NEAR(r.clip_scale, 0.2, 1e-6);
   EXPECT_NEAR(opt.exp_avg().data<float>()[1], (1 - oc.beta1) * 4.0 * 0.2, 1e-6);  // moments see the clipped gradient
 }
+
+// The default warm-up (100 steps) in a 4-step run: the run warms up over its 4 steps, reaching the peak lr
+// at the last one, and the checkpoint's schedule records the warm-up it ran.
+TEST(Trainer, WarmupLongerThanTheRunSpansTheRun) {
+  TrainConfig c = tiny_run("warmup");
+  c.eval_problems = 0;
+  c.warmup_steps = TrainConfig{}.warmup_steps;
+  ASSERT_GT(c.warmup_steps, c.steps);
+  run_training(c);
+  auto rows = read_jsonl(c.out_dir + "/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(double(rows[size_t(i)]["lr"]), c.lr * (i + 1) / 4) << "step " << i + 1;
+  std::ifstream f(c.out_dir + "/checkpoint-4/train_state.json");
+  EXPECT_EQ(nlohmann::json::parse(f)["lr_schedule"]["warmup_steps"], 4);
+  fs::remove_all(c.out_dir);
+}
