@@ -7,6 +7,7 @@
 
 namespace mt {
 
+int convert_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
 
 }  // namespace mt

@@ -42,6 +42,8 @@
 #include <optional>
 #include <set>
 
+#include "cli/common_options.h"
+#include "cli/options.h"
 #include "comm/dist_env.h"
 #include "core/cli_args.h"
 #include "core/determinism.h"
@@ -52,6 +54,7 @@
 #include "data/tokenizer.h"
 #include "io/manifest.h"
 #include "model/hf_checkpoint.h"
+#include "ops/threads.h"
 #include "rl/grpo.h"
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
@@ -72,86 +75,6 @@ using rl::RewardBatch;
 using rl::RewardProgram;
 using rl::RewardProgramOptions;
 using rl::RewardRequest;
-
-const char* kUsage =
-    "usage: moetrain grpo [options]\n"
-    "  --task sharpen|extend     the built-in task and its recipe (default sharpen: 1..3-digit addition from the\n"
-    "                            demo stopped early at 15% held-out exact match, runs/grpo-start, trained when\n"
-    "                            absent; exact reward, outcome advantages, T 1.0, lr 2e-4, 1000 steps. extend: a\n"
-    "                            fourth digit from the full demo, runs/demo/checkpoint-2500: digits reward,\n"
-    "                            position advantages, T 1.5, 500 steps); the options below override the recipe\n"
-    "  --model DIR               start from this HF checkpoint instead (the task's start by default)\n"
-    "  --prompts FILE.jsonl      train on these prompts instead of the built-in task: lines with \"prompt_ids\",\n"
-    "                            \"prompt\" (text) or \"messages\" (chat), plus \"answer\" and any metadata\n"
-    "                            (text needs DIR/tokenizer.json); drawn in shuffled epochs (--seed)\n"
-    "  --eval-prompts FILE.jsonl held-out prompts: greedy reward before and after (with --prompts)\n"
-    "  --max-new-tokens N        response length limit with --prompts (default 256)\n"
-    "  --reward-timeout S, --reward-on-error zero|stop   a reward program's batch deadline (default 60) and\n"
-    "                            what a failed sample does (default zero: reward 0, logged)\n"
-    "  --steps N                 GRPO steps (default: the task's)\n"
-    "  --prompts-per-step P      groups per step (default 16)\n"
-    "  --n G                     samples per prompt (>= 2, default 8)\n"
-    "  --min-digits D            built-in task: operands have D..max digits (default 1)\n"
-    "  --max-digits D            (default: sharpen 3, extend 4; the demo is trained on 1..3)\n"
-    "  --longest on|off          on: at least one operand has max digits (default: sharpen off, extend on)\n"
-    "  --algorithm A             grpo | dr-grpo (no std division) | ppo (a critic: GAE advantages; its policy lr\n"
-    "                            defaults to 1e-4) (default grpo)\n"
-    "  --critic-lr LR, --gamma G, --lam L, --value-clip E   ppo's critic: its AdamW lr (default 5e-4), GAE's\n"
-    "                            discount and lambda (defaults 1, 0.95), value clipping (default 0.2; 0 = off)\n"
-    "  --loss L                  ppo | gspo | pg (default ppo)\n"
-    "  --lr LR                   (default: the task's), --warmup-steps N (default 5), --min-lr LR: a cosine\n"
-    "                            decay from LR after the warm-up to this at the last step (default: LR, constant)\n"
-    "  --temperature T           sampling temperature > 0, the trainer's log-probs use it too (default: sharpen\n"
-    "                            and --prompts 1.0, extend 1.5)\n"
-    "  --clip-low E, --clip-high E, --dual-clip C       (defaults 0.2, 0.28, off)\n"
-    "  --kl-coef B               KL-to-reference loss weight (default 0), --kl-estimator k1|k2|k3 (default k3)\n"
-    "  --kl-reward-coef B        KL to the reference subtracted from the reward instead: -B k(old, ref) per token\n"
-    "                            (default 0)\n"
-    "  --reward R                built-in task: digits|prefix|exact, the share of answer positions right, of the\n"
-    "                            answer right before the first mistake, or 1/0 for an exact answer (default:\n"
-    "                            sharpen exact, extend digits; the advantages use it under --advantage outcome\n"
-    "                            only, else it is a metric); --prompts: exact (default) | math |\n"
-    "                            program:\"CMD ARGS\" (JSON lines\n"
-    "                            {prompt, response, metadata} in, a number or {\"reward\": x} out)\n"
-    "  --advantage outcome|process|position   one reward per sample (GRPO), or one per answer token (right\n"
-    "                            digit: 1) with DeepSeekMath's process-supervised advantages, or each token\n"
-    "                            against the group's same position (default: sharpen and --prompts outcome,\n"
-    "                            extend position);\n"
-    "                            under ppo GAE gets the per-token rewards, or the sample's with outcome\n"
-    "  --reference on|off        keep a frozen copy of the initial policy (default on: the KL metric)\n"
-    "  --entropy-coef C          (default 0)\n"
-    "  --aux-loss-coef C, --router-z-loss-coef C   MoE load-balancing loss (needs output_router_logits in the\n"
-    "                            model's config.json) and router z-loss in the update (defaults 0: off)\n"
-    "  --freeze-router on|off    keep the routers' weights fixed during RL (default off)\n"
-    "  --mismatch-every N        with routing replay, every N steps also measure the rollout/trainer log-prob\n"
-    "                            mismatch without it (logprob_diff_*_no_replay; default 10, 0: never)\n"
-    "  --tis-cap C, --tis-level token|sequence   truncated importance sampling of the rollout/trainer ratio\n"
-    "                            (default off), --token-mask LOW,HIGH, --seq-mask LOW,HIGH   weight 0 for tokens\n"
-    "                            (samples: geometric-mean ratio) outside the band (default off)\n"
-    "  --aggregation A           token-mean | seq-mean-token-sum | seq-mean-token-mean | constant (default\n"
-    "                            token-mean; seq-mean-token-mean under --loss gspo, GSPO's objective)\n"
-    "  --dynamic-sampling on|off drop zero-variance groups and refill (default on),\n"
-    "                            --max-generate-rounds R (4)\n"
-    "  --overlong-filter on|off  weight 0 for samples cut at the length limit (default off)\n"
-    "  --overlong-penalty F --overlong-buffer B        DAPO's soft overlong penalty on the sample's reward\n"
-    "                            (with --advantage outcome; default off)\n"
-    "  --epochs E, --mini-batches M, --micro-batch-samples S   the update (defaults 1, 1, 0 = one)\n"
-    "  --old-logprob-forward on|off  a forward for the old log-probs even on-policy (default off: one epoch of\n"
-    "                            one mini-batch takes the update's own, detached; the same values)\n"
-    "  --eval-problems N         built-in task: held-out problems (default 200)\n"
-    "  --baseline sft --sft-seconds S   instead of GRPO, S seconds of SFT on the task's problems (the comparison)\n"
-    "  --run-dir DIR             checkpoints and metrics (default runs/grpo; --out-dir is the same)\n"
-    "  --save-every N            a checkpoint every N steps (default 0: only at the end), --keep-last K (0: all)\n"
-    "  --max-steps N             stop after step N (<= --steps), saving, as train does\n"
-    "  --resume [CKPT_DIR]       continue from the newest checkpoint of the run dir whose manifest verifies\n"
-    "                            (or from CKPT_DIR); the same options as the run that saved it\n"
-    "  --device cpu|cuda|auto, --seed S (1)\n"
-    "  --dp-shard N, --dp-replicate N, --ep N, --tp N, --sp N   the layout under moetrain launch (docs/rl.md "
-    "\"Several\n"
-    "                            ranks\"; --prompts-per-step must divide by dp_replicate x dp_shard)\n"
-    "  --comm-timeout-s S        seconds before a stuck collective is an error naming it (default 300)\n"
-    "  --deterministic           CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's\n"
-    "                            top-p is not covered)";
 
 constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
 
@@ -344,12 +267,6 @@ std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int
   std::vector<double> r(tokens.size(), 0.0);
   for (size_t i = 0; i < tokens.size() && i < p.answer_ids.size(); ++i) r[i] = int64_t(tokens[i]) == p.answer_ids[i];
   return r;
-}
-
-bool parse_on_off(const std::string& flag, const std::string& v) {
-  if (v == "on") return true;
-  if (v == "off") return false;
-  MT_THROW("grpo: ", flag, " '", v, "'; use on or off");
 }
 
 // One SFT micro-batch of `rows` problems: prompt -100, answer tokens as targets (HF labels).
@@ -551,16 +468,20 @@ std::string fingerprint_change(const json& saved, const json& now) {
 // The command line a checkpoint records (less the options that may change between a save and its resume:
 // the layout too, since the state is resharded on resume).
 json recorded_args(const std::vector<std::string>& args) {
+  static const std::set<std::string> kFree = {"--max-steps", "--save-every", "--keep-last",     "--device",
+                                              "--threads",   "--dp-shard",   "--dp-replicate",  "--ep",
+                                              "--tp",        "--sp",         "--comm-timeout-s"};
   json out = json::array();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "--max-steps" || a == "--save-every" || a == "--keep-last" || a == "--device" || a == "--dp-shard" ||
-        a == "--dp-replicate" || a == "--ep" || a == "--tp" || a == "--sp" || a == "--comm-timeout-s") {
-      ++i;
+    const bool inline_value = a.find('=') != std::string::npos;  // --key=value: one argument
+    const std::string key = a.substr(0, a.find('='));
+    if (kFree.count(key)) {
+      if (!inline_value) ++i;
       continue;
     }
-    if (a == "--resume") {
-      if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+    if (key == "--resume") {
+      if (!inline_value && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
       continue;
     }
     out.push_back(a);
@@ -571,19 +492,22 @@ json recorded_args(const std::vector<std::string>& args) {
 }  // namespace
 
 int grpo_main(const std::vector<std::string>& args) {
-  // The built-in task's preset first: the options below override its values.
+  // The built-in task's preset first: the options below override its values (and the help shows them).
   std::string task_name = "sharpen";
-  for (size_t i = 0; i + 1 < args.size(); ++i)
-    if (args[i] == "--task") task_name = args[i + 1];
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--task" && i + 1 < args.size()) task_name = args[i + 1];
+    if (args[i].rfind("--task=", 0) == 0) task_name = args[i].substr(7);
+  }
   const TaskPreset preset = task_preset(task_name);
-  std::string model_dir, device_name = "auto", run_dir = "runs/grpo", baseline, reward_spec;
+  std::string model_dir, run_dir = "runs/grpo", baseline, reward_spec = preset.reward;
   std::string prompts_path, eval_prompts_path, resume;
-  int64_t steps = preset.steps, per_step = 16, eval_n = 200, seed = 1, warmup = 5, max_new_tokens = -1;
+  int64_t steps = preset.steps, per_step = 16, eval_n = 200, seed = cli::kDefaultSeed, warmup = 5, max_new_tokens = -1;
   std::optional<double> min_lr;  // --min-lr: a cosine decay to it; unset: constant after the warm-up
   int64_t save_every = 0, keep_last = 0, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
+  cli::DeviceOptions dev;
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
-  bool reward_stop = false, model_given = false;
+  bool reward_stop = false, deterministic = false;
   Task task;
   task.lo = preset.lo;
   task.hi = preset.hi;
@@ -591,9 +515,7 @@ int grpo_main(const std::vector<std::string>& args) {
   bool use_reference = true;
   Reward reward_kind = Reward::Digits;
   std::string advantage_given;
-  bool temperature_given = false;
-  std::string aggregation_name;         // --aggregation as given ("": the loss's own, below)
-  std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
+  std::string aggregation_name;  // --aggregation as given ("": the loss's own, below)
   bool process = preset.process, per_position = preset.per_position;
   bool ppo = false;
   rl::GrpoOptions o;
@@ -604,190 +526,220 @@ int grpo_main(const std::vector<std::string>& args) {
   o.loss.clip_high = 0.28;
   o.dynamic_sampling = true;
   o.progress_every_s = 10;
-  std::set<std::string> given;  // the options on the command line
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    given.insert(a);
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) MT_THROW("grpo: ", a, " needs a value; ", kUsage);
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return 0;
-    } else if (a == "--task") {
-      value();  // applied above, before the other options
-      task_flags.push_back(a);
-    } else if (a == "--model") {
-      model_dir = value();
-      model_given = true;
-    } else if (a == "--prompts")
-      prompts_path = value();
-    else if (a == "--eval-prompts")
-      eval_prompts_path = value();
-    else if (a == "--max-new-tokens")
-      max_new_tokens = parse_flag_number<int64_t>(a, value());
-    else if (a == "--reward-timeout")
-      reward_timeout = parse_flag_number<double>(a, value());
-    else if (a == "--reward-on-error") {
-      const std::string v = value();
-      if (v != "zero" && v != "stop") MT_THROW("grpo: --reward-on-error '", v, "'; use zero or stop");
-      reward_stop = v == "stop";
-    } else if (a == "--steps")
-      steps = parse_flag_number<int64_t>(a, value());
-    else if (a == "--prompts-per-step")
-      per_step = parse_flag_number<int64_t>(a, value());
-    else if (a == "--n")
-      o.n = parse_flag_number<int64_t>(a, value());
-    else if (a == "--min-digits") {
-      task.lo = parse_flag_number<int>(a, value());
-      task_flags.push_back(a);
-    } else if (a == "--max-digits") {
-      task.hi = parse_flag_number<int>(a, value());
-      task_flags.push_back(a);
-    } else if (a == "--algorithm") {
-      const std::string v = value();
-      if (v != "grpo" && v != "dr-grpo" && v != "ppo")
-        MT_THROW("grpo: --algorithm '", v, "' is unknown; use grpo, dr-grpo or ppo");
-      ppo = v == "ppo";  // the last one given runs
-      o.normalize_std = v != "dr-grpo";
-    } else if (a == "--critic-lr") {
-      o.critic_lr = parse_flag_number<double>(a, value());
-    } else if (a == "--gamma") {
-      o.gamma = parse_flag_number<double>(a, value());
-    } else if (a == "--lam") {
-      o.lam = parse_flag_number<double>(a, value());
-    } else if (a == "--value-clip") {
-      o.value_clip = parse_flag_number<double>(a, value());
-    } else if (a == "--longest") {
-      task.longest = parse_on_off(a, value());
-      task_flags.push_back(a);
-    } else if (a == "--reward") {
-      reward_spec = value();
-    } else if (a == "--advantage") {
-      const std::string v = value();
-      advantage_given = v;
-      if (v == "outcome")
-        process = false;
-      else if (v == "process") {  // the same token rewards, DeepSeekMath's advantages (not per position)
-        process = true;
-        per_position = false;
-      } else if (v == "position")
-        process = per_position = true;
-      else
-        MT_THROW("grpo: --advantage '", v, "' is unknown; use outcome, process or position");
-    } else if (a == "--loss")
-      o.loss.kind = rl::parse_policy_loss(value());
-    else if (a == "--lr")
-      o.lr = parse_flag_number<double>(a, value());
-    else if (a == "--warmup-steps")
-      warmup = parse_flag_number<int64_t>(a, value());
-    else if (a == "--min-lr")
-      min_lr = parse_flag_number<double>(a, value());
-    else if (a == "--temperature") {
-      o.sampling.temperature = parse_flag_number<float>(a, value());
-      temperature_given = true;
-    } else if (a == "--clip-low")
-      o.loss.clip_low = parse_flag_number<double>(a, value());
-    else if (a == "--clip-high")
-      o.loss.clip_high = parse_flag_number<double>(a, value());
-    else if (a == "--dual-clip")
-      o.loss.dual_clip = parse_flag_number<double>(a, value());
-    else if (a == "--kl-coef")
-      o.loss.kl_coef = parse_flag_number<double>(a, value());
-    else if (a == "--kl-estimator")
-      o.loss.kl = rl::parse_kl_estimator(value());
-    else if (a == "--reference")
-      use_reference = parse_on_off(a, value());
-    else if (a == "--entropy-coef")
-      o.loss.entropy_coef = parse_flag_number<double>(a, value());
-    else if (a == "--deterministic")
-      set_deterministic(true);  // a bare flag: CUDA kernels without float atomics (docs/cuda.md)
-    else if (a == "--kl-reward-coef")
-      o.kl_reward_coef = parse_flag_number<double>(a, value());
-    else if (a == "--aux-loss-coef")
-      o.aux_loss_coef = parse_flag_number<double>(a, value());
-    else if (a == "--router-z-loss-coef")
-      o.router_z_loss_coef = parse_flag_number<double>(a, value());
-    else if (a == "--freeze-router")
-      o.freeze_router = parse_on_off(a, value());
-    else if (a == "--mismatch-every")
-      o.mismatch_every = parse_flag_number<int64_t>(a, value());
-    else if (a == "--tis-cap")
-      o.mismatch.tis_cap = parse_flag_number<double>(a, value());
-    else if (a == "--tis-level") {
-      const std::string v = value();
-      if (v != "token" && v != "sequence") MT_THROW("grpo: --tis-level '", v, "'; use token or sequence");
-      o.mismatch.tis_sequence = v == "sequence";
-    } else if (a == "--token-mask" || a == "--seq-mask") {
-      const std::string v = value();
-      const size_t comma = v.find(',');
-      if (comma == std::string::npos) MT_THROW("grpo: ", a, " '", v, "'; use LOW,HIGH (e.g. 0.5,2)");
-      const double lo = parse_flag_number<double>(a, v.substr(0, comma)),
-                   hi = parse_flag_number<double>(a, v.substr(comma + 1));
-      if (!(lo >= 0 && lo < hi))  // the loop reads HIGH <= 0 as "no mask"
-        MT_THROW("grpo: ", a, " '", v, "'; need 0 <= LOW < HIGH (e.g. 0.5,2)");
-      (a == "--token-mask" ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low) = lo;
-      (a == "--token-mask" ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high) = hi;
-    } else if (a == "--aggregation") {
-      aggregation_name = value();
-      o.aggregation = rl::parse_loss_aggregation(aggregation_name);
-    } else if (a == "--dynamic-sampling") {
-      o.dynamic_sampling = parse_on_off(a, value());
-    } else if (a == "--max-generate-rounds")
-      o.max_generate_rounds = parse_flag_number<int64_t>(a, value());
-    else if (a == "--overlong-filter")
-      o.overlong_filter = parse_on_off(a, value());
-    else if (a == "--overlong-penalty")
-      o.overlong_penalty = parse_flag_number<double>(a, value());
-    else if (a == "--overlong-buffer")
-      o.overlong_buffer = parse_flag_number<int64_t>(a, value());
-    else if (a == "--epochs")
-      o.epochs = parse_flag_number<int64_t>(a, value());
-    else if (a == "--mini-batches")
-      o.mini_batches = parse_flag_number<int64_t>(a, value());
-    else if (a == "--old-logprob-forward")
-      o.old_logprob_forward = parse_on_off(a, value());
-    else if (a == "--micro-batch-samples")
-      o.micro_batch_samples = parse_flag_number<int64_t>(a, value());
-    else if (a == "--eval-problems") {
-      eval_n = parse_flag_number<int64_t>(a, value());
-      task_flags.push_back(a);
-    } else if (a == "--baseline") {
-      baseline = value();
-      if (baseline != "sft") MT_THROW("grpo: --baseline '", baseline, "' is unknown; use sft");
-    } else if (a == "--sft-seconds")
-      sft_seconds = parse_flag_number<double>(a, value());
-    else if (a == "--device")
-      device_name = value();
-    else if (a == "--out-dir" || a == "--run-dir")
-      run_dir = value();
-    else if (a == "--save-every")
-      save_every = parse_flag_number<int64_t>(a, value());
-    else if (a == "--keep-last")
-      keep_last = parse_flag_number<int64_t>(a, value());
-    else if (a == "--max-steps")
-      max_steps = parse_flag_number<int64_t>(a, value());
-    else if (a == "--resume")
-      resume = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0 ? args[++i] : std::string("latest");
-    else if (a == "--dp-shard")
-      mesh.dp_shard = parse_flag_number<int>(a, value());
-    else if (a == "--dp-replicate")
-      mesh.dp_replicate = parse_flag_number<int>(a, value());
-    else if (a == "--ep")
-      mesh.ep = parse_flag_number<int>(a, value());
-    else if (a == "--tp")
-      mesh.tp = parse_flag_number<int>(a, value());
-    else if (a == "--sp")
-      mesh.sp = parse_flag_number<int>(a, value());
-    else if (a == "--comm-timeout-s") {
-      comm_timeout_s = parse_flag_number<double>(a, value());
-      if (!(comm_timeout_s >= 1)) MT_THROW("grpo: --comm-timeout-s ", comm_timeout_s, "; need seconds >= 1");
-    } else if (a == "--seed")
-      seed = parse_flag_number<int64_t>(a, value());
-    else
-      MT_THROW("grpo: unknown argument '", a, "'; ", kUsage);
+  const double critic_lr_default = o.critic_lr;
+
+  cli::Options opt("grpo", "[--task sharpen|extend | --prompts FILE.jsonl] [options]",
+                   "GRPO or PPO on a built-in task (a start made when absent, the task's recipe) or on a prompt "
+                   "file;\nthe defaults shown are the task's (--task before --help shows another's). docs/rl.md has "
+                   "the recipes and what they measured.");
+  opt.group("task and data");
+  opt.add("task", &task_name,
+          "the built-in task and its recipe: sharpen, the demo's 1..3-digit addition from the demo stopped early "
+          "(runs/grpo-start, trained when absent); extend, a fourth digit from the full demo (runs/demo)")
+      .one_of({"sharpen", "extend"});
+  opt.add("model", &model_dir, "start from this HF checkpoint instead of the task's start").var("DIR");
+  opt.add("prompts", &prompts_path,
+          "train on these prompts instead of the built-in task: lines with prompt_ids, prompt (text) or messages "
+          "(chat), plus answer and any metadata (text needs DIR/tokenizer.json); drawn in shuffled epochs")
+      .var("FILE.jsonl");
+  opt.add("eval-prompts", &eval_prompts_path, "held-out prompts: the greedy reward before and after (with --prompts)")
+      .var("FILE.jsonl");
+  opt.custom(
+         "max-new-tokens", cli::Kind::Int, "the response length limit with --prompts",
+         [&](const std::string& v) { max_new_tokens = parse_flag_number<int64_t>("--max-new-tokens", v); },
+         [] { return std::string("256"); })
+      .at_least(1);
+  opt.add("reward", &reward_spec,
+          "built-in task: digits | prefix | exact (the share of answer positions right, of the answer right before "
+          "the first mistake, or 1/0 for an exact answer; the advantages use it under --advantage outcome only, "
+          "else it is a metric); "
+          "--prompts: exact | math | program:\"CMD ARGS\" (JSON lines {prompt, response, metadata} in, a number or "
+          "{\"reward\": x} out)");
+  opt.add("reward-timeout", &reward_timeout, "a reward program's deadline per batch, seconds").above(0);
+  opt.custom(
+         "reward-on-error", cli::Kind::Text,
+         "what a failed sample of a reward program does: zero (reward 0, logged) or stop",
+         [&](const std::string& v) { reward_stop = v == "stop"; },
+         [&] { return std::string(reward_stop ? "stop" : "zero"); })
+      .one_of({"zero", "stop"});
+  opt.add("min-digits", &task.lo, "built-in task: operands have min..max digits").at_least(1);
+  opt.add("max-digits", &task.hi, "(the demo is trained on 1..3)").at_least(1).at_most(kMaxAdditionDigits);
+  opt.add("longest", &task.longest, "built-in task: at least one operand has max digits");
+  opt.add("eval-problems", &eval_n, "built-in task: held-out problems").at_least(1);
+
+  opt.group("algorithm");
+  opt.custom(
+         "algorithm", cli::Kind::Text,
+         "grpo, dr-grpo (no std division) or ppo (a critic: GAE advantages; its policy lr defaults to 1e-4)",
+         [&](const std::string& v) {
+           ppo = v == "ppo";  // the last one given runs
+           o.normalize_std = v != "dr-grpo";
+         },
+         [&] {
+           return std::string(ppo ? "ppo" : o.normalize_std ? "grpo" : "dr-grpo");
+         })
+      .one_of({"grpo", "dr-grpo", "ppo"});
+  opt.custom(
+         "advantage", cli::Kind::Text,
+         "outcome: one reward per sample (GRPO); process: one per answer token (right digit: 1) with DeepSeekMath's "
+         "process-supervised advantages; position: each token against the group's same position. Under ppo GAE "
+         "gets the per-token rewards, or the sample's with outcome",
+         [&](const std::string& v) {
+           advantage_given = v;
+           process = v != "outcome";
+           per_position = v == "position";
+         },
+         [&] {
+           return std::string(!process ? "outcome" : per_position ? "position" : "process");
+         })
+      .one_of({"outcome", "process", "position"});
+  opt.custom(
+         "loss", cli::Kind::Text, "the policy loss: PPO's clip, GSPO's sequence ratio, or plain policy gradient",
+         [&](const std::string& v) { o.loss.kind = rl::parse_policy_loss(v); },
+         [&] {
+           return std::string(o.loss.kind == rl::PolicyLoss::Gspo             ? "gspo"
+                              : o.loss.kind == rl::PolicyLoss::PolicyGradient ? "pg"
+                                                                              : "ppo");
+         })
+      .one_of({"ppo", "gspo", "pg"});
+  opt.add("n", &o.n, "samples per prompt (a group)").at_least(2);
+  opt.add("prompts-per-step", &per_step, "groups per step").at_least(1);
+  opt.add("steps", &steps, "RL steps").at_least(1);
+  opt.add("temperature", &o.sampling.temperature, "sampling temperature; the trainer's log-probs use it too").above(0);
+  opt.add("clip-low", &o.loss.clip_low, "the ratio's lower clip, 1 - eps").at_least(0).below(1);
+  opt.add("clip-high", &o.loss.clip_high, "the ratio's upper clip, 1 + eps (clip-higher: above clip-low)").at_least(0);
+  opt.add("dual-clip", &o.loss.dual_clip, "dual clip c > 1 for negative advantages").at_least(0).says("0: off");
+  opt.add("kl-coef", &o.loss.kl_coef, "KL-to-reference loss weight").at_least(0);
+  opt.custom(
+         "kl-estimator", cli::Kind::Text, "the KL estimator of the loss term, the reward term and the metric",
+         [&](const std::string& v) { o.loss.kl = rl::parse_kl_estimator(v); },
+         [&] {
+           return std::string(o.loss.kl == rl::KlEstimator::K1 ? "k1" : o.loss.kl == rl::KlEstimator::K2 ? "k2" : "k3");
+         })
+      .one_of({"k1", "k2", "k3"});
+  opt.add("kl-reward-coef", &o.kl_reward_coef,
+          "KL to the reference subtracted from the reward: -B k(old, ref) per token")
+      .at_least(0);
+  opt.add("reference", &use_reference,
+          "keep a frozen copy of the initial policy (the KL metric, loss and reward term)");
+  opt.add("entropy-coef", &o.loss.entropy_coef, "entropy bonus weight");
+  opt.add("critic-lr", &o.critic_lr, "ppo: the critic's AdamW learning rate").above(0);
+  opt.add("gamma", &o.gamma, "ppo: GAE's discount").at_least(0).at_most(1);
+  opt.add("lam", &o.lam, "ppo: GAE's lambda").at_least(0).at_most(1);
+  opt.add("value-clip", &o.value_clip, "ppo: the value loss's clip").at_least(0).says("0: off");
+
+  opt.group("optimizer and schedule");
+  opt.add("lr", &o.lr, "the policy's AdamW learning rate (ppo: 1e-4 unless given)").above(0);
+  opt.add("warmup-steps", &warmup, "linear warm-up steps").at_least(0);
+  opt.add("min-lr", &min_lr, "a cosine decay from --lr after the warm-up to this at the last step", "constant")
+      .at_least(0);
+
+  opt.group("update");
+  opt.add("dynamic-sampling", &o.dynamic_sampling, "drop groups of equal rewards and draw more prompts to refill");
+  opt.add("max-generate-rounds", &o.max_generate_rounds, "dynamic sampling's generate rounds per step at most")
+      .at_least(1);
+  opt.add("overlong-filter", &o.overlong_filter, "weight 0 for samples cut at the length limit");
+  opt.add("overlong-penalty", &o.overlong_penalty,
+          "DAPO's soft overlong penalty on the sample's reward (with "
+          "--advantage outcome)")
+      .at_least(0)
+      .says("0: off");
+  opt.add("overlong-buffer", &o.overlong_buffer, "the soft overlong penalty's buffer, tokens").at_least(0);
+  opt.add("epochs", &o.epochs, "passes over the step's samples").at_least(1);
+  opt.add("mini-batches", &o.mini_batches, "optimizer steps per epoch, each on whole groups").at_least(1);
+  opt.add("micro-batch-samples", &o.micro_batch_samples, "samples per micro-batch (gradient accumulation)")
+      .at_least(0)
+      .says("0: one micro-batch");
+  opt.add("old-logprob-forward", &o.old_logprob_forward,
+          "a forward for the old log-probs even on-policy (off: one epoch of one mini-batch takes the update's own, "
+          "detached; the same values)");
+  opt.custom(
+         "aggregation", cli::Kind::Text,
+         "the loss's normaliser (default token-mean; seq-mean-token-mean under --loss gspo)",
+         [&](const std::string& v) {
+           aggregation_name = v;
+           o.aggregation = rl::parse_loss_aggregation(v);
+         },
+         [&] { return aggregation_name.empty() ? std::string("token-mean") : aggregation_name; })
+      .one_of({"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"});
+  opt.add("aux-loss-coef", &o.aux_loss_coef, "MoE load-balancing loss in the update (needs output_router_logits)")
+      .at_least(0);
+  opt.add("router-z-loss-coef", &o.router_z_loss_coef, "router z-loss in the update").at_least(0);
+  opt.add("freeze-router", &o.freeze_router, "keep the routers' weights fixed during RL");
+
+  opt.group("rollout/trainer mismatch");
+  opt.add("mismatch-every", &o.mismatch_every,
+          "with routing replay, every N steps also measure the log-prob mismatch without it")
+      .at_least(0)
+      .says("0: never");
+  opt.add("tis-cap", &o.mismatch.tis_cap, "truncated importance sampling of the rollout/trainer ratio, capped at C")
+      .at_least(0)
+      .says("0: off");
+  opt.custom(
+         "tis-level", cli::Kind::Text, "truncated importance sampling per token or per sequence",
+         [&](const std::string& v) { o.mismatch.tis_sequence = v == "sequence"; },
+         [&] { return std::string(o.mismatch.tis_sequence ? "sequence" : "token"); })
+      .one_of({"token", "sequence"});
+  for (const char* mask : {"token-mask", "seq-mask"}) {
+    const bool tok = std::string(mask) == "token-mask";
+    double& lo = tok ? o.mismatch.token_mask_low : o.mismatch.seq_mask_low;
+    double& hi = tok ? o.mismatch.token_mask_high : o.mismatch.seq_mask_high;
+    opt.custom(
+           mask, cli::Kind::Text,
+           tok ? "weight 0 for tokens whose ratio is outside the band"
+               : "weight 0 for samples whose geometric-mean "
+                 "ratio is outside the band",
+           [&lo, &hi, mask](const std::string& v) {
+             const std::string flag = std::string("--") + mask;
+             const size_t comma = v.find(',');
+             if (comma == std::string::npos) MT_THROW(flag, " '", v, "'; use LOW,HIGH (e.g. 0.5,2)");
+             const double l = parse_flag_number<double>(flag, v.substr(0, comma)),
+                          h = parse_flag_number<double>(flag, v.substr(comma + 1));
+             if (!(l >= 0 && l < h))  // the loop reads HIGH <= 0 as "no mask"
+               MT_THROW(flag, " '", v, "'; need 0 <= LOW < HIGH (e.g. 0.5,2)");
+             lo = l;
+             hi = h;
+           },
+           [] { return std::string("off"); })
+        .var("LOW,HIGH");
   }
+
+  opt.group("comparison");
+  opt.add("baseline", &baseline, "instead of GRPO, --sft-seconds of SFT on the task's problems").one_of({"sft"});
+  opt.add("sft-seconds", &sft_seconds, "the baseline's wall time (that of the run it is compared with)").above(0);
+
+  opt.group("run directory and checkpoints");
+  opt.add("run-dir|out-dir", &run_dir, "checkpoints and metrics").var("DIR");
+  opt.add("save-every", &save_every, "a checkpoint every N steps").at_least(0).says("0: only at the end");
+  opt.add("keep-last", &keep_last, "keep the newest K checkpoints").at_least(0).says("0: all");
+  opt.add("max-steps", &max_steps, "stop after step N (<= --steps), saving, as train does")
+      .at_least(0)
+      .says("0: --steps");
+  opt.add("resume", &resume,
+          "continue from the newest checkpoint of the run dir whose manifest verifies, or from CKPT_DIR; the same "
+          "options as the run that saved it")
+      .var("[CKPT_DIR]")
+      .bare_means("latest");
+  opt.add("seed", &seed, "the run's seed (prompts, sampling)").at_least(0);
+
+  cli::add_device_options(opt, dev);
+  opt.add("deterministic", &deterministic,
+          "CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's top-p is not covered)");
+  cli::add_mesh_options(opt, mesh);
+  opt.add("comm-timeout-s", &comm_timeout_s, "seconds before a stuck collective is an error naming it").at_least(1);
+  if (!opt.parse(args)) {
+    std::printf("%s", opt.help().c_str());
+    return 0;
+  }
+  opt.check();
+  const std::string device_name = dev.device;
+  const bool model_given = opt.given("model");
+  if (deterministic) set_deterministic(true);
+  if (dev.threads > 0) ops::set_cpu_threads(int(dev.threads));
+  std::vector<std::string> task_flags;  // built-in task options given (refused with --prompts)
+  for (const char* f : {"task", "min-digits", "max-digits", "longest", "eval-problems"})
+    if (opt.given(f)) task_flags.push_back(str("--", f));
+  const bool reward_given = opt.given("reward");
   // Every check before any work.
   const bool from_file = !prompts_path.empty();
   // GSPO's objective is a mean over sequences (seq-mean-token-mean); the others' default is token-mean.
@@ -799,18 +751,10 @@ int grpo_main(const std::vector<std::string>& args) {
   if (o.loss.kind == rl::PolicyLoss::Gspo && (mesh.tp > 1 || mesh.sp > 1))
     MT_THROW("grpo: --loss gspo under --tp ", mesh.tp, " --sp ", mesh.sp,
              ": its sequence ratio needs each sample's tokens on one rank; use --dp-shard, --dp-replicate or --ep");
-  if (o.n < 2) MT_THROW("grpo: --n ", o.n, " samples per prompt; group advantages need at least 2");
-  if (steps < 1) MT_THROW("grpo: --steps ", steps, "; need >= 1");
-  if (per_step < 1) MT_THROW("grpo: --prompts-per-step ", per_step, "; need >= 1");
-  if (eval_n < 1) MT_THROW("grpo: --eval-problems ", eval_n, "; need >= 1");
-  if (warmup < 0) MT_THROW("grpo: --warmup-steps ", warmup, "; need >= 0");
   if (min_lr && !(*min_lr >= 0 && *min_lr <= o.lr))
     MT_THROW("grpo: --min-lr ", *min_lr, "; need 0 <= min-lr <= --lr (", o.lr, ")");
-  if (save_every < 0) MT_THROW("grpo: --save-every ", save_every, "; need >= 0 (0: only at the end)");
-  if (keep_last < 0) MT_THROW("grpo: --keep-last ", keep_last, "; need >= 0 (0: keep all)");
   if (max_steps < 0 || max_steps > steps)
     MT_THROW("grpo: --max-steps ", max_steps, "; need 1..--steps (", steps, "), or 0 for --steps");
-  if (!(reward_timeout > 0)) MT_THROW("grpo: --reward-timeout ", reward_timeout, "; need seconds > 0");
   if (task.lo < 1 || task.hi > kMaxAdditionDigits || task.lo > task.hi)
     MT_THROW("grpo: --min-digits ", task.lo, " and --max-digits ", task.hi,
              "; need 1 <= min <= max <= ", kMaxAdditionDigits);
@@ -829,8 +773,8 @@ int grpo_main(const std::vector<std::string>& args) {
   // PPO has no group baseline: a group of equal rewards still trains the critic and has GAE advantages.
   // PPO's policy takes smaller steps than GRPO's by default: its whitened GAE advantages carry the critic's
   // error too (measured: lr 2e-4 loses the reward the task starts with, 1e-4 gains; docs/rl.md).
-  if (ppo && !given.count("--lr")) o.lr = kPpoLr;
-  if (!ppo && (o.critic_lr != 5e-4 || o.gamma != 1.0 || o.lam != rl::GrpoOptions{}.lam ||
+  if (ppo && !opt.given("lr")) o.lr = kPpoLr;
+  if (!ppo && (o.critic_lr != critic_lr_default || o.gamma != 1.0 || o.lam != rl::GrpoOptions{}.lam ||
                o.value_clip != rl::GrpoOptions{}.value_clip))
     MT_THROW(
         "grpo: --critic-lr, --gamma, --lam and --value-clip set the critic of --algorithm ppo; the algorithm "
@@ -848,7 +792,8 @@ int grpo_main(const std::vector<std::string>& args) {
       MT_THROW("grpo: ", task_flags.front(), " sets the built-in addition task; with --prompts the prompts come from ",
                prompts_path);
     if (!baseline.empty()) MT_THROW("grpo: --baseline sft compares on the built-in task; drop --prompts");
-    if (reward_spec.empty() || reward_spec == "exact")
+    if (!reward_given) reward_spec = "exact";  // the task's reward is not a prompt file's
+    if (reward_spec == "exact")
       file_reward = FileReward::Exact;
     else if (reward_spec == "math")
       file_reward = FileReward::Math;
@@ -864,7 +809,7 @@ int grpo_main(const std::vector<std::string>& args) {
                " needs per-token rewards, which only the built-in task has; with --prompts use outcome");
     process = false;
     // 1.5 suits the built-in task's small model; a user's model samples at its usual temperature.
-    if (!temperature_given) o.sampling.temperature = 1.0f;
+    if (!opt.given("temperature")) o.sampling.temperature = 1.0f;
     if (max_new_tokens == -1) max_new_tokens = 256;
     if (max_new_tokens < 1) MT_THROW("grpo: --max-new-tokens ", max_new_tokens, "; need >= 1");
   } else {
@@ -896,7 +841,7 @@ int grpo_main(const std::vector<std::string>& args) {
              "--overlong-penalty");
   // Options that refine another one: without it they would do nothing.
   auto refines = [&](const char* flag, bool applies, const std::string& why) {
-    if (given.count(flag) && !applies) MT_THROW("grpo: ", flag, " ", why);
+    if (opt.given(flag) && !applies) MT_THROW("grpo: ", flag, " ", why);
   };
   for (const char* f : {"--reward-timeout", "--reward-on-error"})
     refines(f, file_reward == FileReward::Program && from_file,

@@ -24,16 +24,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: moetrain convert --from RUN_DIR/checkpoint-N --to DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
-    "[--tokenizer DIR|tokenizer.json]\n"
-    "  writes a Hugging Face model directory (config.json, generation_config.json, safetensors shards + index,\n"
-    "  tokenizer files) that transformers loads; SIZE in bytes or with KB/MB/GB (default 5GB)";
-
 // The files of a Hugging Face tokenizer (and chat template) that travel with the weights.
 const char* const kTokenizerFiles[] = {
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
     "merges.txt",     "added_tokens.json",     "chat_template.jinja",     "tokenizer.model"};
+
+// config.json with the dtype the weights are stored in.
+std::string config_text(const ModelConfig& c, DType dt) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(model_config_to_json(c));
+  const char* name = dt == DType::BF16 ? "bfloat16" : "float32";
+  j["torch_dtype"] = name;
+  j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
+std::string generation_config_text(const ModelConfig& c) {
+  nlohmann::ordered_json j;
+  j["_from_model_config"] = true;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
 
 size_t parse_size(const std::string& flag, const std::string& v) {
   struct Unit {
@@ -55,28 +68,9 @@ size_t parse_size(const std::string& flag, const std::string& v) {
   return size_t(x);
 }
 
-// config.json with the dtype the weights are stored in.
-std::string config_text(const ModelConfig& c, DType dt) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::parse(model_config_to_json(c));
-  const char* name = dt == DType::BF16 ? "bfloat16" : "float32";
-  j["torch_dtype"] = name;
-  j["dtype"] = name;
-  return j.dump(2) + "\n";
-}
-
-std::string generation_config_text(const ModelConfig& c) {
-  nlohmann::ordered_json j;
-  j["_from_model_config"] = true;
-  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
-  return j.dump(2) + "\n";
-}
-
-}  // namespace
-
 ConvertReport convert_checkpoint(const ConvertOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (opt.from.empty() || opt.to.empty()) MT_THROW("convert: --from and --to are required\n", kUsage);
+  if (opt.from.empty() || opt.to.empty()) MT_THROW("convert: --from and --to are required");
   if (opt.dtype != DType::BF16 && opt.dtype != DType::F32)
     MT_THROW("convert: dtype ", dtype_name(opt.dtype), " is not supported; allowed: bf16, f32");
   if (!fs::is_directory(opt.from)) MT_THROW("convert: --from '", opt.from, "' is not a directory");
@@ -92,10 +86,11 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
   // and compute another model at every token. Refused rather than warned (a warning scrolls by; a wrong
   // model in a serving stack does not); the checkpoint itself stays a moetrain model directory.
   if (c.score_before_experts)
-    MT_THROW("convert: ", opt.from, "/config.json has \"moetrain_score_before_experts\": true (the model computes ",
-             "y = sum_k expert_k(w_k x)); transformers' Qwen3-MoE computes y = sum_k w_k expert_k(x) and would load the "
-             "export as another model, so it is not exported. moetrain generate, grpo, sft and grads run the "
-             "checkpoint as it is");
+    MT_THROW(
+        "convert: ", opt.from, "/config.json has \"moetrain_score_before_experts\": true (the model computes ",
+        "y = sum_k expert_k(w_k x)); transformers' Qwen3-MoE computes y = sum_k w_k expert_k(x) and would load the "
+        "export as another model, so it is not exported. moetrain generate, grpo, sft and grads run the "
+        "checkpoint as it is");
   const ParamTable table(c);
   const CheckpointReader reader(opt.from);
   const ExpertLayout layout = detect_expert_layout(reader);
@@ -175,47 +170,6 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
              " (aux-loss-free balancing); transformers' Qwen3-MoE routes without a bias, so the exported model "
              "routes as the checkpoint's weights alone say");
   return rep;
-}
-
-int convert_main(const std::vector<std::string>& args) {
-  ConvertOptions opt;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return 0;
-    }
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) MT_THROW(a, " needs a value\n", kUsage);
-      return args[++i];
-    };
-    if (a == "--from")
-      opt.from = value();
-    else if (a == "--to")
-      opt.to = value();
-    else if (a == "--tokenizer")
-      opt.tokenizer = value();
-    else if (a == "--max-shard-size")
-      opt.max_shard_bytes = parse_size(a, value());
-    else if (a == "--dtype") {
-      const std::string v = value();
-      if (v == "bf16" || v == "bfloat16")
-        opt.dtype = DType::BF16;
-      else if (v == "f32" || v == "float32" || v == "fp32")
-        opt.dtype = DType::F32;
-      else
-        MT_THROW("--dtype '", v, "' is not supported; allowed: bf16, f32");
-    } else {
-      MT_THROW("unknown argument '", a, "'\n", kUsage);
-    }
-  }
-  const ConvertReport r = convert_checkpoint(opt);
-  std::string copied;
-  for (const std::string& f : r.copied) copied += (copied.empty() ? "" : ", ") + f;
-  std::printf("convert: %zu tensors, %.1f MB in %zu safetensors file(s) (%s) -> %s in %.2f s%s%s\n", r.tensors,
-              double(r.bytes) / 1e6, r.shards, opt.dtype == DType::BF16 ? "bf16" : "f32", opt.to.c_str(), r.seconds,
-              copied.empty() ? "" : "; copied ", copied.c_str());
-  return 0;
 }
 
 }  // namespace mt

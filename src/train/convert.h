@@ -20,9 +20,9 @@
 namespace mt {
 
 struct ConvertOptions {
-  std::string from;                          // a checkpoint-N directory or an HF model directory
-  std::string to;                            // the new directory (must not exist, or be empty)
-  DType dtype = DType::BF16;                 // BF16 or F32
+  std::string from;                                         // a checkpoint-N directory or an HF model directory
+  std::string to;                                           // the new directory (must not exist, or be empty)
+  DType dtype = DType::BF16;                                // BF16 or F32
   size_t max_shard_bytes = size_t(5) * 1000 * 1000 * 1000;  // "5GB", as transformers' save_pretrained(max_shard_size)
   std::string tokenizer;  // a directory or tokenizer.json to copy the tokenizer files from ("" = the source's)
 };
@@ -34,6 +34,7 @@ struct ConvertReport {
 };
 
 ConvertReport convert_checkpoint(const ConvertOptions& opt);
-int convert_main(const std::vector<std::string>& args);  // parses flags, converts, prints one summary line
+// A size in bytes, or with a unit: "5GB", "500MB", "2GiB" (> 0; an error names the flag and the value).
+size_t parse_size(const std::string& flag, const std::string& v);
 
 }  // namespace mt

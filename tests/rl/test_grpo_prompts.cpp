@@ -121,7 +121,7 @@ TEST(GrpoPrompts, BadInputIsAnErrorBeforeAnyWork) {
   expect_error(sh(grpo(tiny, "--prompts " + dir + ".ids.jsonl --reward digits")),
                "--reward 'digits' is unknown with --prompts; use exact, math or program:CMD");
   expect_error(sh(grpo(tiny, "--prompts " + dir + ".ids.jsonl --n 1")),
-               "--n 1 samples per prompt; group advantages need at least 2");
+               "--n 1; need >= 2");
   expect_error(sh(grpo(tiny, "--prompts " + dir + ".ids.jsonl --advantage position")),
                "--advantage position needs per-token rewards");
   expect_error(sh(grpo(tiny, "--prompts " + dir + ".ids.jsonl --max-digits 3")),

@@ -129,7 +129,7 @@ TEST(SftCli, ConfigGivenTwiceIsAnError) {
   std::ofstream(b) << "{\"steps\": 5}";
   const ShellRun r = sh(kMoetrainBin + " sft --model x --data y.jsonl --config " + a + " --config=" + b);
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("sft: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moetrain sft: error: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos) << r.out;
 }
 
 // grads: a policy-loss value that is not a number names its flag (std::stod threw 'stod', or read "0.2abc" as
@@ -148,7 +148,7 @@ TEST(GradsCli, PolicyOptionsAreNumbersAndNeedAnObjective) {
 TEST(GradsCli, TemperatureIsPositive) {
   ShellRun r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --objective ppo --temperature 0");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("grads: --temperature 0 must be > 0 and finite"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moetrain grads: error: --temperature 0 must be > 0 and finite"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --temperature warm");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--temperature 'warm' is not a number"), std::string::npos) << r.out;
