@@ -51,29 +51,17 @@ if want grpo_resume; then  # 10 steps, stop, --resume to 20 (the demo model must
   step grpo_first 300 $common --max-steps 10
   step grpo_resumed 300 $common --resume
 fi
-if want grpo_prompts; then  # a prompt file of 0..999 + 0..999 additions in the demo's ids (answers reversed, as
-  # the demo writes them), exact match, from the demo stopped early (grpo's default start: `grpo` makes it)
-  python3 - "$out" <<'PY'
-import json, random, sys
-ids = lambda s: [3 + int(c) if c.isdigit() else {"+": 13, "=": 14}[c] for c in s]
-rng = random.Random(1)
-pairs = set()
-while len(pairs) < 2200:
-    pairs.add((rng.randint(0, 999), rng.randint(0, 999)))
-pairs = sorted(pairs)
-rng.shuffle(pairs)
-for name, part in (("train", pairs[:2000]), ("eval", pairs[2000:])):
-    with open(f"{sys.argv[1]}/{name}_prompts.jsonl", "w") as f:
-        for a, b in part:
-            f.write(json.dumps({"prompt_ids": [1] + ids(f"{a}+{b}="), "answer": ids(str(a + b)[::-1]), "a": a, "b": b}) + "\n")
-PY
+if want grpo_prompts; then  # a prompt file of 0..999 + 0..999 additions in the demo's ids (50,000 distinct problems:
+  # scripts/addition_prompts.py), exact match, from the demo stopped early (grpo's default start: `grpo` makes it),
+  # with the recipe for a start that solves few of them (docs/rl.md "Prompt files")
+  python3 scripts/addition_prompts.py "$out" > /dev/null
   start=$(ls -d runs/grpo-start/checkpoint-* 2>/dev/null | sort -t- -k3 -n | tail -1)
   [[ -z "$start" ]] && { step grpo_start 300 grpo --device cuda --steps 1 --run-dir "$out/grpo_start"; \
     start=$(ls -d runs/grpo-start/checkpoint-* | sort -t- -k3 -n | tail -1); }
   for seed in ${PROMPT_SEEDS:-1}; do
     step "grpo_prompts_$seed" "${GRPO_LIMIT_S:-600}" grpo --device cuda --model "$start" --seed "$seed" \
       --prompts "$out/train_prompts.jsonl" --eval-prompts "$out/eval_prompts.jsonl" --max-new-tokens 8 \
-      --steps 1000 --run-dir "$out/grpo_prompts_$seed"
+      --steps 1000 --prompts-per-step 32 --max-generate-rounds 16 --lr 1e-4 --run-dir "$out/grpo_prompts_$seed"
   done
 fi
 if want grpo_launch; then  # two ranks, one GPU each
