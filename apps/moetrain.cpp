@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "data/tokenize_cli.h"
 #include "launch/launch.h"
-#include "rl/grpo_cli.h"
 #include "rl/rl_selftest.h"
 #include "selftest/comm_selftest.h"
 #include "selftest/dist_selftest.h"

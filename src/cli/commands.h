@@ -9,5 +9,6 @@ namespace mt {
 
 int convert_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+int grpo_main(const std::vector<std::string>& args);
 
 }  // namespace mt

@@ -22,7 +22,7 @@
 // the evaluation before training), under a manifest; `--resume` continues from the newest one that
 // verifies, and on the CPU equals the run that never stopped, bit for bit. Every option and every prompt
 // is checked before any work starts. One process for now.
-#include "rl/grpo_cli.h"
+#include "cli/commands.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
