@@ -2,7 +2,9 @@
 
 #include "comm/dist_env.h"
 #include "comm/numa.h"
+#include "core/interrupt.h"
 #include "core/log.h"
+#include "core/tensor.h"
 
 namespace mt {
 
@@ -80,7 +82,9 @@ int DistContext::dp_rank() const {
   return mesh_.coord(Axis::DpReplicate, rank_) * mesh_.size(Axis::DpShard) + mesh_.coord(Axis::DpShard, rank_);
 }
 
-int DistContext::dp_size() const { return mesh_.size(Axis::DpReplicate) * mesh_.size(Axis::DpShard); }
+int DistContext::dp_size() const {
+  return mesh_.size(Axis::DpReplicate) * mesh_.size(Axis::DpShard);
+}
 
 void DistContext::finish() {
   if (!distributed()) return;
@@ -102,6 +106,19 @@ std::vector<comm::Communicator*> DistContext::all_comms() {
   return v;
 }
 
-std::string DistContext::describe() const { return mesh_.describe(); }
+std::string DistContext::describe() const {
+  return mesh_.describe();
+}
+
+int DistContext::agreed_stop_signal(Device device) {
+  const int mine = stop_signal();
+  if (!distributed()) return mine;
+  Tensor f = Tensor::empty({1}, DType::I32);
+  f.data<int32_t>()[0] = mine;
+  Tensor d = f.to(device);
+  world()->all_reduce(d, comm::ReduceOp::Max)->wait();
+  device_mem::synchronize(device);
+  return d.to(Device::CPU).data<int32_t>()[0];
+}
 
 }  // namespace mt

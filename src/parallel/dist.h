@@ -67,6 +67,10 @@ class DistContext {
   void finish();
   // Compares every communicator's collective schedule across its ranks (collective).
   void check_schedules();
+  // The stop signal (core/interrupt.h) every rank agrees on: the largest any rank received, 0 for none.
+  // A loop that stops after a step calls it every step on every rank (one all-reduce of one int when
+  // distributed), so that all ranks leave at the same step; `device` is where the communicators run.
+  int agreed_stop_signal(Device device);
   std::string describe() const;
 
  private:

@@ -1,19 +1,20 @@
 #include "train/trainer.h"
 
-#include <cstdio>
-#include <cstdlib>
-
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/communicator.h"
 #include "comm/dist_env.h"
 #include "core/determinism.h"
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "data/batch.h"
+#include "io/manifest.h"
 #include "model/hf_checkpoint.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
@@ -21,13 +22,11 @@
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
 #include "parallel/sharded_load.h"
-#include "comm/communicator.h"
-#include "io/manifest.h"
 #include "train/checkpoint.h"
 #include "train/load_balance.h"
 #include "train/lr_schedule.h"
-#include "train/optimizer.h"
 #include "train/metrics.h"
+#include "train/optimizer.h"
 #include "train/session.h"
 
 namespace mt {
@@ -35,7 +34,9 @@ namespace mt {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+static double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 static std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -85,15 +86,16 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   // MOETRAIN_DETERMINISTIC=1 turns it on as well; the config only ever adds to it.
   if (cfg.deterministic) set_deterministic(true);
   if (deterministic() && device == Device::CUDA)
-    log_info("deterministic: CUDA kernels without float atomics, fixed reduction orders, deterministic attention "
-             "backward (slower; docs/cuda.md)");
+    log_info(
+        "deterministic: CUDA kernels without float atomics, fixed reduction orders, deterministic attention "
+        "backward (slower; docs/cuda.md)");
   ModelConfig mc = resolve_model_config(cfg.model);
   // What the model computes travels with the checkpoint its weights come from (docs/model.md "What a
   // checkpoint carries"): --init-from's config.json states score_before_experts; a key that contradicts it is
   // an error. From random weights the key (or the model directory's config.json) decides.
   if (!cfg.init_from.empty())
-    mc.score_before_experts = resolve_score_before_experts(
-        cfg.score_before_experts, "score_before_experts", stated_score_before_experts(cfg.init_from), cfg.init_from);
+    mc.score_before_experts = resolve_score_before_experts(cfg.score_before_experts, "score_before_experts",
+                                                           stated_score_before_experts(cfg.init_from), cfg.init_from);
   else if (cfg.score_before_experts != -1)
     mc.score_before_experts = cfg.score_before_experts == 1;
 
@@ -175,7 +177,8 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
       MT_THROW("resume: no checkpoint in ", cfg.out_dir, " can be resumed from", all,
                " (remove them or drop --resume to start over)");
     }
-    if (found >= 0) resume_dir = cfg.resume == "latest" ? checkpoint_dir(cfg.out_dir, found) : cfg.resume;
+    if (found >= 0)
+      resume_dir = cfg.resume == "latest" ? checkpoint_dir(cfg.out_dir, found) : cfg.resume;
     else if (lead)
       log_info("resume: no checkpoint in ", cfg.out_dir, " yet; starting from step 0");
   }
@@ -206,9 +209,9 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     fsdp_broadcast_load = broadcast;
     if (broadcast) {
       const char* bb = std::getenv("MOETRAIN_BROADCAST_BUCKET_BYTES");  // tests: small buckets
-      BroadcastLoadReport rep = load_hf_weights_broadcast(cfg.init_from, mc, table, pm.pieces(table), master,
-                                                          *dist->world(), 0,
-                                                          bb ? size_t(std::stoull(bb)) : size_t(1) << 30);
+      BroadcastLoadReport rep =
+          load_hf_weights_broadcast(cfg.init_from, mc, table, pm.pieces(table), master, *dist->world(), 0,
+                                    bb ? size_t(std::stoull(bb)) : size_t(1) << 30);
       log_info("rank ", dist->rank(), ": loaded its shards from rank 0's broadcast of ", cfg.init_from, ": ",
                rep.buckets, " buckets, ", rep.bytes_broadcast / 1e6, " MB broadcast, ", rep.bytes_read / 1e6,
                " MB read here, in ", rep.seconds, " s");
@@ -268,8 +271,8 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   if (resuming) {
     auto t = Clock::now();
     const nlohmann::json st = read_train_state(resume_dir);
-    ReshardReport rr = load_train_state_shards(resume_dir, table.total(), pm.pieces(table), master, opt.exp_avg(),
-                                               opt.exp_avg_sq());
+    ReshardReport rr =
+        load_train_state_shards(resume_dir, table.total(), pm.pieces(table), master, opt.exp_avg(), opt.exp_avg_sq());
     session.refresh_compute_weights();
     start_step = st.at("step").get<int64_t>();
     opt.set_state(st.at("optimizer_steps").get<int64_t>(), st.at("skipped_steps").get<int64_t>());
@@ -308,14 +311,14 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   };
 
   log0("model ", mc.architecture, ": ", mc.num_parameters() / 1e6, " M parameters (", model.table().total(),
-           " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
-           mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
+       " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
+       mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
   if (const std::string note = warmup_clamp_note(cfg); !note.empty()) log0(run.command, ": ", note);
   log0("data: ", data->describe());
   log0("training ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), cfg.steps,
-       " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ",
-           cfg.seq_len, " tokens; metrics -> ", mpath,
-           metrics.tensorboard_path().empty() ? "" : ", TensorBoard -> " + metrics.tensorboard_path());
+       " steps x ", cfg.grad_accum, " micro-batches of ", cfg.micro_batch_size, " x ", cfg.seq_len,
+       " tokens; metrics -> ", mpath,
+       metrics.tensorboard_path().empty() ? "" : ", TensorBoard -> " + metrics.tensorboard_path());
 
   TrainSummary sum;
   auto run_start = Clock::now();
@@ -339,9 +342,10 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     sum.evaluated = true;
     if (!lead) return;
     log_info("eval @ step ", step, ": exact-match ", sum.eval.exact_match(), "% (", sum.eval.correct, "/",
-             sum.eval.problems, ") in ", seconds_since(t), " s; e.g. ", sum.eval.samples.empty() ? "" : sum.eval.samples[0]);
-    nlohmann::json j{{"event", "eval"}, {"step", step}, {"exact_match", sum.eval.exact_match()},
-                     {"problems", sum.eval.problems}};
+             sum.eval.problems, ") in ", seconds_since(t), " s; e.g. ",
+             sum.eval.samples.empty() ? "" : sum.eval.samples[0]);
+    nlohmann::json j{
+        {"event", "eval"}, {"step", step}, {"exact_match", sum.eval.exact_match()}, {"problems", sum.eval.problems}};
     metrics.write(j);
   };
   // A checkpoint (train/checkpoint.h): the HF weights, every rank's shard of the training state and
@@ -353,8 +357,8 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     if (lead) begin_checkpoint(dir);
     all_ranks_agree(0);  // the directory exists before any rank writes into it
     if (fsdp)
-      save_sharded_hf_checkpoint(dir, mc, table, [&pm](const ParamEntry& e) { return pm.gather_param_host(e, false); },
-                                 lead);
+      save_sharded_hf_checkpoint(
+          dir, mc, table, [&pm](const ParamEntry& e) { return pm.gather_param_host(e, false); }, lead);
     else {
       save_hf_checkpoint(dir, mc, table, model.params());
       // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
@@ -373,14 +377,18 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
       st["optimizer_steps"] = opt.steps_taken();
       st["skipped_steps"] = opt.steps_skipped();
       st["data_position"] = data->position();
-      st["lr_schedule"] = {{"kind", cfg.lr_schedule}, {"lr", cfg.lr}, {"min_lr", cfg.min_lr},
+      st["lr_schedule"] = {{"kind", cfg.lr_schedule},          {"lr", cfg.lr},       {"min_lr", cfg.min_lr},
                            {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
       st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
       st["flat_numel"] = table.total();
       const DeviceMesh& mesh = dist->mesh();
-      st["layout"] = {{"world_size", dist->world_size()}, {"dp_replicate", mesh.size(Axis::DpReplicate)},
-                      {"dp_shard", mesh.size(Axis::DpShard)}, {"ep", mesh.size(Axis::Ep)}, {"tp", mesh.size(Axis::Tp)},
-                      {"etp", mesh.size(Axis::Etp)}, {"sp", mesh.size(Axis::Sp)}};
+      st["layout"] = {{"world_size", dist->world_size()},
+                      {"dp_replicate", mesh.size(Axis::DpReplicate)},
+                      {"dp_shard", mesh.size(Axis::DpShard)},
+                      {"ep", mesh.size(Axis::Ep)},
+                      {"tp", mesh.size(Axis::Tp)},
+                      {"etp", mesh.size(Axis::Etp)},
+                      {"sp", mesh.size(Axis::Sp)}};
       st["config"] = nlohmann::ordered_json::parse(to_json(cfg));
       write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
     }
@@ -396,16 +404,7 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   // A stop signal (core/interrupt.h) ends the run after the step in progress. Every rank must leave the
   // loop at the same step (the others would wait in the next step's collectives), so with more than one
   // rank the flag is combined every step: the largest signal number any rank saw, one all-reduce of one int.
-  auto stop_agreed = [&]() -> int {
-    const int mine = stop_signal();
-    if (!dist->distributed()) return mine;
-    Tensor f = Tensor::empty({1}, DType::I32);
-    f.data<int32_t>()[0] = mine;
-    Tensor d = f.to(device);
-    dist->world()->all_reduce(d, comm::ReduceOp::Max)->wait();
-    device_mem::synchronize(device);
-    return d.to(Device::CPU).data<int32_t>()[0];
-  };
+  auto stop_agreed = [&] { return dist->agreed_stop_signal(device); };
 
   bool replicas_logged = false;  // the HSDP replica check logs its first pass only
   StepOptions so;
@@ -444,8 +443,9 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     const int64_t tokens = r.tokens;
     const double t_fwd = r.forward_s, t_bwd = r.backward_s, t_opt = r.optimizer_s;
     const ExpertLoadStats& ls = r.load;
-    if (os.skipped) log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (",
-                             opt.steps_skipped(), " skipped so far)");
+    if (os.skipped)
+      log0("step ", step + 1, ": grad norm ", os.grad_norm, " is not finite; step skipped (", opt.steps_skipped(),
+           " skipped so far)");
     double dt = seconds_since(step_start), elapsed = seconds_since(run_start);
     double eta = elapsed / double(step + 1 - start_step) * double(stop - step - 1);
     if (step == start_step) sum.first_loss = loss;
@@ -530,11 +530,12 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   std::string name = cfg.model.find('/') == std::string::npos ? cfg.model : "train";
   double last = n_last ? last10 / double(n_last) : sum.last_loss;
   if (sum.evaluated)
-    sum.summary_line = str(name, ": loss ", std::round(sum.first_loss * 1e4) / 1e4, " -> ", std::round(last * 1e4) / 1e4,
-                           ", exact-match ", std::round(sum.eval.exact_match() * 10) / 10, "% on ", sum.eval.problems,
-                           " held-out problems");
+    sum.summary_line = str(name, ": loss ", std::round(sum.first_loss * 1e4) / 1e4, " -> ",
+                           std::round(last * 1e4) / 1e4, ", exact-match ", std::round(sum.eval.exact_match() * 10) / 10,
+                           "% on ", sum.eval.problems, " held-out problems");
   else
-    sum.summary_line = str(name, ": loss ", std::round(sum.first_loss * 1e4) / 1e4, " -> ", std::round(last * 1e4) / 1e4);
+    sum.summary_line =
+        str(name, ": loss ", std::round(sum.first_loss * 1e4) / 1e4, " -> ", std::round(last * 1e4) / 1e4);
   return sum;
 }
 

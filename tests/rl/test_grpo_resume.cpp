@@ -4,11 +4,14 @@
 // previous good one used; a changed reference model stops the resume; the cosine learning rate (--min-lr).
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 
 #include "parallel/launch_test_util.h"
+#include "process_test_util.h"
 
 using namespace mt::test;
 namespace fs = std::filesystem;
@@ -172,4 +175,35 @@ TEST(GrpoResume, AChangedReferenceModelStopsTheResume) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("4 task problems drawn"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("held-out problems"), std::string::npos) << r.out;
+}
+
+// Ctrl-C ends `moetrain grpo` after the step in progress: that step is saved as a checkpoint, the log says
+// where and how to resume, the exit code is 130, and `--resume` continues it to the end, equal to the run
+// that was never stopped. keep-last's default (2) leaves the two newest checkpoints.
+TEST(GrpoResume, CtrlCSavesTheStepAndTheResumeFinishesTheRunAsIfUninterrupted) {
+  const std::string d = setup("sigint");
+  ShellRun r = sh(grpo(d, "straight", "--steps 40 --save-every 1"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(d + "/straight/checkpoint-40")) << "the last";
+  EXPECT_TRUE(fs::exists(d + "/straight/checkpoint-39")) << "and the one before";
+  EXPECT_FALSE(fs::exists(d + "/straight/checkpoint-38")) << "keep-last 2 by default";
+  const std::string log = tmp_path("grporesume", "sigint.log");
+  const pid_t pid = start_command(grpo(d, "split", "--steps 40 --save-every 1"), log);
+  ASSERT_TRUE(wait_for_log(pid, log, std::regex("grpo: step 2/40 "))) << read_text(log);
+  kill(pid, SIGINT);
+  EXPECT_EQ(exit_code(pid), 130) << read_text(log);
+  std::smatch m;
+  const std::string out = read_text(log);
+  ASSERT_TRUE(std::regex_search(out, m,
+                                std::regex("grpo: stopped by SIGINT after step ([0-9]+); saved (\\S+); resume "
+                                           "with the same command and --resume")))
+      << out;
+  const int64_t n = std::stoll(m[1].str());
+  EXPECT_LT(n, 40);
+  EXPECT_EQ(m[2].str(), d + "/split/checkpoint-" + std::to_string(n));
+  EXPECT_TRUE(fs::exists(m[2].str() + "/manifest.json"));
+  r = sh(grpo(d, "split", "--steps 40 --save-every 1 --resume"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resume: step " + std::to_string(n) + " from"), std::string::npos) << r.out;
+  expect_same_run(d + "/straight", d + "/split", 40, false);
 }

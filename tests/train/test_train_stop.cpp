@@ -17,6 +17,7 @@
 #include "core/interrupt.h"
 #include "io/manifest.h"
 #include "parallel/launch_test_util.h"
+#include "process_test_util.h"
 #include "train/checkpoint.h"
 #include "train/sft.h"
 #include "train/trainer.h"
@@ -31,11 +32,6 @@ std::string fresh(const std::string& name) {
   const std::string d = tmp_path("stop", name);
   fs::remove_all(d);
   return d;
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // The tiny model on the CPU, `steps` steps of 2 micro-batches of 2 x 32 tokens.
@@ -65,37 +61,6 @@ std::string with_log(F&& f) {
   std::string log = testing::internal::GetCapturedStderr();
   reset_stop_for_tests();
   return log;
-}
-
-// A command started in the background (through sh, exec'd: the pid is the command's), output into `log`.
-pid_t start(const std::string& cmd, const std::string& log) {
-  const std::string full = "exec env OPENBLAS_NUM_THREADS=1 " + cmd + " > " + log + " 2>&1";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execl("/bin/sh", "sh", "-c", full.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits until `log` matches `re` (true) or the process ends or 120 s pass (false).
-bool wait_for(pid_t pid, const std::string& log, const std::regex& re) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < until) {
-    if (std::regex_search(read_text(log), re)) return true;
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) == pid) return std::regex_search(read_text(log), re);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-// The exit code (128 + signal for a signal), waiting for the process.
-int exit_code(pid_t pid) {
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 }  // namespace
@@ -203,8 +168,8 @@ TEST(TrainStop, CtrlCOnTheBinaryExits130WithACheckpointAndTheResumeCommand) {
   const std::string d = fresh("bin"), log = tmp_path("stop", "bin.log");
   std::string cmd = kMoetrainBin + " train";
   for (const std::string& a : tiny_args(d, 200)) cmd += " " + a;
-  const pid_t pid = start(cmd, log);
-  ASSERT_TRUE(wait_for(pid, log, std::regex("step 1/200 \\|"))) << read_text(log);
+  const pid_t pid = start_command(cmd, log);
+  ASSERT_TRUE(wait_for_log(pid, log, std::regex("step 1/200 \\|"))) << read_text(log);
   kill(pid, SIGINT);
   EXPECT_EQ(exit_code(pid), 130) << read_text(log);
   const std::string out = read_text(log);
@@ -233,8 +198,8 @@ TEST(TrainStop, UnderLaunchEveryRankStopsAtTheSameStepAndSavesIt) {
   const std::string d = fresh("launch"), log = tmp_path("stop", "launch.log");
   std::string cmd = kMoetrainBin + " launch --nproc-per-node 2 --grace-s 60 -- train --dp-shard 2";
   for (const std::string& a : tiny_args(d, 2000)) cmd += " " + a;
-  const pid_t pid = start(cmd, log);
-  ASSERT_TRUE(wait_for(pid, log, std::regex("\\[rank 0\\].*step 1/2000 \\|"))) << read_text(log);
+  const pid_t pid = start_command(cmd, log);
+  ASSERT_TRUE(wait_for_log(pid, log, std::regex("\\[rank 0\\].*step 1/2000 \\|"))) << read_text(log);
   kill(pid, SIGINT);
   EXPECT_EQ(exit_code(pid), 130) << read_text(log);
   const std::string out = read_text(log);

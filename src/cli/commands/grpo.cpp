@@ -22,7 +22,7 @@
 // the evaluation before training), under a manifest; `--resume` continues from the newest one that
 // verifies, and on the CPU equals the run that never stopped, bit for bit. Every option and every prompt
 // is checked before any work starts. One process for now.
-#include "cli/commands.h"
+#include "rl/grpo.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -42,12 +42,14 @@
 #include <optional>
 #include <set>
 
+#include "cli/commands.h"
 #include "cli/common_options.h"
 #include "cli/options.h"
 #include "comm/dist_env.h"
 #include "core/cli_args.h"
 #include "core/determinism.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/log.h"
 #include "data/char_tokenizer.h"
 #include "data/synthetic.h"
@@ -55,7 +57,6 @@
 #include "io/manifest.h"
 #include "model/hf_checkpoint.h"
 #include "ops/threads.h"
-#include "rl/grpo.h"
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
 #include "train/checkpoint.h"
@@ -503,7 +504,7 @@ int grpo_main(const std::vector<std::string>& args) {
   std::string prompts_path, eval_prompts_path, resume;
   int64_t steps = preset.steps, per_step = 16, eval_n = 200, seed = cli::kDefaultSeed, warmup = 5, max_new_tokens = -1;
   std::optional<double> min_lr;  // --min-lr: a cosine decay to it; unset: constant after the warm-up
-  int64_t save_every = 0, keep_last = 0, max_steps = 0;
+  int64_t save_every = 0, keep_last = 2, max_steps = 0;
   MeshSpec mesh;  // under moetrain launch
   cli::DeviceOptions dev;
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
@@ -711,7 +712,9 @@ int grpo_main(const std::vector<std::string>& args) {
   opt.group("run directory and checkpoints");
   opt.add("run-dir|out-dir", &run_dir, "checkpoints and metrics").var("DIR");
   opt.add("save-every", &save_every, "a checkpoint every N steps").at_least(0).says("0: only at the end");
-  opt.add("keep-last", &keep_last, "keep the newest K checkpoints").at_least(0).says("0: all");
+  opt.add("keep-last", &keep_last, "keep the newest K checkpoints")
+      .at_least(0)
+      .says("0: all, those older than the newest two reduced to their weights");
   opt.add("max-steps", &max_steps, "stop after step N (<= --steps), saving, as train does")
       .at_least(0)
       .says("0: --steps");
@@ -732,6 +735,7 @@ int grpo_main(const std::vector<std::string>& args) {
     return 0;
   }
   opt.check();
+  install_stop_signals();
   const std::string device_name = dev.device;
   const bool model_given = opt.given("model");
   if (deterministic) set_deterministic(true);
@@ -1234,13 +1238,14 @@ int grpo_main(const std::vector<std::string>& args) {
     if (dist.distributed()) dist.world()->barrier();  // every shard is on disk
     if (lead) {
       commit_checkpoint(dir, final_dir);
-      for (const std::string& r : prune_checkpoints(run_dir, keep_last)) log_info("grpo: removed ", r);
+      for (const std::string& r : retain_checkpoints(run_dir, keep_last)) log_info("grpo: ", r);
     }
     log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
              ", manifest) in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
   };
 
   int64_t steps_done = stop;
+  int stop_sig = 0;  // a stop signal every rank agreed on after a step
   if (!baseline.empty()) {
     // The comparison: SFT for the wall time of the GRPO run it is compared with.
     const double budget = sft_seconds;
@@ -1400,9 +1405,22 @@ int grpo_main(const std::vector<std::string>& args) {
                                    {"elapsed_s", elapsed()}});
       // The checkpoint first: whatever the evaluation meets, the weights are on disk.
       if (save_every > 0 && step % save_every == 0 && step < stop) save(step);
+      // Ctrl-C or SIGTERM (core/interrupt.h): this step is done; save it and stop, every rank here.
+      if (const int sig = dist.agreed_stop_signal(device)) {
+        stop_sig = sig;
+        steps_done = step;
+        break;
+      }
     }
   }
   save(steps_done);
+  if (stop_sig != 0) {
+    if (lead)
+      log_info("grpo: stopped by ", stop_signal_name(stop_sig), " after step ", steps_done, "; saved ",
+               checkpoint_dir(run_dir, steps_done), "; resume with the same command and --resume",
+               steps_done < stop ? "" : " (the final evaluation was skipped)");
+    return 128 + stop_sig;
+  }
   log_info("grpo: ", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT");
   if (!has_eval) {
     if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
