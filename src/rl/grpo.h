@@ -23,6 +23,7 @@
 // does not. Layouts: FSDP, HSDP, ep, tp and sp, alone or combined (tp and sp generate on a TpGenerator copy).
 #pragma once
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,11 @@ struct GrpoMetrics {
   double critic_update_s = 0, critic_value_s = 0;
   double generate_s = 0, reward_s = 0, logprob_s = 0, ref_logprob_s = 0, update_s = 0, weight_sync_s = 0;
 };
+// The record as metrics.jsonl writes it (every field above by its name, the phases' seconds under "time_s";
+// the loop adds step, lr and elapsed_s) and the log's one line for step `step` of `steps` (the reference's and
+// the critic's parts only when the run has them).
+nlohmann::json to_json(const GrpoMetrics& m);
+std::string step_line(const GrpoMetrics& m, int64_t step, int64_t steps, bool with_reference, bool with_critic);
 
 // The rewards of every sample of one generate round, in the engine's order (prompt, then sample).
 using RewardFn =

@@ -1321,88 +1321,13 @@ int grpo_main(const std::vector<std::string>& args) {
       const rl::GrpoMetrics m =
           rl::grpo_step(session, engine, draw, per_step, reward_fn, os, step, reference.get(), critic.get());
       const double eta = elapsed() / double(step - start_step) * double(stop - step);
-      // The comparison set (docs/rl.md "Metric names against TRL and veRL") on one line.
-      log_info(
-          "grpo: step ", step, "/", steps, " reward ", m.reward_mean, " (zero-std groups ", m.groups_zero_variance,
-          ", correct ", m.groups_correct, "; kept ", m.groups_kept, "/", m.groups_generated, " in ", m.generate_rounds,
-          " rounds) loss ", m.loss, " grad norm ", m.grad_norm, " | clip ", m.clip_region, " entropy ", m.entropy,
-          " len ", m.response_len_mean, "/", m.response_len_max, " clipped ", m.overlong_fraction, " kl(ref) ",
-          m.ref_kl, " | rollout/trainer |dlogp| ", m.logprob_diff_mean,
-          m.logprob_diff_mean_no_replay >= 0 ? str(" (own routing: ", m.logprob_diff_mean_no_replay, ")")
-                                             : std::string(),
-          " ratio ", m.importance_weight_mean, " [", m.importance_weight_min, ", ", m.importance_weight_max, "]",
-          critic ? str(" | value loss ", m.value_loss, " explained variance ", m.explained_variance) : std::string(),
-          " | tokens/s generate ", std::lround(m.rollout_tokens_per_s), " logprob ",
-          std::lround(m.logprob_tokens_per_s),
-          reference ? str(" ref ", std::lround(m.ref_logprob_tokens_per_s)) : std::string(), " update ",
-          std::lround(m.train_tokens_per_s),
-          critic ? str(" critic values ", std::lround(m.critic_values_tokens_per_s), " update ",
-                       std::lround(m.critic_update_tokens_per_s))
-                 : std::string(),
-          " | ETA ", std::round(eta), " s");
-      metrics.write(nlohmann::json{{"step", step},
-                                   {"lr", os.lr},
-                                   {"reward_mean", m.reward_mean},
-                                   {"reward_std", m.reward_std},
-                                   {"reward_max", m.reward_max},
-                                   {"groups_with_reward", m.groups_with_reward},
-                                   {"groups_correct", m.groups_correct},
-                                   {"groups_zero_variance", m.groups_zero_variance},
-                                   {"generate_rounds", m.generate_rounds},
-                                   {"groups_generated", m.groups_generated},
-                                   {"groups_kept", m.groups_kept},
-                                   {"response_len_mean", m.response_len_mean},
-                                   {"response_len_min", m.response_len_min},
-                                   {"response_len_max", m.response_len_max},
-                                   {"response_len_terminated_mean", m.response_len_terminated_mean},
-                                   {"overlong_fraction", m.overlong_fraction},
-                                   {"updates", m.updates},
-                                   {"micro_batches", m.micro_batches},
-                                   {"loss", m.loss},
-                                   {"policy_loss", m.policy_loss},
-                                   {"kl_loss", m.kl_loss},
-                                   {"grad_norm", m.grad_norm},
-                                   {"grad_norm_max", m.grad_norm_max},
-                                   {"clip_low", m.clip_low},
-                                   {"clip_high", m.clip_high},
-                                   {"clip_region", m.clip_region},
-                                   {"clip_dual", m.clip_dual},
-                                   {"approx_kl", m.approx_kl},
-                                   {"ref_kl", m.ref_kl},
-                                   {"ref_kl_update", m.ref_kl_update},
-                                   {"entropy", m.entropy},
-                                   {"advantage_mean", m.advantage_mean},
-                                   {"advantage_std", m.advantage_std},
-                                   {"logprob_diff_mean", m.logprob_diff_mean},
-                                   {"logprob_diff_max", m.logprob_diff_max},
-                                   {"logprob_diff_mean_no_replay", m.logprob_diff_mean_no_replay},
-                                   {"logprob_diff_max_no_replay", m.logprob_diff_max_no_replay},
-                                   {"importance_weight_mean", m.importance_weight_mean},
-                                   {"importance_weight_min", m.importance_weight_min},
-                                   {"importance_weight_max", m.importance_weight_max},
-                                   {"masked_fraction", m.masked_fraction},
-                                   {"kl_reward", m.kl_reward},
-                                   {"value_loss", m.value_loss},
-                                   {"value_mean", m.value_mean},
-                                   {"explained_variance", m.explained_variance},
-                                   {"value_clip_frac", m.value_clip_frac},
-                                   {"critic_grad_norm", m.critic_grad_norm},
-                                   {"rollout_tokens_per_s", m.rollout_tokens_per_s},
-                                   {"logprob_tokens_per_s", m.logprob_tokens_per_s},
-                                   {"ref_logprob_tokens_per_s", m.ref_logprob_tokens_per_s},
-                                   {"train_tokens_per_s", m.train_tokens_per_s},
-                                   {"critic_values_tokens_per_s", m.critic_values_tokens_per_s},
-                                   {"critic_update_tokens_per_s", m.critic_update_tokens_per_s},
-                                   {"time_s",
-                                    {{"generate", m.generate_s},
-                                     {"reward", m.reward_s},
-                                     {"logprob", m.logprob_s},
-                                     {"ref_logprob", m.ref_logprob_s},
-                                     {"update", m.update_s},
-                                     {"critic_values", m.critic_value_s},
-                                     {"critic_update", m.critic_update_s},
-                                     {"weight_sync", m.weight_sync_s}}},
-                                   {"elapsed_s", elapsed()}});
+      log_info(rl::step_line(m, step, steps, reference != nullptr, critic != nullptr), " | ETA ", std::round(eta),
+               " s");
+      nlohmann::json rec = rl::to_json(m);
+      rec["step"] = step;
+      rec["lr"] = os.lr;
+      rec["elapsed_s"] = elapsed();
+      metrics.write(rec);
       // The checkpoint first: whatever the evaluation meets, the weights are on disk.
       if (save_every > 0 && step % save_every == 0 && step < stop) save(step);
       // Ctrl-C or SIGTERM (core/interrupt.h): this step is done; save it and stop, every rank here.
