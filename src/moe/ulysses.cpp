@@ -7,8 +7,8 @@
 
 namespace mt {
 
-void check_sp_heads(const ModelConfig& c, int sp) {
-  const int64_t H = c.num_attention_heads, G = c.num_key_value_heads;
+void check_sp_heads(int64_t num_attention_heads, int64_t num_key_value_heads, int sp) {
+  const int64_t H = num_attention_heads, G = num_key_value_heads;
   if (sp < 1) MT_THROW("sp ", sp, " must be at least 1");
   if (H % sp != 0)
     MT_THROW("num_attention_heads (", H, ") must be divisible by sp (", sp,

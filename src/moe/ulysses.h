@@ -19,13 +19,12 @@
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
-#include "model/config.h"
 
 namespace mt {
 
 // Throws unless sp divides num_attention_heads and sp and num_key_value_heads divide one another,
 // naming the numbers.
-void check_sp_heads(const ModelConfig& c, int sp);
+void check_sp_heads(int64_t num_attention_heads, int64_t num_key_value_heads, int sp);
 
 
 class UlyssesExchange {

@@ -39,7 +39,7 @@ ParallelModel make_parallel_model(DistContext& dist, const ModelConfig& c, const
     if (tp > 1 && lc.num_attention_heads % m.size(Axis::Sp) != 0)
       MT_THROW("num_attention_heads (", c.num_attention_heads, ") must be divisible by tp × sp (", tp, " × ",
                m.size(Axis::Sp), "): each tp rank's ", lc.num_attention_heads, " heads are split over the sp ranks");
-    check_sp_heads(lc, m.size(Axis::Sp));
+    check_sp_heads(lc.num_attention_heads, lc.num_key_value_heads, m.size(Axis::Sp));
     pm.ulysses =
         std::make_unique<UlyssesExchange>(*dist.sp(), lc.num_attention_heads, lc.num_key_value_heads, lc.head_dim);
   }
