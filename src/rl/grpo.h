@@ -40,7 +40,8 @@ using TokenRewardFn = std::function<std::vector<std::vector<double>>(const std::
                                                                      const std::vector<GeneratedSample>&)>;
 
 struct GrpoOptions {
-  int64_t n = 4;  // samples per prompt (>= 2)
+  // The defaults are `moetrain grpo`'s recipe (docs/rl.md "Measured"); the command takes them from here.
+  int64_t n = 8;  // samples per prompt (>= 2)
   int64_t max_new_tokens = 16;
   SamplingParams sampling;  // temperature > 0 (the trainer's log-probs use the same T); seed set per prompt
   std::vector<int32_t> stop_token_ids;
@@ -62,7 +63,7 @@ struct GrpoOptions {
   // Rollout/trainer mismatch corrections on each token's weight (policy_loss.h minibatch_weights: TIS at token
   // or sequence level, token and sequence masks, a masked token in no denominator; all off by default).
   MismatchConfig mismatch;
-  double lr = 1e-3;
+  double lr = 2e-4;
   bool replay_routing = true;  // R3: the update uses the experts the engine chose
   // With replay: every this many steps (0: never) the old log-probs are also computed with the trainer's
   // own routing, for GrpoMetrics::logprob_diff_*_no_replay (one extra forward per micro-batch that step).
@@ -72,7 +73,7 @@ struct GrpoOptions {
   // Dynamic sampling (DAPO): keep only groups whose rewards are not all equal and draw `groups` more
   // prompts per round until the step has `groups` of them, at most max_generate_rounds rounds (then the
   // step trains on what it has; with none, the update is skipped).
-  bool dynamic_sampling = false;
+  bool dynamic_sampling = true;
   int64_t max_generate_rounds = 4;
   // Overlong filtering: samples cut at max_new_tokens (finish "length") get token weight 0.
   bool overlong_filter = false;
@@ -90,7 +91,7 @@ struct GrpoOptions {
   // the outcome reward on the last response token; GAE(gamma, lam) over them with the critic's values
   // (0 after the last token); advantages whitened (mean 0, std 1) over the step's trained tokens; the
   // critic's clipped value loss with value_clip (<= 0: unclipped) at lr critic_lr.
-  double gamma = 1.0, lam = 0.95, value_clip = 0.2, critic_lr = 1e-4;
+  double gamma = 1.0, lam = 0.95, value_clip = 0.2, critic_lr = 5e-4;
   // MoE routers during the update: the load-balancing loss and the router z-loss as extra terms of the
   // policy's loss (0: off, the default; the aux loss needs the model's output_router_logits), and the routers
   // frozen (their gradients zeroed, their weights unchanged by the step).

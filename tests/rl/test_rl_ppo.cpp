@@ -46,6 +46,7 @@ TEST(RlPpo, ValueLossFallsAndTheRewardRises) {
   o.max_new_tokens = 8;
   o.lr = 2e-2;
   o.critic_lr = 1e-2;
+  o.dynamic_sampling = false;  // every group trains the critic
   std::vector<double> reward, vloss;
   for (int64_t step = 0; step < 24; ++step) {
     const GrpoMetrics m = grpo_step(policy, engine, fixed_prompts(4), low_token_reward, o, step, nullptr, &critic);
@@ -74,6 +75,7 @@ TEST(RlPpo, CriticFitsTheReturnsOfAFixedPolicy) {
   o.max_new_tokens = 8;
   o.lr = 0;
   o.critic_lr = 3e-3;
+  o.dynamic_sampling = false;  // every group trains the critic
   o.epochs = 4;  // four critic steps a rollout (the policy's lr is 0)
   o.lam = 1.0;   // returns = the outcome reward on every token, whatever the values
   const RewardFn by_prompt = [](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {

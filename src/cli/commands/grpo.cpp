@@ -95,7 +95,6 @@ struct TaskPreset {
   const char* reward = "exact";
   bool process = false, per_position = false;  // --advantage outcome | position
   float temperature = 1.0f;
-  double lr = 2e-4;
   int64_t steps = 500;
 };
 constexpr double kStartExactMatch = 20;
@@ -120,7 +119,6 @@ TaskPreset task_preset(const std::string& name) {
     t.reward = "digits";
     t.process = t.per_position = true;
     t.temperature = 1.5f;
-    t.lr = 2e-4;
     t.steps = 500;
     return t;
   }
@@ -520,12 +518,8 @@ int grpo_main(const std::vector<std::string>& args) {
   bool process = preset.process, per_position = preset.per_position;
   bool ppo = false;
   rl::GrpoOptions o;
-  o.n = 8;
-  o.lr = preset.lr;
-  o.critic_lr = 5e-4;
   o.sampling.temperature = preset.temperature;
   o.loss.clip_high = 0.28;
-  o.dynamic_sampling = true;
   o.progress_every_s = 10;
   const double critic_lr_default = o.critic_lr;
 
