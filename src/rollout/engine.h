@@ -1,19 +1,22 @@
 // The rollout engine: batched generation on the model's own weights over a paged KV cache.
 //
-// Scheduling (continuous batching, as vLLM's): every step runs one forward over a batch of new tokens,
-// the decode tokens of every running sequence (one each) and the prompts admitted this step (all
-// their tokens: prefill). A prompt is admitted when the block manager can reserve everything it and
-// its n samples may ever hold (prompt + max_new_tokens each) and the step's token budget allows; the
-// n samples are forks of the prefilled prompt, sharing its blocks (prefill once, copy-on-write of the
-// partial last block). A finished sequence frees its blocks at once, so a waiting prompt starts in the
-// next step. Admission is the memory control: the engine never runs out of KV blocks mid-sequence.
-//
-// Sampling (ops/sampling.h, on the model's device: the step's one synchronisation brings the tokens
-// back) draws with counter-based randomness keyed by (request seed, sample index within its prompt,
-// position, token), so a request's tokens do not depend on what else is batched. Each token comes with
-// log softmax(logits / T)[token] before truncation. The routing record (the experts each sparse layer
-// chose for every token the model read: the prompt, then each generated token but the last, which is
-// never fed back) is kept when asked, compactly (rollout/routing_record.h).
+// generate() is a loop over steps, split as vLLM v1 splits its engine core:
+// - the Scheduler (rollout/scheduler.h) decides each step's batch: every running sequence's next token
+//   (decode), then the prompts admitted this step (all their tokens: prefill). A prompt is admitted when
+//   the block manager can reserve everything it and its n samples may ever hold (prompt + max_new_tokens
+//   each) and the step's token budget allows; the n samples are forks of the prefilled prompt, sharing its
+//   blocks (prefill once, copy-on-write of the partial last block). A finished sequence frees its blocks
+//   at once, so a waiting prompt starts in the next step. Admission is the memory control: the engine never
+//   runs out of KV blocks mid-sequence and never preempts.
+// - the ModelRunner (rollout/runner.h) builds the step's inputs and runs the forward over the paged
+//   cache, eagerly or, for decode steps, by replaying a CUDA graph of the forward and the sampler;
+// - the sampler step (rollout/sampler.h, ops/sampling.h, on the model's device: the step's one
+//   synchronisation brings the tokens back) draws with counter-based randomness keyed by (request seed,
+//   sample index within its prompt, position, token), so a request's tokens do not depend on what else is
+//   batched. Each token comes with log softmax(logits / T)[token] before truncation.
+// The routing record (the experts each sparse layer chose for every token the model read: the prompt, then
+// each generated token but the last, which is never fed back) is kept when asked, compactly
+// (rollout/routing_record.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -22,20 +25,12 @@
 
 #include "comm/communicator.h"
 #include "model/qwen3_moe.h"
+#include "ops/sampling.h"
 #include "rollout/kv_blocks.h"
 #include "rollout/routing_record.h"
-#include "ops/sampling.h"
+#include "rollout/scheduler.h"  // GenerateRequest
 
 namespace mt {
-
-struct GenerateRequest {
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-  int64_t n = 1;                      // samples of this prompt
-  int64_t max_new_tokens = 16;
-  std::vector<int32_t> stop_token_ids;  // besides the model's EOS
-  bool ignore_eos = false;
-};
 
 struct GeneratedSample {
   int64_t prompt_index = 0, sample_index = 0;
@@ -77,7 +72,7 @@ struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, block_copies = 0, num_blocks = 0;
   int64_t idle_steps = 0;  // expert parallelism: steps this rank ran with no tokens for its group's sake
   double seconds = 0, forward_seconds = 0, sample_seconds = 0;
-  double weight_sync_seconds = 0;  // Qwen3MoeModel::begin_inference: the inference layout's gathers
+  double weight_sync_seconds = 0;               // Qwen3MoeModel::begin_inference: the inference layout's gathers
   int64_t graph_steps = 0, graph_captures = 0;  // decode steps replayed from a CUDA graph; graphs captured
   double graph_capture_seconds = 0;
 };
