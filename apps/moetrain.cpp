@@ -6,14 +6,6 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "data/tokenize_cli.h"
-#include "launch/launch.h"
-#include "rl/rl_selftest.h"
-#include "selftest/comm_selftest.h"
-#include "selftest/dist_selftest.h"
-#include "train/convert.h"
-#include "train/grads.h"
-#include "train/plot.h"
 #include "train/sft.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -62,12 +54,8 @@ int main(int argc, char** argv) {
     if (cmd == "tokenize") return mt::tokenize_main(rest);
     if (cmd == "plot") return mt::plot_main(rest);
     if (cmd == "convert") return mt::convert_main(rest);
-    if (cmd == "launch") return mt::comm::launch_main(rest);
-    if (cmd == "_selftest" && !rest.empty() && rest[0] == "comm")  // hidden: every collective, bus bandwidth
-      return mt::comm::comm_selftest_main({rest.begin() + 1, rest.end()});
-    if (cmd == "_selftest" && !rest.empty() && rest[0] == "rl")  // hidden: the RL update on fixed rollouts
-      return mt::rl::rl_selftest_main({rest.begin() + 1, rest.end()});
-    if (cmd == "_selftest") return mt::comm::selftest_main(rest);  // hidden: used by the tests
+    if (cmd == "launch") return mt::launch_main(rest);
+    if (cmd == "_selftest") return mt::selftest_main(rest);  // hidden: comm, dist, rl (the tests run them)
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       std::fputs(kUsage, stdout);
       return 0;

@@ -9,6 +9,17 @@ namespace mt {
 
 int convert_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+int grads_main(const std::vector<std::string>& args);
 int grpo_main(const std::vector<std::string>& args);
+int launch_main(const std::vector<std::string>& args);
+int plot_main(const std::vector<std::string>& args);
+int selftest_main(const std::vector<std::string>& args);  // hidden: _selftest comm|dist|rl
+int tokenize_main(const std::vector<std::string>& args);
+
+namespace comm {
+struct LaunchOptions;
+// `launch`'s options and the command after "--", checked (launch_main without the run; -h/--help is an error).
+LaunchOptions parse_launch_args(const std::vector<std::string>& args);
+}  // namespace comm
 
 }  // namespace mt

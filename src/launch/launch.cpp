@@ -14,9 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <memory>
 
@@ -49,114 +47,6 @@ std::string LinePrefixer::finish() {
   std::string out = prefix_ + partial_ + "\n";
   partial_.clear();
   return out;
-}
-
-std::string launch_help() {
-  return "usage: moetrain launch --nproc-per-node N [options] -- <command> [args...]\n"
-         "Starts N ranks of `moetrain <command> [args...]` on this node, with RANK, WORLD_SIZE, LOCAL_RANK,\n"
-         "LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT set. If a rank fails, the others are stopped\n"
-         "and the launcher exits with that rank's status.\n"
-         "options:\n"
-         "  --nproc-per-node N   ranks on this node (required)\n"
-         "  --nnodes M           nodes in the job (default 1); run one launcher per node\n"
-         "  --node-rank R        this node's index in [0, M) (default 0)\n"
-         "  --master-addr A      host of rank 0, reachable from every node (default 127.0.0.1; required with M > 1)\n"
-         "  --master-port P      rendezvous port (default: a free port; required with M > 1)\n"
-         "  --timeout-s T        stop every rank and exit 124 after T seconds (default 0: no limit)\n"
-         "  --grace-s G          seconds between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
-         "  --exe PATH           run this program (e.g. build/train_step) instead of moetrain\n";
-}
-
-namespace {
-
-int parse_int_flag(const std::string& flag, const std::string& v) {
-  int x = 0;
-  auto r = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size())
-    MT_THROW("launch: ", flag, " ('", v, "') is not an integer");
-  return x;
-}
-
-double parse_seconds_flag(const std::string& flag, const std::string& v) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (v.empty() || used != v.size() || !(x >= 0) || x > 1e9)
-    MT_THROW("launch: ", flag, " ('", v, "') must be a number of seconds >= 0");
-  return x;
-}
-
-}  // namespace
-
-LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
-  LaunchOptions o;
-  bool have_nproc = false, have_port = false;
-  size_t i = 0;
-  for (; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    std::string value;
-    bool inline_value = false;
-    if (size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-      inline_value = true;
-    }
-    auto next = [&]() -> std::string {
-      if (inline_value) return value;
-      if (i + 1 >= args.size()) MT_THROW("launch: ", a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--nproc-per-node") {
-      o.nproc_per_node = parse_int_flag(a, next());
-      have_nproc = true;
-    } else if (a == "--nnodes") {
-      o.nnodes = parse_int_flag(a, next());
-    } else if (a == "--node-rank") {
-      o.node_rank = parse_int_flag(a, next());
-    } else if (a == "--master-addr") {
-      o.master_addr = next();
-    } else if (a == "--master-port") {
-      o.master_port = parse_int_flag(a, next());
-      have_port = true;
-    } else if (a == "--timeout-s") {
-      o.timeout_s = parse_seconds_flag(a, next());
-    } else if (a == "--grace-s") {
-      o.grace_s = parse_seconds_flag(a, next());
-    } else if (a == "--exe") {
-      o.exe = next();
-    } else {
-      MT_THROW("launch: unknown option '", a, "' (the command to run goes after '--'; see moetrain launch --help)");
-    }
-  }
-  o.args.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (!have_nproc) MT_THROW("launch: --nproc-per-node is required (the number of ranks to start on this node)");
-  if (o.nproc_per_node < 1 || o.nproc_per_node > 4096)
-    MT_THROW("launch: --nproc-per-node (", o.nproc_per_node, ") must be in [1, 4096]");
-  if (o.nnodes < 1) MT_THROW("launch: --nnodes (", o.nnodes, ") must be at least 1");
-  if (static_cast<int64_t>(o.nnodes) * o.nproc_per_node > INT_MAX)
-    MT_THROW("launch: --nnodes (", o.nnodes, ") x --nproc-per-node (", o.nproc_per_node, ") is too large");
-  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
-    MT_THROW("launch: --node-rank (", o.node_rank, ") must be in [0, --nnodes = ", o.nnodes, ")");
-  if (o.master_port < 0 || o.master_port > 65535)
-    MT_THROW("launch: --master-port (", o.master_port, ") must be in [1, 65535] (or 0: a free port, one node only)");
-  if (o.nnodes > 1) {
-    if (o.master_addr.empty())
-      MT_THROW("launch: --master-addr is required with --nnodes ", o.nnodes,
-               " (the host of node 0, reachable from every node)");
-    if (!have_port || o.master_port == 0)
-      MT_THROW("launch: --master-port is required with --nnodes ", o.nnodes, " (the same free port on every node)");
-  }
-  if (o.args.empty())
-    MT_THROW("launch: nothing to run: put the command after '--', e.g. moetrain launch --nproc-per-node 2 -- train");
-  return o;
 }
 
 namespace {
@@ -522,17 +412,6 @@ int run_launch(const LaunchOptions& opt) {
   }
   if (exit_code != 0) say(str("exiting with code ", exit_code));
   return exit_code;
-}
-
-int launch_main(const std::vector<std::string>& args) {
-  for (const std::string& a : args) {
-    if (a == "--") break;
-    if (a == "--help" || a == "-h") {
-      write_all(1, launch_help());
-      return 0;
-    }
-  }
-  return run_launch(parse_launch_args(args));
 }
 
 }  // namespace mt::comm

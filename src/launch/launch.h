@@ -1,6 +1,6 @@
-// `moetrain launch`: starts the ranks of this node as child processes and supervises them, like
-// torchrun. Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and
-// MASTER_PORT (read back by detect_dist_env). Promises:
+// The supervisor behind `moetrain launch`: starts the ranks of this node as child processes and supervises them, like
+// torchrun. Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT
+// (read back by detect_dist_env). Promises:
 //   - every line a child writes (stdout or stderr) comes out whole, prefixed "[rank N] ", on the
 //     launcher's stdout or stderr respectively;
 //   - when a rank exits non-zero or by a signal, the launcher names it, sends SIGTERM to the others,
@@ -30,14 +30,8 @@ struct LaunchOptions {
   int err_fd = 2;                 // where the ranks' stderr lines and the launcher's own messages go
 };
 
-// Parses `launch` flags up to "--"; what follows is the command. Throws mt::Error naming the flag.
-LaunchOptions parse_launch_args(const std::vector<std::string>& args);
-std::string launch_help();
-
 // Runs the job; returns the launcher's exit status (see the promises above).
 int run_launch(const LaunchOptions& opt);
-
-int launch_main(const std::vector<std::string>& args);  // parse + run (+ --help)
 
 // Splits a byte stream into whole lines, each emitted with a prefix (exposed for tests). A line
 // longer than max_line is emitted in pieces of max_line bytes so that memory stays bounded.

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <memory>
 
-#include "core/cli_args.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -18,13 +17,6 @@
 namespace mt::rl {
 
 namespace {
-
-const char* kUsage =
-    "usage: moetrain _selftest rl --model DIR --out FILE.safetensors [--params-out FILE] [--algorithm grpo|ppo] "
-    "[--loss ppo|gspo|pg] [--groups G] [--n N]\n"
-    "       [--micro-batch-samples M] [--mini-batches B] [--epochs E] [--kl-coef C] [--lr LR] [--no-replay]\n"
-    "       [--freeze-router] [--aux-loss-coef C] [--router-z-loss-coef C]\n"
-    "       [--generate] [--seed S] [--dp-shard N] [--dp-replicate N] [--ep N] [--tp N] [--sp N]";
 
 // Rollouts of `groups` prompts x n samples: prompts of 2..5 and responses of 1..6 random tokens, the
 // engine's log-probs around log(1/V) (ratios on both sides of the clip range), rewards in {0, 0.5, 1} with
@@ -85,124 +77,63 @@ Tensor scalar(double v) {
 
 }  // namespace
 
-int rl_selftest_main(const std::vector<std::string>& args) {
-  std::string model_dir, out_path, params_path, algorithm = "grpo";
-  int64_t groups = 4, n = 4, micro = 3, minis = 2, epochs = 1;
-  double kl_coef = 0.05, lr = 1e-3, aux_coef = 0, z_coef = 0;
-  bool replay = true, generate = false, freeze_router = false;
-  uint64_t seed = 5;
-  PolicyLoss loss = PolicyLoss::PpoClip;
+int run_rl_selftest(const RlSelftestOptions& opt) {
+  if (opt.algorithm != "grpo" && opt.algorithm != "ppo")
+    MT_THROW("_selftest rl: unknown algorithm '", opt.algorithm, "'; allowed: grpo, ppo");
   SessionOptions so;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) MT_THROW(a, " needs a value; ", kUsage);
-      return args[++i];
-    };
-    if (a == "--model")
-      model_dir = value();
-    else if (a == "--out")
-      out_path = value();
-    else if (a == "--params-out")
-      params_path = value();
-    else if (a == "--algorithm")
-      algorithm = value();
-    else if (a == "--loss")
-      loss = parse_policy_loss(value());
-    else if (a == "--groups")
-      groups = parse_flag_number<int64_t>(a, value());
-    else if (a == "--n")
-      n = parse_flag_number<int64_t>(a, value());
-    else if (a == "--micro-batch-samples")
-      micro = parse_flag_number<int64_t>(a, value());
-    else if (a == "--mini-batches")
-      minis = parse_flag_number<int64_t>(a, value());
-    else if (a == "--epochs")
-      epochs = parse_flag_number<int64_t>(a, value());
-    else if (a == "--kl-coef")
-      kl_coef = parse_flag_number<double>(a, value());
-    else if (a == "--lr")
-      lr = parse_flag_number<double>(a, value());
-    else if (a == "--no-replay")
-      replay = false;
-    else if (a == "--freeze-router")
-      freeze_router = true;
-    else if (a == "--aux-loss-coef")
-      aux_coef = parse_flag_number<double>(a, value());
-    else if (a == "--router-z-loss-coef")
-      z_coef = parse_flag_number<double>(a, value());
-    else if (a == "--generate")
-      generate = true;
-    else if (a == "--seed")
-      seed = parse_flag_number<uint64_t>(a, value());
-    else if (a == "--dp-shard")
-      so.dist.mesh.dp_shard = parse_flag_number<int>(a, value());
-    else if (a == "--dp-replicate")
-      so.dist.mesh.dp_replicate = parse_flag_number<int>(a, value());
-    else if (a == "--ep")
-      so.dist.mesh.ep = parse_flag_number<int>(a, value());
-    else if (a == "--tp")
-      so.dist.mesh.tp = parse_flag_number<int>(a, value());
-    else if (a == "--sp")
-      so.dist.mesh.sp = parse_flag_number<int>(a, value());
-    else
-      MT_THROW("_selftest rl: unknown argument '", a, "'; ", kUsage);
-  }
-  if (model_dir.empty() || out_path.empty()) MT_THROW("_selftest rl: --model and --out are required; ", kUsage);
-  if (algorithm != "grpo" && algorithm != "ppo")
-    MT_THROW("_selftest rl: unknown --algorithm '", algorithm, "'; allowed: grpo, ppo");
-  const ModelConfig cfg = load_model_config(model_dir);
+  so.dist.mesh = opt.mesh;
+  const ModelConfig cfg = load_model_config(opt.model_dir);
   TrainSession policy(cfg, so);
-  policy.load(model_dir);
+  policy.load(opt.model_dir);
   AdamWConfig ac;
   ac.weight_decay = 0;
   policy.make_optimizer(ac, false);
   std::unique_ptr<TrainSession> reference, critic;
-  if (kl_coef > 0) {
+  if (opt.kl_coef > 0) {
     SessionOptions ro = so;
     ro.weights = Weights::Frozen;
     ro.shared_dist = &policy.dist();
     reference = std::make_unique<TrainSession>(cfg, ro);
-    reference->load(model_dir);
+    reference->load(opt.model_dir);
   }
-  if (algorithm == "ppo") {
+  if (opt.algorithm == "ppo") {
     ModelConfig cc = cfg;
     cc.value_head = true;
     cc.tie_word_embeddings = false;
     SessionOptions co = so;
     co.shared_dist = &policy.dist();
     critic = std::make_unique<TrainSession>(cc, co);
-    critic->init_weights(seed);
+    critic->init_weights(opt.seed);
     init_critic_from_policy(*critic, policy);
     critic->make_optimizer(ac, false);
   }
   GrpoOptions o;
-  o.n = n;
+  o.n = opt.n;
   o.sampling.temperature = 0.9f;  // the tempered head
-  o.lr = lr;
-  o.critic_lr = lr;
-  o.micro_batch_samples = micro;
-  o.mini_batches = minis;
-  o.epochs = epochs;
-  o.replay_routing = replay;
-  o.loss.kind = loss;
-  o.loss.kl_coef = kl_coef;
+  o.lr = opt.lr;
+  o.critic_lr = opt.lr;
+  o.micro_batch_samples = opt.micro_batch_samples;
+  o.mini_batches = opt.mini_batches;
+  o.epochs = opt.epochs;
+  o.replay_routing = opt.replay;
+  o.loss.kind = opt.loss;
+  o.loss.kl_coef = opt.kl_coef;
   o.loss.clip_high = 0.28;
-  o.freeze_router = freeze_router;
-  o.aux_loss_coef = aux_coef;
-  o.router_z_loss_coef = z_coef;
+  o.freeze_router = opt.freeze_router;
+  o.aux_loss_coef = opt.aux_loss_coef;
+  o.router_z_loss_coef = opt.router_z_loss_coef;
   o.max_new_tokens = 6;
   GrpoMetrics m;
-  if (generate) {
+  if (opt.generate) {
     // The whole step: the engine samples from the fixed prompts on every data-parallel rank's share,
     // rewarded by the share of even tokens, with dynamic sampling (rounds decided from the whole round).
-    RolloutGroups fixed = synthetic_rollouts(cfg, groups, 1, seed, false);
+    RolloutGroups fixed = synthetic_rollouts(cfg, opt.groups, 1, opt.seed, false);
     std::vector<std::vector<int32_t>> prompts;
     for (const RolloutSample& s : fixed.samples) prompts.push_back(s.prompt);
     o.dynamic_sampling = true;
     o.max_generate_rounds = 2;
     EngineOptions eo;
-    eo.record_routing = replay;
+    eo.record_routing = opt.replay;
     eo.kv_cache_bytes = int64_t(64) << 20;
     // Under tp or sp the engine runs on a one-device copy refreshed before each round; else on the policy.
     std::unique_ptr<TpGenerator> copy;
@@ -224,7 +155,8 @@ int rl_selftest_main(const std::vector<std::string>& args) {
     };
     m = grpo_step(policy, engine, prompts, even, o, 1, reference.get(), critic.get());
   } else {
-    m = grpo_update(policy, synthetic_rollouts(cfg, groups, n, seed, replay), o, 1, reference.get(), critic.get());
+    m = grpo_update(policy, synthetic_rollouts(cfg, opt.groups, opt.n, opt.seed, opt.replay), o, 1, reference.get(),
+                    critic.get());
   }
   NamedTensors out{{"loss", scalar(m.loss)},
                    {"policy_loss", scalar(m.policy_loss)},
@@ -235,7 +167,7 @@ int rl_selftest_main(const std::vector<std::string>& args) {
                    {"advantage_std", scalar(m.advantage_std)}};
   // The rollout/trainer gap of the synthetic rollouts is O(1); of generated ones it is rounding, which
   // differs between layouts by as much as itself.
-  if (!generate) out.emplace_back("logprob_diff_mean", scalar(m.logprob_diff_mean));
+  if (!opt.generate) out.emplace_back("logprob_diff_mean", scalar(m.logprob_diff_mean));
   if (critic) {
     out.emplace_back("value_loss", scalar(m.value_loss));
     out.emplace_back("critic_grad_norm", scalar(m.critic_grad_norm));
@@ -244,13 +176,13 @@ int rl_selftest_main(const std::vector<std::string>& args) {
   gather_all(policy, "", out, params);
   if (critic) gather_all(*critic, "critic.", out, params);
   if (policy.dist().rank() == 0) {
-    write_safetensors(out_path, out);
-    if (!params_path.empty()) write_safetensors(params_path, params);
+    write_safetensors(opt.out_path, out);
+    if (!opt.params_path.empty()) write_safetensors(opt.params_path, params);
     std::printf(
         "rl selftest: %s, reward %.4f, %lld rounds, %lld groups kept, %lld updates of %lld micro-batches, loss %.6f, "
         "grad norm %.6f, clip %.3f/%.3f\n",
-        algorithm.c_str(), m.reward_mean, (long long)m.generate_rounds, (long long)m.groups_kept, (long long)m.updates,
-        (long long)m.micro_batches, m.loss, m.grad_norm, m.clip_low, m.clip_high);
+        opt.algorithm.c_str(), m.reward_mean, (long long)m.generate_rounds, (long long)m.groups_kept,
+        (long long)m.updates, (long long)m.micro_batches, m.loss, m.grad_norm, m.clip_low, m.clip_high);
   }
   return 0;
 }

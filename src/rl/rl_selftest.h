@@ -5,12 +5,31 @@
 // step (`grad.<name>`, gathered; the critic's `grad.critic.<name>`), and --params-out: every weight after
 // the update (`param.<name>`, `param.critic.<name>`). One process and `moetrain launch ... --dp-shard 2` (or --ep,
 // --tp, --dp-replicate) must write the same file within DESIGN's layout tolerance.
+// The `_selftest rl` command parses the options.
 #pragma once
+#include <cstdint>
 #include <string>
-#include <vector>
+
+#include "parallel/mesh.h"
+#include "rl/policy_loss.h"
 
 namespace mt::rl {
 
-int rl_selftest_main(const std::vector<std::string>& args);  // args after "rl"
+struct RlSelftestOptions {
+  std::string model_dir, out_path;
+  std::string params_path;         // "": the weights after the update are not written
+  std::string algorithm = "grpo";  // grpo | ppo (a critic initialised from the policy)
+  PolicyLoss loss = PolicyLoss::PpoClip;
+  int64_t groups = 4, n = 4;  // prompts, samples per prompt
+  int64_t micro_batch_samples = 3, mini_batches = 2, epochs = 1;
+  double kl_coef = 0.05, lr = 1e-3, aux_loss_coef = 0, router_z_loss_coef = 0;
+  bool replay = true;  // replay the rollouts' routing record
+  bool freeze_router = false;
+  bool generate = false;  // the whole step: the engine samples from the fixed prompts, rewarded by even tokens
+  uint64_t seed = 5;
+  MeshSpec mesh;  // the layout under `moetrain launch`
+};
+
+int run_rl_selftest(const RlSelftestOptions& o);  // the exit status
 
 }  // namespace mt::rl

@@ -1,15 +1,6 @@
-// `moetrain _selftest comm` (see comm_selftest.h). Options:
-//   --device cpu|cuda   the world's device (default cpu)
-//   --timeout-ms T      collective and store timeout (default 60000)
-//   --bench-mib M       size of the timed all_gather / reduce_scatter / all_reduce buffers (default
-//                       256 on cuda, 16 on cpu; 0 skips the timing)
-//   --iters K           timed iterations per op (default 10, after 2 untimed)
-//   --skip-without-gpus N  with --device cuda: when fewer than N GPUs are visible, print
-//                       "skipped: no GPU" and exit 0 (for test suites that also run on CPU machines)
-//   --kill-rank R       rank R SIGKILLs itself during a run of all_reduces; the other ranks ignore
-//                       SIGTERM, so that the launcher's stop protocol cannot pre-empt the error they
-//                       must raise themselves (the launcher's SIGKILL after its grace period still
-//                       ends a rank that hangs)
+// `moetrain _selftest comm` (comm_selftest.h): the checks and the timings; with --kill-rank R the other
+// ranks ignore SIGTERM, so that the launcher's stop protocol cannot pre-empt the error they must raise
+// themselves (the launcher's SIGKILL after its grace period still ends a rank that hangs).
 #include "selftest/comm_selftest.h"
 
 #include <unistd.h>
@@ -31,22 +22,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int int_arg(const std::vector<std::string>& args, size_t& i) {
-  if (i + 1 >= args.size()) MT_THROW("_selftest comm: ", args[i], " needs a value");
-  const std::string& v = args[++i];
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < -1) MT_THROW("_selftest comm: ", args[i - 1], " ('", v, "') is not an integer >= -1");
-  return int(x);
-}
-
 // f(r, i): distinct per rank and index, and exact in the dtype: 16-bit floats get small integers,
 // whose sums over up to 8 ranks stay exact in bf16.
 double value_of(DType dt, int r, int64_t i) {
   if (dt == DType::BF16 || dt == DType::F16) return double(r * 4 + i % 4);
   return double(r * 1000 + i % 1000);
 }
-
 
 struct Checker {
   int rank;
@@ -263,8 +244,7 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
     auto s = sample(total);
     // Block q of the output is block r of rank q's input: rank q's values at r * block + j.
     ck.expect(
-        out, [&](int64_t j) { return value_of(dt, int(j / block), r * block + j % block); }, "bench all_to_all_v",
-        &s);
+        out, [&](int64_t j) { return value_of(dt, int(j / block), r * block + j % block); }, "bench all_to_all_v", &s);
     double ms = time_ms(dev, iters, [&] { c.all_to_all_v(in, counts, out, counts)->wait(); });
     report("all_to_all_v", dt, bytes, ms, double(n - 1) / n);
   }
@@ -272,49 +252,21 @@ void bench(Communicator& c, Device dev, int64_t mib, int iters, Checker& ck) {
 
 }  // namespace
 
-int comm_selftest_main(const std::vector<std::string>& args) {
-  Device dev = Device::CPU;
-  int timeout_ms = 60000, bench_mib = -1, iters = 10, kill_rank = -1, skip_without = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--device") {
-      if (i + 1 >= args.size()) MT_THROW("_selftest comm: --device needs a value (cpu or cuda)");
-      std::string d = args[++i];
-      if (d == "cpu")
-        dev = Device::CPU;
-      else if (d == "cuda")
-        dev = Device::CUDA;
-      else
-        MT_THROW("_selftest comm: --device '", d, "' is not cpu or cuda");
-    } else if (a == "--timeout-ms") {
-      timeout_ms = int_arg(args, i);
-    } else if (a == "--bench-mib") {
-      bench_mib = int_arg(args, i);
-    } else if (a == "--iters") {
-      iters = std::max(1, int_arg(args, i));
-    } else if (a == "--skip-without-gpus") {
-      skip_without = int_arg(args, i);
-    } else if (a == "--kill-rank") {
-      kill_rank = int_arg(args, i);
-    } else {
-      MT_THROW("_selftest comm: unknown option '", a,
-               "' (options: --device, --timeout-ms, --bench-mib, --iters, "
-               "--kill-rank, --skip-without-gpus)");
-    }
-  }
-  if (bench_mib < 0) bench_mib = dev == Device::CUDA ? 256 : 16;
+int run_comm_selftest(const CommSelftestOptions& o) {
+  const Device dev = o.device;
+  const int bench_mib = o.bench_mib >= 0 ? o.bench_mib : dev == Device::CUDA ? 256 : 16;
   DistEnv env = detect_dist_env();
   set_log_rank(env.rank);
-  if (dev == Device::CUDA && device_mem::cuda_device_count() < skip_without) {
+  if (dev == Device::CUDA && device_mem::cuda_device_count() < o.skip_without_gpus) {
     std::printf("rank %d: skipped: no GPU (%d visible, %d needed)\n", env.rank, device_mem::cuda_device_count(),
-                skip_without);
+                o.skip_without_gpus);
     return 0;
   }
   const int r = env.rank, w = env.world_size;
-  if (kill_rank >= 0 && r != kill_rank) std::signal(SIGTERM, SIG_IGN);
+  if (o.kill_rank >= 0 && r != o.kill_rank) std::signal(SIGTERM, SIG_IGN);
   if (dev == Device::CUDA) device_mem::set_cuda_device(env.local_rank);
   CommOptions opt;
-  opt.timeout = Millis(timeout_ms);
+  opt.timeout = Millis(o.timeout_ms);
   std::unique_ptr<Store> store =
       w == 1 ? make_memory_store() : make_tcp_store(env.master_addr, env.master_port, r == 0, opt.timeout);
   auto world = make_world(dev, r, w, *store, opt, env.local_rank);
@@ -325,10 +277,10 @@ int comm_selftest_main(const std::vector<std::string>& args) {
   std::printf("rank %d of %d: %s collectives: %lld checks, %lld failed\n", r, w, world->backend(), (long long)ck.checks,
               (long long)ck.failures);
   std::fflush(stdout);
-  if (kill_rank >= 0) {
+  if (o.kill_rank >= 0) {
     Tensor t = Tensor::zeros({1 << 20}, DType::F32, dev);
     for (int i = 0; i < 20; ++i) {
-      if (i == 5 && r == kill_rank) {
+      if (i == 5 && r == o.kill_rank) {
         std::printf("rank %d: killing myself (SIGKILL) before all_reduce %d\n", r, i);
         std::fflush(stdout);
         ::kill(::getpid(), SIGKILL);
@@ -336,9 +288,9 @@ int comm_selftest_main(const std::vector<std::string>& args) {
       world->all_reduce(t)->wait();
       device_mem::synchronize(dev);
     }
-    MT_THROW("rank ", r, ": 20 all_reduces completed although rank ", kill_rank, " was killed");
+    MT_THROW("rank ", r, ": 20 all_reduces completed although rank ", o.kill_rank, " was killed");
   }
-  if (bench_mib > 0 && w > 1) bench(*world, dev, bench_mib, iters, ck);
+  if (bench_mib > 0 && w > 1) bench(*world, dev, bench_mib, o.iters, ck);
   world->barrier();
   watchdog.unwatch(world.get());
   if (ck.failures) {

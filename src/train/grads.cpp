@@ -1,3 +1,4 @@
+// run_grads (grads.h): one forward and backward on a batch, under any layout, written as one process would.
 #include "train/grads.h"
 
 #include <cmath>
@@ -5,10 +6,8 @@
 #include <exception>
 #include <memory>
 
-#include "core/cli_args.h"
 #include "core/log.h"
 #include "data/batch.h"
-#include "comm/dist_env.h"
 #include "model/hf_checkpoint.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
@@ -53,12 +52,7 @@ GradsResult run_grads(const GradsOptions& opt) {
   resolve_score_before_experts(opt.score_before_experts ? 1 : -1, "--score-before-experts", cfg.score_before_experts,
                                opt.model_dir);
   DistOptions dopt;
-  dopt.mesh.dp_shard = opt.dp_shard;
-  dopt.mesh.dp_replicate = opt.dp_replicate;
-  dopt.mesh.ep = opt.ep;
-  dopt.mesh.tp = opt.tp;
-  dopt.mesh.etp = opt.etp;
-  dopt.mesh.sp = opt.sp;
+  dopt.mesh = opt.mesh;
   SessionOptions so;
   so.dist = dopt;
   so.recompute = opt.recompute;
@@ -87,8 +81,9 @@ GradsResult run_grads(const GradsOptions& opt) {
     objective = std::make_unique<rl::PolicyObjective>(opt.policy);
     auto values = [&](const char* name, bool required) {
       if (!bf.has(name)) {
-        if (required) MT_THROW("batch file ", opt.batch_path, " has no tensor '", name, "' (--objective ", opt.objective,
-                               " needs advantages, old_logprobs, token_weights and, with --kl-coef, ref_logprobs)");
+        if (required)
+          MT_THROW("batch file ", opt.batch_path, " has no tensor '", name, "' (--objective ", opt.objective,
+                   " needs advantages, old_logprobs, token_weights and, with --kl-coef, ref_logprobs)");
         return Tensor::zeros(mb.labels.shape());
       }
       Tensor t = bf.read_f32(name);
@@ -103,18 +98,21 @@ GradsResult run_grads(const GradsOptions& opt) {
                        values("ref_logprobs", opt.policy.kl_coef > 0), sample};
   }
   if (mb.labels.shape() != mb.input_ids.shape())
-    MT_THROW("labels ", shape_str(mb.labels.shape()), " and input_ids ", shape_str(mb.input_ids.shape()),
-             " in ", opt.batch_path, " differ in shape");
+    MT_THROW("labels ", shape_str(mb.labels.shape()), " and input_ids ", shape_str(mb.input_ids.shape()), " in ",
+             opt.batch_path, " differ in shape");
   const int64_t B = mb.input_ids.size(0), S = mb.input_ids.size(1);
   // Planned before the model runs: the loss is normalised by the target tokens of the whole batch.
   int64_t n_valid = count_target_tokens(mb.labels);
-  if (n_valid == 0) MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
+  if (n_valid == 0)
+    MT_THROW("batch ", opt.batch_path, " has no label other than -100 after the shift: the loss is undefined");
   double aux_scale = model.aux_enabled() ? cfg.router_aux_loss_coef : 0.0;
   const int64_t rows = B / dist->dp_size();
   MicroBatch local = session.local_micro_batch(mb);  // this rank's rows (and sp chunk), with their token values
 
-  if (fsdp) fsdp->zero_grads();
-  else model.zero_grads();
+  if (fsdp)
+    fsdp->zero_grads();
+  else
+    model.zero_grads();
   Tensor logits;
   PassOptions po;
   po.ce_scale = policy ? 0.0 : 1.0 / double(n_valid);
@@ -229,82 +227,6 @@ GradsResult run_grads(const GradsOptions& opt) {
   }
   write_safetensors(opt.out_path, out);
   return res;
-}
-
-static int parse_degree(const std::string& flag, const std::string& v, int min) {
-  size_t used = 0;
-  int x = 0;
-  try {
-    x = std::stoi(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || x < min) MT_THROW("grads: ", flag, " '", v, "' must be an integer >= ", min);
-  return x;
-}
-
-static const char* const kGradsUsage =
-    "usage: moetrain grads --model DIR --batch FILE.safetensors --out FILE.safetensors "
-    "[--recompute none|full|selective|moe] [--score-before-experts] [--dp-shard N] [--dp-replicate N] [--ep N] "
-    "[--tp N] [--etp 1|N] [--sp N] [--objective ppo|gspo|pg [--clip-low E] [--clip-high E] [--dual-clip C] "
-    "[--kl-coef B] [--kl k1|k2|k3] [--entropy-coef C]] [--temperature T]";
-
-// The policy loss's numeric options: the field each sets, or null for any other flag.
-static double rl::PolicyLossConfig::* policy_number(const std::string& flag) {
-  static const std::pair<const char*, double rl::PolicyLossConfig::*> kFields[] = {
-      {"--clip-low", &rl::PolicyLossConfig::clip_low},   {"--clip-high", &rl::PolicyLossConfig::clip_high},
-      {"--dual-clip", &rl::PolicyLossConfig::dual_clip}, {"--kl-coef", &rl::PolicyLossConfig::kl_coef},
-      {"--entropy-coef", &rl::PolicyLossConfig::entropy_coef}};
-  for (const auto& [name, field] : kFields)
-    if (flag == name) return field;
-  return nullptr;
-}
-
-int grads_main(const std::vector<std::string>& args) {
-  GradsOptions opt;
-  std::vector<std::string> policy_flags;  // the policy loss's options: they need --objective
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) MT_THROW("grads: ", a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--model") opt.model_dir = value();
-    else if (a == "--batch") opt.batch_path = value();
-    else if (a == "--out") opt.out_path = value();
-    else if (a == "--recompute") opt.recompute = parse_recompute(value());
-    else if (a == "--score-before-experts") opt.score_before_experts = true;
-    else if (a == "--dp-shard") opt.dp_shard = parse_degree(a, value(), 0);
-    else if (a == "--dp-replicate") opt.dp_replicate = parse_degree(a, value(), 1);
-    else if (a == "--ep") opt.ep = parse_degree(a, value(), 1);
-    else if (a == "--tp") opt.tp = parse_degree(a, value(), 1);
-    else if (a == "--etp") opt.etp = parse_degree(a, value(), 1);
-    else if (a == "--sp") opt.sp = parse_degree(a, value(), 1);
-    else if (a == "--temperature") {
-      opt.temperature = parse_flag_number<double>("grads: " + a, value());
-      if (!(opt.temperature > 0) || !std::isfinite(opt.temperature))
-        MT_THROW("grads: --temperature ", opt.temperature, " must be > 0 and finite");
-    } else if (a == "--objective") {
-      opt.objective = value();
-      opt.policy.kind = rl::parse_policy_loss(opt.objective);
-    } else if (a == "--kl") {
-      opt.policy.kl = rl::parse_kl_estimator(value());
-      policy_flags.push_back(a);
-    } else if (double rl::PolicyLossConfig::* field = policy_number(a)) {
-      opt.policy.*field = parse_flag_number<double>("grads: " + a, value());
-      policy_flags.push_back(a);
-    } else MT_THROW("grads: unknown argument '", a, "'; ", kGradsUsage);
-  }
-  if (opt.model_dir.empty() || opt.batch_path.empty() || opt.out_path.empty())
-    MT_THROW("grads: --model, --batch and --out are required; ", kGradsUsage);
-  if (opt.objective.empty() && !policy_flags.empty())
-    MT_THROW("grads: ", policy_flags.front(), " sets the RL policy loss; it needs --objective ppo|gspo|pg (without it the "
-             "gradients are cross-entropy's)");
-  GradsResult r = run_grads(opt);
-  if (!opt.out_path.empty() && comm::detect_dist_env().rank != 0) return 0;  // rank 0 reports
-  std::printf("grads: loss %.8f aux_loss %.8f over %lld target tokens -> %s\n", r.loss, r.aux_loss,
-              (long long)r.n_valid, opt.out_path.c_str());
-  return 0;
 }
 
 }  // namespace mt

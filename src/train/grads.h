@@ -1,11 +1,11 @@
-// `moetrain grads`: the numerics tool. Reads a Hugging Face model directory and a batch
-// (input_ids, labels: i64 [B, T], HF semantics), runs forward and backward in fp32 and writes
-// loss, aux_loss, logits (logprobs under --objective) and grad.<name> for every parameter, named as in
-// the model's files.
+// The numerics tool behind `moetrain grads`: reads a Hugging Face model directory and a batch (input_ids, labels: i64
+// [B, T], HF semantics), runs forward and backward in fp32 and writes loss, aux_loss, logits (logprobs under
+// --objective) and grad.<name> for every parameter, named as in the model's files.
 #pragma once
 #include <string>
 
 #include "model/qwen3_moe.h"
+#include "parallel/mesh.h"
 #include "rl/policy_loss.h"
 
 namespace mt {
@@ -20,13 +20,8 @@ struct GradsOptions {
   bool score_before_experts = false;
   // Parallel layout when started by `moetrain launch` (world size > 1): the batch rows are split over
   // the data-parallel ranks, the parameters FSDP-sharded; rank 0 writes the gathered result, which
-  // means the same as the single-process output.
-  int dp_shard = 0;  // 0 = the rest of the world
-  int dp_replicate = 1;
-  int ep = 1;  // expert parallelism: experts split over ep ranks, tokens moved by all-to-all
-  int tp = 1;   // tensor parallelism: tp ranks share samples and split heads / MLP columns
-  int etp = 1;  // expert tensor parallelism: 1 or tp (experts' F split over the tp ranks)
-  int sp = 1;  // sequence parallelism (Ulysses): every sequence split over sp ranks
+  // means the same as the single-process output. etp is 1 or tp (experts' F split over the tp ranks).
+  MeshSpec mesh{};
   // --objective ppo|gspo|pg: an RL policy loss (rl/policy_loss.h) instead of cross-entropy. The batch
   // file then also holds f32 [B, T] tensors aligned with labels: advantages, old_logprobs,
   // token_weights and (with a KL term) ref_logprobs; each batch row is one sample. The output has loss
@@ -47,6 +42,5 @@ struct GradsResult {
 };
 
 GradsResult run_grads(const GradsOptions& opt);
-int grads_main(const std::vector<std::string>& args);  // parses flags, runs, prints one summary line
 
 }  // namespace mt

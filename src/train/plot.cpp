@@ -23,12 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kUsage =
-    "usage: moetrain plot RUN_DIR|METRICS.jsonl [--out FILE.svg|FILE.png]\n"
-    "  draws RUN_DIR/metrics.jsonl (moetrain train or grpo) as an SVG: loss, reward, held-out exact match,\n"
-    "  throughput, step time, gradient norm, learning rate, expert load, ... (panels without data are left out);\n"
-    "  default --out: RUN_DIR/metrics.svg; a .png is converted from the SVG (written beside it) by rsvg-convert";
-
 struct SeriesSpec {
   const char* label;
   const char* field;           // '/'-joined path
@@ -420,28 +414,12 @@ std::string render_svg(const std::vector<PlotPanel>& panels, const std::string& 
   return s.str();
 }
 
-int plot_main(const std::vector<std::string>& args) {
-  std::string in, out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s\n", kUsage);
-      return 0;
-    } else if (a == "--out") {
-      if (i + 1 >= args.size()) MT_THROW("--out needs a value; ", kUsage);
-      out = args[++i];
-    } else if (a.rfind("--out=", 0) == 0)
-      out = a.substr(6);
-    else if (a.rfind("-", 0) == 0 || !in.empty())
-      MT_THROW("unknown argument '", a, "'; ", kUsage);
-    else
-      in = a;
-  }
-  if (in.empty()) MT_THROW("give a run directory (or its metrics.jsonl); ", kUsage);
-  const bool is_file = fs::is_regular_file(in);
-  if (!is_file && !fs::is_directory(in)) MT_THROW(in, " is neither a run directory nor a metrics file");
-  const std::string metrics = is_file ? in : (fs::path(in) / "metrics.jsonl").string();
-  if (out.empty()) out = (fs::path(metrics).parent_path() / "metrics.svg").string();
+PlotReport plot_metrics(const std::string& run, std::string out) {
+  const bool is_file = fs::is_regular_file(run);
+  if (!is_file && !fs::is_directory(run)) MT_THROW(run, " is neither a run directory nor a metrics file");
+  PlotReport rep;
+  rep.metrics = is_file ? run : (fs::path(run) / "metrics.jsonl").string();
+  if (out.empty()) out = (fs::path(rep.metrics).parent_path() / "metrics.svg").string();
   const std::string ext = fs::path(out).extension().string();
   if (ext != ".svg" && ext != ".png") MT_THROW("--out ", out, ": the file must end in .svg or .png");
   const bool png = ext == ".png";
@@ -449,34 +427,33 @@ int plot_main(const std::vector<std::string>& args) {
     MT_THROW("--out ", out,
              ": a PNG is converted from the SVG by rsvg-convert, which is not on PATH (Debian: apt-get "
              "install librsvg2-bin); or name the file .svg");
-  const MetricsFile mf = read_metrics_jsonl(metrics);
+  const MetricsFile mf = read_metrics_jsonl(rep.metrics);
   if (!mf.warning.empty()) log_info("plot: warning: ", mf.warning);
   const std::vector<PlotPanel> panels = metrics_panels(mf.rows);
   if (panels.empty())
-    MT_THROW(metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
+    MT_THROW(rep.metrics, " has ", mf.rows.size(), mf.rows.size() == 1 ? " line" : " lines",
              " but none of the fields plotted (loss, ce, reward_mean, exact_match, tokens_per_s, grad_norm, lr, ...)");
-  std::string title = fs::path(metrics).parent_path().filename().string();
-  if (title.empty()) title = fs::path(metrics).filename().string();
-  const std::string svg = render_svg(panels, title + " — " + fs::path(metrics).filename().string());
+  std::string title = fs::path(rep.metrics).parent_path().filename().string();
+  if (title.empty()) title = fs::path(rep.metrics).filename().string();
+  const std::string svg = render_svg(panels, title + " — " + fs::path(rep.metrics).filename().string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
-  const std::string svg_path = png ? fs::path(out).replace_extension(".svg").string() : out;
-  const std::string tmp = svg_path + ".tmp";
+  rep.svg = png ? fs::path(out).replace_extension(".svg").string() : out;
+  const std::string tmp = rep.svg + ".tmp";
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << svg;
     if (!f.flush()) MT_THROW("cannot write ", tmp);
   }
-  fs::rename(tmp, svg_path);
+  fs::rename(tmp, rep.svg);
   if (png) {
-    const int code = run_program({"rsvg-convert", "-b", "white", "-o", out + ".tmp", svg_path});
-    if (code != 0) MT_THROW("rsvg-convert -o ", out, ".tmp ", svg_path, " failed (exit code ", code, ")");
+    const int code = run_program({"rsvg-convert", "-b", "white", "-o", out + ".tmp", rep.svg});
+    if (code != 0) MT_THROW("rsvg-convert -o ", out, ".tmp ", rep.svg, " failed (exit code ", code, ")");
     fs::rename(out + ".tmp", out);
   }
-  std::string names;
-  for (const PlotPanel& p : panels) names += (names.empty() ? "" : ", ") + p.title;
-  std::printf("plot: %zu panels (%s) from %zu lines of %s -> %s%s\n", panels.size(), names.c_str(), mf.rows.size(),
-              metrics.c_str(), out.c_str(), png ? (" (from " + svg_path + ")").c_str() : "");
-  return 0;
+  rep.out = out;
+  rep.lines = mf.rows.size();
+  for (const PlotPanel& p : panels) rep.panels.push_back(p.title);
+  return rep;
 }
 
 }  // namespace mt

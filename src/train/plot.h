@@ -1,8 +1,8 @@
-// `moetrain plot RUN_DIR [--out FILE.svg|FILE.png]`: a run's metrics.jsonl (moetrain train or grpo)
-// drawn as an SVG file written by hand (a PNG is converted from it by rsvg-convert when that is on PATH) — one panel per group of series (loss, reward, held-out exact match,
-// throughput, step time, gradient norm, learning rate, expert load, ...), each with axes, ticks at
-// nice numbers, labels and a legend. Panels whose fields the file lacks are left out. The loss panel
-// uses a log scale when its values are positive and span more than 30x.
+// What `moetrain plot RUN_DIR [--out FILE.svg|FILE.png]` draws: a run's metrics.jsonl (moetrain train or grpo) as an
+// SVG file written by hand (a PNG is converted from it by rsvg-convert when that is on PATH) — one panel per group of
+// series (loss, reward, held-out exact match, throughput, step time, gradient norm, learning rate, expert load, ...),
+// each with axes, ticks at nice numbers, labels and a legend. Panels whose fields the file lacks are left out. The loss
+// panel uses a log scale when its values are positive and span more than 30x.
 //
 // Errors name the file: missing, empty, a line that is not a JSON object (with its line number), or
 // no field that any panel plots. A last line without its newline (a run killed mid-write) is skipped
@@ -43,6 +43,14 @@ std::vector<double> nice_ticks(double lo, double hi, int target = 5);
 // The whole SVG document: a title line and the panels on a grid of two columns.
 std::string render_svg(const std::vector<PlotPanel>& panels, const std::string& title);
 
-int plot_main(const std::vector<std::string>& args);
+struct PlotReport {
+  std::string metrics, out, svg;    // the file read, the file written and the SVG (out itself, or beside a PNG)
+  size_t lines = 0;                 // metrics rows read
+  std::vector<std::string> panels;  // the titles of the panels drawn
+};
+// `run` is a run directory (its metrics.jsonl) or a metrics file; `out` "" means metrics.svg beside it, and
+// a .png is converted from the SVG written beside it (rsvg-convert must be on PATH). Files are written
+// whole (a temporary, then a rename). Errors name the file and what is wrong.
+PlotReport plot_metrics(const std::string& run, std::string out);
 
 }  // namespace mt

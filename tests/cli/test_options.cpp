@@ -223,7 +223,11 @@ TEST(CliOptions, EveryCommandTakesKeyEqualsValueAndNamesTheNearestOptionForATypo
     const char* typo;
     const char* suggestion;
   };
-  for (const Case& c : {Case{"generate", "--max-new-token=3", "--max-new-tokens"}}) {
+  for (const Case& c :
+       {Case{"generate", "--max-new-token=3", "--max-new-tokens"}, Case{"grpo", "--max-digit=3", "--max-digits"},
+        Case{"convert", "--max-shard-sise=1GB", "--max-shard-size"}, Case{"grads", "--recompte=full", "--recompute"},
+        Case{"tokenize", "--shard-token=10", "--shard-tokens"}, Case{"plot", "--outt=x.svg", "--out"},
+        Case{"launch", "--nproc-per-nod=2", "--nproc-per-node"}}) {
     SCOPED_TRACE(c.command);
     const mt::test::ShellRun r = mt::test::sh(mt::test::kMoetrainBin + " " + c.command + " " + c.typo);
     EXPECT_NE(r.code, 0);

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/commands.h"
 #include "launch/launch.h"
 #include "test_util.h"
 
@@ -52,14 +53,17 @@ TEST(LaunchArgs, Parses) {
 
 TEST(LaunchArgs, ErrorsNameTheFlagAndValue) {
   auto err = [](const std::string& s) { return error_of([&] { parse_launch_args(split(s)); }); };
-  EXPECT_EQ(err("-- train"), "launch: --nproc-per-node is required (the number of ranks to start on this node)");
-  EXPECT_EQ(err("--nproc-per-node 0 -- train"), "launch: --nproc-per-node (0) must be in [1, 4096]");
-  EXPECT_EQ(err("--nproc-per-node two -- train"), "launch: --nproc-per-node ('two') is not an integer");
-  EXPECT_EQ(err("--nproc-per-node"), "launch: --nproc-per-node needs a value");
+  EXPECT_EQ(err("-- train"),
+            "launch: --nproc-per-node is required\nusage: moetrain launch --nproc-per-node N [options] -- <command> "
+            "[args...]\n(moetrain launch --help lists every option)");
+  EXPECT_EQ(err("--nproc-per-node 0 -- train"), "launch: --nproc-per-node 0; need 1..4096");
+  EXPECT_EQ(err("--nproc-per-node two -- train"), "launch: --nproc-per-node 'two' is not a whole number");
+  EXPECT_EQ(err("--nproc-per-node"), "launch: --nproc-per-node needs a value (N: 1..4096)");
   EXPECT_EQ(err("--nproc-per-node 2"),
             "launch: nothing to run: put the command after '--', e.g. moetrain launch --nproc-per-node 2 -- train");
   EXPECT_EQ(err("--nproc-per-node 2 train"),
-            "launch: unknown option 'train' (the command to run goes after '--'; see moetrain launch --help)");
+            "launch: unexpected argument 'train' before '--'; the command to run goes after it (moetrain launch "
+            "--nproc-per-node 2 -- train)");
   EXPECT_EQ(err("--nproc-per-node 2 --nnodes 2 --node-rank 2 -- x"),
             "launch: --node-rank (2) must be in [0, --nnodes = 2)");
   EXPECT_EQ(err("--nproc-per-node 2 --nnodes 2 --master-port 5 -- x"),
@@ -67,9 +71,8 @@ TEST(LaunchArgs, ErrorsNameTheFlagAndValue) {
   EXPECT_EQ(err("--nproc-per-node 2 --nnodes 2 --master-addr h -- x"),
             "launch: --master-port is required with --nnodes 2 (the same free port on every node)");
   EXPECT_EQ(err("--nproc-per-node 2 --master-port 65536 -- x"),
-            "launch: --master-port (65536) must be in [1, 65535] (or 0: a free port, one node only)");
-  EXPECT_EQ(err("--nproc-per-node 2 --timeout-s -1 -- x"),
-            "launch: --timeout-s ('-1') must be a number of seconds >= 0");
+            "launch: --master-port 65536; need 0..65535; 0: a free port, one node only");
+  EXPECT_EQ(err("--nproc-per-node 2 --timeout-s -1 -- x"), "launch: --timeout-s -1; need >= 0; 0: no limit");
 }
 
 TEST(LinePrefixer, EmitsWholeLinesOnly) {

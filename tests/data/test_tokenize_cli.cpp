@@ -96,7 +96,7 @@ TEST(TokenizeCli, BadInputNamesTheLine) {
   EXPECT_NE(r.out.find("id 999999 at position 1 is not in the vocabulary"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " tokenize < /dev/null");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("--tokenizer FILE (a Hugging Face tokenizer.json) is required"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--tokenizer is required"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " tokenize --tokenizer /no/such.json < /dev/null");
   EXPECT_NE(r.out.find("/no/such.json: cannot open"), std::string::npos) << r.out;
 }

@@ -148,7 +148,7 @@ TEST(GradsCli, PolicyOptionsAreNumbersAndNeedAnObjective) {
 TEST(GradsCli, TemperatureIsPositive) {
   ShellRun r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --objective ppo --temperature 0");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("moetrain grads: error: --temperature 0 must be > 0 and finite"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moetrain grads: error: --temperature 0; need > 0"), std::string::npos) << r.out;
   r = sh(kMoetrainBin + " grads --model /nonexistent --batch b --out o --temperature warm");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--temperature 'warm' is not a number"), std::string::npos) << r.out;
