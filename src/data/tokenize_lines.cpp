@@ -8,16 +8,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/error.h"
 
 namespace mt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 void write_ids(std::string& out, const std::vector<uint32_t>& ids) {
   char buf[16];
@@ -102,7 +98,7 @@ nlohmann::json tokenize_bench(const Tokenizer& proto, const std::string& file, i
       tok.encode_append(l, ids);
       tokens += ids.size();
     }
-    const double s = since(t0);
+    const double s = seconds_since(t0);
     if (p == 0)
       cold = s;
     else
@@ -202,7 +198,7 @@ TokenizeLinesReport tokenize_lines(const Tokenizer& tok, std::istream& in, std::
   }
   flush(out, outf, true);
   std::fflush(outf);
-  rep.seconds = since(t0);
+  rep.seconds = seconds_since(t0);
   return rep;
 }
 

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/gather_words.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -23,11 +24,6 @@
 namespace mt::rl {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The prompt + response tokens of a packed micro-batch, padding left out: what the phases' tokens/s count.
 int64_t sequence_tokens(const PackedRollouts& p) {
@@ -338,14 +334,14 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       const HeadRows lp = forward_rows(session, p.mb, po);
       old = response_values(p, lp.logp);
       ent = response_values(p, lp.entropy);
-      m.logprob_s += since(t);
+      m.logprob_s += seconds_since(t);
       logprob_tokens += sequence_tokens(p);
     }
     std::vector<std::vector<float>> ref;
     if (reference) {
       t = Clock::now();
       ref = response_values(p, forward_rows(*reference, p.mb, ref_po).logp);
-      m.ref_logprob_s += since(t);
+      m.ref_logprob_s += seconds_since(t);
       ref_tokens += sequence_tokens(p);
     }
     for (size_t k = 0; k < which.size(); ++k) {
@@ -415,7 +411,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         x.returns = std::move(g.returns);
       }
     }
-    m.critic_value_s = since(t);
+    m.critic_value_s = seconds_since(t);
     // Whitened over the trained tokens; value metrics against the returns.
     double n_tok = 0, a_sum = 0, a_sq = 0, v_sum = 0, r_sum2 = 0, r_sq2 = 0, e_sum = 0, e_sq = 0;
     for (const Kept& x : kept)
@@ -497,7 +493,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         MicroBatch mb = u.p.mb;
         mb.routing.clear();
         own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
-        m.logprob_s += since(t);
+        m.logprob_s += seconds_since(t);
         logprob_tokens += sequence_tokens(u.p);
       }
       std::vector<std::vector<float>> adv_t;
@@ -609,8 +605,9 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       if (o.freeze_router) so.frozen = is_router_weight;
       so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
         ++done_mbs;
-        if (o.progress_every_s > 0 && rank == 0 && since(last_line) >= o.progress_every_s && done_mbs < total_mbs) {
-          const double el = since(t);
+        if (o.progress_every_s > 0 && rank == 0 && seconds_since(last_line) >= o.progress_every_s &&
+            done_mbs < total_mbs) {
+          const double el = seconds_since(t);
           log_info("grpo: step ", step, " update: micro-batch ", done_mbs, "/", total_mbs, " (epoch ", e + 1, "/",
                    o.epochs, "), ", el, " s, ETA ", std::round(el / double(done_mbs) * double(total_mbs - done_mbs)),
                    " s");
@@ -646,7 +643,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
         ref_kl_sum += pm.row_ref_kl;
       }
     }
-  m.update_s = since(t);
+  m.update_s = seconds_since(t);
   // 5. PPO: the critic's update on the returns, the same epochs and mini-batches.
   if (critic) {
     const auto tc = Clock::now();
@@ -671,7 +668,7 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       }
     m.value_loss /= double(c_updates);
     m.critic_grad_norm /= double(c_updates);
-    m.critic_update_s = since(tc);
+    m.critic_update_s = seconds_since(tc);
   }
   // The objectives' own metrics are sums over this rank's rows: one all-gather after the update adds them
   // up over the ranks (every rank holds rows of its own; train_step reduced the loss and the norms).
@@ -805,7 +802,7 @@ double TpGenerator::refresh() {
     }
   }
   model_.refresh_compute_weights();
-  return since(t);
+  return seconds_since(t);
 }
 
 void init_critic_from_policy(TrainSession& critic, TrainSession& policy) {
@@ -926,7 +923,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     const double sync_before = engine.stats().weight_sync_seconds;
     std::vector<GeneratedSample> gen = engine.generate(mine);  // collective under FSDP and ep
     m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
-    m.generate_s += since(t);
+    m.generate_s += seconds_since(t);
     ++m.generate_rounds;
     // This rank's rewards, on its samples indexed into the round's whole list (prompt_index, reqs). A
     // failure here becomes every rank's error at the exchange (no rank waits).
@@ -957,7 +954,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       if (!dist.distributed()) throw;
       error = e.what();
     }
-    m.reward_s += since(t);
+    m.reward_s += seconds_since(t);
     if (dist.distributed()) exchange_round(dist, cfg, prompts, error, gen, rewards, steps, o.token_reward != nullptr);
     // From here on every rank holds the whole round: what follows is the same computation everywhere.
     // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "ops/profile.h"
 #include "rollout/runner.h"
@@ -14,11 +15,6 @@
 namespace mt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Refuses a bad request before any work, naming it and the value; returns the samples asked for in all.
 int64_t check_requests(const std::vector<GenerateRequest>& requests, const ModelConfig& c, const KvBlockManager& blocks,
@@ -167,23 +163,23 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     const SamplingBatch draws = sampling_batch(plan, requests);
     const auto tf = Clock::now();
     StepOutput out = runner.run(plan, draws);  // a decode graph samples too
-    stats_.forward_seconds += since(tf);
+    stats_.forward_seconds += seconds_since(tf);
     count_step(stats_, plan, out);
     if (!out.graphs_off.empty()) graphs_off_ = out.graphs_off;  // not tried again by this engine
     const auto ts = Clock::now();
     StepDraws result = out.drawn ? runner.read_draws() : sample_step(out.logits, draws);  // the one sync
     result.routing = routing_to_host(std::move(out.routing));
     scheduler.update(plan, result);
-    stats_.sample_seconds += since(ts);
+    stats_.sample_seconds += seconds_since(ts);
     if (opt_.on_step)
       opt_.on_step({.finished = scheduler.num_finished(),
                     .total = total,
                     .new_tokens = scheduler.new_tokens(),
                     .running = scheduler.num_running(),
                     .waiting = scheduler.num_waiting(),
-                    .seconds = since(t_start)});
+                    .seconds = seconds_since(t_start)});
   }
-  stats_.seconds += since(t_start);
+  stats_.seconds += seconds_since(t_start);
   return collect(scheduler.take_finished());
 }
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "core/clock.h"
 #include "core/cuda_graph.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -15,11 +16,6 @@
 namespace mt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Views of a flat buffer (i64 words) at 256-byte aligned byte offsets, in the order asked for (off: the running
 // offset in bytes).
@@ -245,7 +241,7 @@ StepOutput ModelRunner::run_graph(const Inputs& in, const SamplingBatch& draws) 
       out.graphs_off = why;
       log_info("engine: decode steps run without CUDA graphs from here on: ", why);
     }
-    out.graph_capture_seconds = since(tc);
+    out.graph_capture_seconds = seconds_since(tc);
   }
   out.logits = dg.logits.rows(0, N);
   out.drawn = true;

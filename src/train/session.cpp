@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
+#include "core/clock.h"
 #include "data/batch.h"
 #include "model/micro_batch.h"
 #include "model/objective.h"
@@ -17,11 +18,6 @@
 namespace mt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // Fault injection for the multi-rank tests: "RANK:STEP" (1-based step) from the environment.
 bool debug_hit(const char* var, int rank, int64_t step) {

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "comm/dist_env.h"
+#include "core/clock.h"
 #include "core/determinism.h"
 #include "core/interrupt.h"
 #include "core/log.h"
@@ -32,12 +33,6 @@
 namespace mt {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-static double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 static std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   int64_t t = int64_t(s + 0.5);

@@ -15,7 +15,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/objective.h"
 #include "model/qwen3_moe.h"
-#include "train/grads.h"
+#include "rl/grads.h"
 #include "train/optimizer.h"
 
 using namespace mt;

@@ -23,7 +23,7 @@
 #include "io/safetensors.h"
 #include "rl/advantages.h"
 #include "rl/policy_loss.h"
-#include "train/grads.h"
+#include "rl/grads.h"
 
 using namespace mt;
 using namespace mt::rl;

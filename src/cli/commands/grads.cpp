@@ -1,6 +1,6 @@
 // moetrain grads --model DIR --batch FILE --out FILE [options]: one forward and backward of a Hugging Face
 // model on one batch (train/grads.h says what it writes); rank 0 prints one summary line.
-#include "train/grads.h"
+#include "rl/grads.h"
 
 #include <cstdio>
 #include <string>

@@ -1,5 +1,5 @@
 // run_grads (grads.h): one forward and backward on a batch, under any layout, written as one process would.
-#include "train/grads.h"
+#include "rl/grads.h"
 
 #include <cmath>
 #include <cstdlib>
