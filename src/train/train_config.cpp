@@ -3,6 +3,7 @@
 #include "train/train_config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -41,6 +42,19 @@ std::string one_of(const std::string& v, std::initializer_list<const char*> allo
 
 std::string zero_or_one(int64_t v) {
   return v == 0 || v == 1 ? "" : std::string("must be 0 or 1");
+}
+
+// The on/off settings (0 or 1 in the struct): on the command line they also take on/off, true/false, yes/no
+// or nothing (a bare --tensorboard is on), in a JSON file true/false, as every command's booleans do.
+bool is_switch(const std::string& key) {
+  return key == "tensorboard" || key == "optimizer_overlap" || key == "deterministic" || key == "reshard_after_forward";
+}
+
+bool switch_word(std::string v, std::string* as_digit) {
+  for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (v == "on" || v == "true" || v == "yes" || v == "1") return *as_digit = "1", true;
+  if (v == "off" || v == "false" || v == "no" || v == "0") return *as_digit = "0", true;
+  return false;
 }
 
 std::string real_str(double v) {
@@ -110,10 +124,14 @@ const std::vector<Field>& fields() {
        "not with synthetic data (its own character ids)",
        [](const TrainConfig&) { return std::string(); }},
       {"data_format", &TrainConfig::data_format, "JSONL data: auto (per line: messages or text) | text | messages",
-       [](const TrainConfig& c) { return one_of(c.data_format, {"auto", "text", "messages"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.data_format, {"auto", "text", "messages"});
+       }},
       {"bad_lines", &TrainConfig::bad_lines,
        "JSONL data: skip (count malformed lines, report them with line numbers, skip them) | fail (stop at the first)",
-       [](const TrainConfig& c) { return one_of(c.bad_lines, {"skip", "fail"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.bad_lines, {"skip", "fail"});
+       }},
       {"max_digits", &TrainConfig::max_digits, "synthetic addition: operands have 1..max_digits digits",
        [](const TrainConfig& c) {
          return c.max_digits >= 1 && c.max_digits <= kMaxAdditionDigits ? ""
@@ -133,21 +151,20 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return c.keep_last < 0 ? std::string("must be >= 0 (0 = keep all)") : ""; }},
       {"max_steps", &TrainConfig::max_steps,
        "stop after this step (saving a checkpoint there) although the LR schedule spans `steps`; 0 = steps",
-       [](const TrainConfig& c) {
-         return c.max_steps < 0 ? std::string("must be >= 0 (0 = steps)") : "";
-       }},
+       [](const TrainConfig& c) { return c.max_steps < 0 ? std::string("must be >= 0 (0 = steps)") : ""; }},
       {"stop_at_exact_match", &TrainConfig::stop_at_exact_match,
        "stop (saving a checkpoint) at the first evaluation (eval_every) whose held-out exact match reaches this "
        "percentage; 0 = off",
        [](const TrainConfig& c) {
          return c.stop_at_exact_match < 0 || c.stop_at_exact_match > 100 ? std::string("must be in [0, 100] (0 = off)")
-                                                                        : "";
+                                                                         : "";
        }},
       {"resume", &TrainConfig::resume,
        "continue a run exactly: latest (bare --resume: the newest checkpoint of the run dir whose manifest "
        "verifies) or a checkpoint-N directory; \"\" = start fresh",
        [](const TrainConfig&) { return std::string(); }},
-      {"recompute", &TrainConfig::recompute, "activation recompute per block: none | full | selective | moe (docs/model.md)",
+      {"recompute", &TrainConfig::recompute,
+       "activation recompute per block: none | full | selective | moe (docs/model.md)",
        [](const TrainConfig& c) {
          return one_of(c.recompute, {"none", "full", "selective", "moe"});
        }},
@@ -182,26 +199,37 @@ const std::vector<Field>& fields() {
       {"threads", &TrainConfig::threads, "CPU threads; 0 = all cores",
        [](const TrainConfig& c) { return c.threads < 0 ? std::string("must be >= 0 (0 = all cores)") : ""; }},
       {"dp_shard", &TrainConfig::dp_shard, "FSDP ranks; 0 = the rest of the world size",
-       [](const TrainConfig& c) { return c.dp_shard < 0 ? std::string("must be >= 0 (0 = the rest of the world)") : ""; }},
+       [](const TrainConfig& c) {
+         return c.dp_shard < 0 ? std::string("must be >= 0 (0 = the rest of the world)") : "";
+       }},
       {"dp_replicate", &TrainConfig::dp_replicate, "HSDP replicas of the sharded model",
        [](const TrainConfig& c) { return c.dp_replicate < 1 ? std::string("must be >= 1") : ""; }},
       {"grad_sync", &TrainConfig::grad_sync,
        "FSDP gradient reduction: every (micro-batch) | last (only in the last micro-batch; full-size grads meanwhile)",
-       [](const TrainConfig& c) { return one_of(c.grad_sync, {"every", "last"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.grad_sync, {"every", "last"});
+       }},
       {"load_mode", &TrainConfig::load_mode,
        "multi-rank loading: mmap (each rank reads its own slices) | broadcast (rank 0 reads, large buckets) | "
        "auto (broadcast only when some rank cannot see the files)",
-       [](const TrainConfig& c) { return one_of(c.load_mode, {"auto", "mmap", "broadcast"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.load_mode, {"auto", "mmap", "broadcast"});
+       }},
       {"moe_capacity_factor", &TrainConfig::moe_capacity_factor,
-       "0 = dropless; > 0: each expert takes at most ceil(T K / E x factor) assignments per rank, lowest weights dropped",
-       [](const TrainConfig& c) { return c.moe_capacity_factor < 0 ? std::string("must be >= 0 (0 = dropless)") : ""; }},
+       "0 = dropless; > 0: each expert takes at most ceil(T K / E x factor) assignments per rank, lowest weights "
+       "dropped",
+       [](const TrainConfig& c) {
+         return c.moe_capacity_factor < 0 ? std::string("must be >= 0 (0 = dropless)") : "";
+       }},
       {"ep", &TrainConfig::ep, "expert parallelism: experts split over ep ranks (tokens move by all-to-all)",
        [](const TrainConfig& c) { return c.ep < 1 ? std::string("must be >= 1") : ""; }},
       {"tp", &TrainConfig::tp, "tensor parallelism: heads and MLP columns split over tp ranks that share samples",
        [](const TrainConfig& c) { return c.tp < 1 ? std::string("must be >= 1") : ""; }},
-      {"etp", &TrainConfig::etp, "expert tensor parallelism: 1 (experts whole) or tp (experts' F split over the tp ranks)",
+      {"etp", &TrainConfig::etp,
+       "expert tensor parallelism: 1 (experts whole) or tp (experts' F split over the tp ranks)",
        [](const TrainConfig& c) { return c.etp != 1 && c.etp != c.tp ? str("must be 1 or tp (", c.tp, ")") : ""; }},
-      {"sp", &TrainConfig::sp, "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
+      {"sp", &TrainConfig::sp,
+       "sequence parallelism (Ulysses): each sequence split over sp ranks (all-to-all attention)",
        [](const TrainConfig& c) { return c.sp < 1 ? std::string("must be >= 1") : ""; }},
       {"optimizer_overlap", &TrainConfig::optimizer_overlap,
        "one device on CUDA: 1 runs each unit's AdamW update on a side stream, the next forward waiting only for "
@@ -219,11 +247,15 @@ const std::vector<Field>& fields() {
        [](const TrainConfig& c) { return zero_or_one(c.reshard_after_forward); }},
       {"grad_reduce_dtype", &TrainConfig::grad_reduce_dtype,
        "FSDP gradient reduction: f32 (reduce-scatter in fp32) | bf16 (bf16 on the wire, summed in fp32)",
-       [](const TrainConfig& c) { return one_of(c.grad_reduce_dtype, {"f32", "bf16"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.grad_reduce_dtype, {"f32", "bf16"});
+       }},
       {"comm_timeout_s", &TrainConfig::comm_timeout_s, "seconds before a stuck collective or rendezvous is an error",
        [](const TrainConfig& c) { return c.comm_timeout_s < 1 ? std::string("must be >= 1") : ""; }},
       {"schedule_check", &TrainConfig::schedule_check, "collective-schedule check: off | periodic | per_op (debug)",
-       [](const TrainConfig& c) { return one_of(c.schedule_check, {"off", "periodic", "per_op"}); }},
+       [](const TrainConfig& c) {
+         return one_of(c.schedule_check, {"off", "periodic", "per_op"});
+       }},
       {"schedule_check_every", &TrainConfig::schedule_check_every, "steps between periodic schedule checks",
        [](const TrainConfig& c) { return c.schedule_check_every < 1 ? std::string("must be >= 1") : ""; }},
   };
@@ -256,6 +288,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
                 (name.size() >= 3 && k.find(name) != std::string::npos) ||
                 (k.size() >= 2 && k.rfind(name, 0) == 0);  // "lrate" -> lr
     if (near) close += str(close.empty() ? "" : ", ", name);
+  }
+  if (origin.rfind("--", 0) == 0) {  // the command line: every command's form (cli/options.h)
+    std::string flags;
+    for (size_t at = 0; at < close.size();) {
+      size_t comma = close.find(", ", at);
+      if (comma == std::string::npos) comma = close.size();
+      std::string name = close.substr(at, comma - at);
+      std::replace(name.begin(), name.end(), '_', '-');
+      flags += str(flags.empty() ? "--" : ", --", name);
+      at = comma + 2;
+    }
+    std::string k_dash = key;
+    std::replace(k_dash.begin(), k_dash.end(), '_', '-');
+    MT_THROW("unknown option --", k_dash, flags.empty() ? "" : "; did you mean " + flags + "?",
+             " (--help lists every option)");
   }
   if (!close.empty()) MT_THROW("train config (", origin, "): unknown key '", key, "'; did you mean: ", close, "?");
   std::string all;
@@ -308,7 +355,13 @@ void set_from_text(TrainConfig& c, const Field& f, const std::string& value, con
   if (auto m = std::get_if<StrMember>(&f.member)) {
     c.** m = value;
   } else if (auto m = std::get_if<IntMember>(&f.member)) {
-    if (!parse_int(value, &(c.**m)))
+    std::string digit;
+    if (is_switch(f.key)) {
+      if (!switch_word(value, &digit))
+        MT_THROW("train config (", origin, "): ", f.key, " = \"", value,
+                 "\" is not on or off (on/off, true/false, 1/0, yes/no)");
+      c.** m = digit == "1";
+    } else if (!parse_int(value, &(c.**m)))
       MT_THROW("train config (", origin, "): ", f.key, " = \"", value, "\" is not an integer");
   } else {
     if (!parse_real(value, &(c.*std::get<RealMember>(f.member))))
@@ -326,7 +379,9 @@ void set_from_json(TrainConfig& c, const Field& f, const nlohmann::json& v, cons
     if (!v.is_string()) type_error("a string");
     c.** m = v.get<std::string>();
   } else if (auto m = std::get_if<IntMember>(&f.member)) {
-    if (v.is_number_integer()) {
+    if (is_switch(f.key) && v.is_boolean()) {
+      c.** m = v.get<bool>() ? 1 : 0;
+    } else if (v.is_number_integer()) {
       if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
         type_error("an integer that fits in int64");
       c.** m = v.get<int64_t>();
@@ -369,8 +424,10 @@ void apply_args(TrainConfig& c, const std::vector<std::string>& args, bool allow
         set_from_text(c, find_field(key, "--" + key), "latest", "--" + key);  // a bare --resume
         continue;
       }
-      if (normalize_key(key) == "deterministic" && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
-        set_from_text(c, find_field(key, "--" + key), "1", "--" + key);  // a bare --deterministic
+      std::string digit;
+      if (is_switch(normalize_key(key)) &&
+          (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0 || !switch_word(args[i + 1], &digit))) {
+        set_from_text(c, find_field(key, "--" + key), "1", "--" + key);  // a bare switch is on
         continue;
       }
       if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
@@ -452,7 +509,8 @@ void validate_train_config(const TrainConfig& c) {
              " (steps is the length of the LR schedule; max_steps stops the run earlier)");
   if (c.stop_at_exact_match > 0 && (c.data.rfind("synthetic:", 0) != 0 || c.eval_every < 1))
     MT_THROW("train config: stop_at_exact_match = ", real_str(c.stop_at_exact_match),
-             " is not allowed here: it stops at an evaluation of held-out exact match, which needs synthetic data (data = \"",
+             " is not allowed here: it stops at an evaluation of held-out exact match, which needs synthetic data "
+             "(data = \"",
              c.data, "\") and eval_every >= 1 (", c.eval_every, ")");
   if (c.data.rfind("synthetic:", 0) == 0 && !c.tokenizer.empty())
     MT_THROW("train config: tokenizer = \"", c.tokenizer, "\" is not allowed with data = \"", c.data,
@@ -516,10 +574,37 @@ std::string train_config_changes(const nlohmann::json& saved, const TrainConfig&
   // Where and how the same steps run: these may change between a save and its resume. (score_before_experts
   // is the checkpoint's own: the trainer refuses a resume that contradicts it, and -1 takes it.)
   static const std::vector<std::string> kFree = {"score_before_experts",
-      "init_from", "load_mode", "device", "out_dir", "steps", "max_steps", "stop_at_exact_match", "resume", "save_every", "keep_last",
-      "log_every", "eval_every", "eval_problems", "metrics_file", "tensorboard", "threads", "dp_shard",
-      "dp_replicate", "ep", "tp", "etp", "sp", "optimizer_overlap", "deterministic", "reshard_after_forward",
-      "grad_sync", "comm_timeout_s", "schedule_check", "schedule_check_every", "recompute", "bad_lines"};
+                                                 "init_from",
+                                                 "load_mode",
+                                                 "device",
+                                                 "out_dir",
+                                                 "steps",
+                                                 "max_steps",
+                                                 "stop_at_exact_match",
+                                                 "resume",
+                                                 "save_every",
+                                                 "keep_last",
+                                                 "log_every",
+                                                 "eval_every",
+                                                 "eval_problems",
+                                                 "metrics_file",
+                                                 "tensorboard",
+                                                 "threads",
+                                                 "dp_shard",
+                                                 "dp_replicate",
+                                                 "ep",
+                                                 "tp",
+                                                 "etp",
+                                                 "sp",
+                                                 "optimizer_overlap",
+                                                 "deterministic",
+                                                 "reshard_after_forward",
+                                                 "grad_sync",
+                                                 "comm_timeout_s",
+                                                 "schedule_check",
+                                                 "schedule_check_every",
+                                                 "recompute",
+                                                 "bad_lines"};
   if (!saved.is_object()) return "";
   const nlohmann::json now = nlohmann::json::parse(to_json(c));
   std::string out;

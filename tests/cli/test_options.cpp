@@ -227,7 +227,8 @@ TEST(CliOptions, EveryCommandTakesKeyEqualsValueAndNamesTheNearestOptionForATypo
        {Case{"generate", "--max-new-token=3", "--max-new-tokens"}, Case{"grpo", "--max-digit=3", "--max-digits"},
         Case{"convert", "--max-shard-sise=1GB", "--max-shard-size"}, Case{"grads", "--recompte=full", "--recompute"},
         Case{"tokenize", "--shard-token=10", "--shard-tokens"}, Case{"plot", "--outt=x.svg", "--out"},
-        Case{"launch", "--nproc-per-nod=2", "--nproc-per-node"}}) {
+        Case{"launch", "--nproc-per-nod=2", "--nproc-per-node"}, Case{"train", "--max-step=3", "--max-steps"},
+        Case{"sft", "--max-step=3", "--max-steps"}}) {
     SCOPED_TRACE(c.command);
     const mt::test::ShellRun r = mt::test::sh(mt::test::kMoetrainBin + " " + c.command + " " + c.typo);
     EXPECT_NE(r.code, 0);

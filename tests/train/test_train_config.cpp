@@ -4,10 +4,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "core/error.h"
-#include "train/train_config.h"
 #include "test_util.h"
+#include "train/train_config.h"
 
 using namespace mt;
 using mt::testutil::error_of;
@@ -152,10 +153,31 @@ TEST(TrainConfig, OverridesBothSpellings) {
   EXPECT_DOUBLE_EQ(c.beta1, 0.9);
 }
 
+// The on/off settings take every command's boolean words, bare means on, and a JSON file may say true/false.
+TEST(TrainConfig, SwitchesTakeOnOffTrueFalseYesNoAndBare) {
+  TrainConfig c;
+  apply_overrides(
+      c, {"--tensorboard", "off", "--deterministic", "--reshard-after-forward=false", "--optimizer-overlap", "YES"});
+  EXPECT_EQ(c.tensorboard, 0);
+  EXPECT_EQ(c.deterministic, 1);
+  EXPECT_EQ(c.reshard_after_forward, 0);
+  EXPECT_EQ(c.optimizer_overlap, 1);
+  apply_overrides(c, {"--tensorboard=1", "--deterministic", "0", "--optimizer-overlap", "--steps", "9"});
+  EXPECT_EQ(c.tensorboard, 1);
+  EXPECT_EQ(c.deterministic, 0);
+  EXPECT_EQ(c.optimizer_overlap, 1);
+  EXPECT_EQ(c.steps, 9);
+  apply_json(c, R"({"tensorboard": false, "deterministic": true})", "j");
+  EXPECT_EQ(c.tensorboard, 0);
+  EXPECT_EQ(c.deterministic, 1);
+  expect_override_error({"--tensorboard=maybe"}, {"tensorboard = \"maybe\" is not on or off"});
+}
+
 TEST(TrainConfig, OverrideErrorsNameFieldAndValue) {
-  expect_override_error({"--micro-batch", "8"}, {"unknown key 'micro-batch'", "micro_batch_size"});
-  expect_override_error({"--lrate", "1"}, {"unknown key 'lrate'", "did you mean: lr"});
-  expect_override_error({"--zzzzzz", "1"}, {"unknown key 'zzzzzz'", "the keys are:", "seq_len", "threads"});
+  expect_override_error({"--micro-batch", "8"}, {"unknown option --micro-batch; did you mean", "--micro-batch-size"});
+  expect_override_error({"--lrate", "1"}, {"unknown option --lrate; did you mean --lr"});
+  expect_override_error({"--zzzzzz", "1"}, {"unknown option --zzzzzz (--help lists every option)"});
+  EXPECT_THROW(apply_json(*std::make_unique<TrainConfig>(), R"({"lrate": 1})", "f.json"), Error);
   expect_override_error({"--steps", "abc"}, {"--steps", "steps = \"abc\"", "not an integer"});
   expect_override_error({"--steps", "-5"}, {"steps = -5", "must be >= 0"});
   expect_override_error({"--lr", "0"}, {"lr = 0", "must be > 0"});
@@ -220,8 +242,9 @@ TEST(TrainConfig, WarmupLongerThanStepsIsClampedNotRefused) {
     EXPECT_EQ(warmup_clamp_note(mine), "warmup_steps 500 (your setting) > steps 20; warming up over all 20 steps");
   }
   // The default's own value, given explicitly, is the user's too; so is a config file's.
-  EXPECT_NE(warmup_clamp_note(train_config_from_args({"--steps", "20", "--warmup-steps", "100"})).find("(your setting)"),
-            std::string::npos);
+  EXPECT_NE(
+      warmup_clamp_note(train_config_from_args({"--steps", "20", "--warmup-steps", "100"})).find("(your setting)"),
+      std::string::npos);
   TrainConfig file;
   apply_json(file, "{\"steps\": 5, \"warmup_steps\": 8}", "x.json");
   EXPECT_EQ(warmup_clamp_note(file), "warmup_steps 8 (your setting) > steps 5; warming up over all 5 steps");
