@@ -2,7 +2,7 @@
 // (docs/rl.md "moetrain grpo", "Prompt files"), with checkpoints a run can resume from exactly
 // ("Checkpoints and resume").
 //
-// The built-in tasks (--task, TaskPreset below) each name a starting model, made when absent, and a recipe:
+// The built-in tasks (--task, rl/addition_task.h) each name a starting model, made when absent, and a recipe:
 // sharpen (the default) the demo's own problems from the demo stopped early, with the standard recipe (an
 // exact-answer reward, GRPO's outcome advantages); extend a fourth digit from the full demo, each answer
 // token rewarded and credited against the group's samples at the same position. Both evaluate greedy exact
@@ -11,21 +11,19 @@
 // answers of problems from the same distribution, cross-entropy through the same train_step): the
 // comparison the docs quote.
 //
-// `--prompts FILE.jsonl` trains on the user's prompts instead (rollout/prompts.h reads them: prompt_ids,
-// prompt or messages, plus answer and free metadata), drawn by a seeded sampler in shuffled epochs, with
-// an exact-match, math or external-program reward (rl/rewards.h) on the decoded responses; with
+// `--prompts FILE.jsonl` trains on the user's prompts instead (rl/prompt_file.h; rollout/prompts.h reads them:
+// prompt_ids, prompt or messages, plus answer and free metadata), drawn by a seeded sampler in shuffled epochs, with an
+// exact-match, math or external-program reward (rl/rewards.h) on the decoded responses; with
 // `--eval-prompts` it ends `grpo: <reward> <before> -> <after> on <n> held-out prompts`.
 //
 // Checkpoints (train/checkpoint.h): RUN_DIR/checkpoint-N holds the HF weights, the policy's f32 masters
 // and AdamW moments, the critic's (PPO) in critic/, and train_state.json (step, optimizer counters, the
 // prompt sampler's position or the task's draw count, the reference model's directory and fingerprint,
 // the evaluation before training), under a manifest; `--resume` continues from the newest one that
-// verifies, and on the CPU equals the run that never stopped, bit for bit. Every option and every prompt
-// is checked before any work starts. One process for now.
+// verifies, and on the CPU equals the run that never stopped, bit for bit. Every option (declared once:
+// cli/options.h) and every prompt is checked before any work starts; under `moetrain launch` every rank runs it.
 #include "rl/grpo.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +55,8 @@
 #include "io/manifest.h"
 #include "model/hf_checkpoint.h"
 #include "ops/threads.h"
+#include "rl/addition_task.h"
+#include "rl/prompt_file.h"
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
 #include "train/checkpoint.h"
@@ -70,360 +70,27 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using rl::exact_match_reward;
-using rl::math_reward;
-using rl::RewardBatch;
 using rl::RewardProgram;
 using rl::RewardProgramOptions;
-using rl::RewardRequest;
 
-constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
-
-// The built-in tasks (--task). Each names its starting model and the recipe its numbers were measured
-// with (docs/rl.md "moetrain grpo"); any option given on the command line overrides the preset.
-// sharpen (the default): the demo's own task (1..3-digit addition) from the demo recipe stopped early, at
-//   the first evaluation that reaches kStartExactMatch: a model that solves the problems sometimes (pass@8
-//   well above pass@1), which GRPO with a binary reward and outcome advantages makes reliable.
-// extend: a fourth digit the demo was never trained on (pass@k = 0 for an exact answer), from the fully
-//   trained demo, with a reward per right digit credited per position.
-struct TaskPreset {
-  std::string name;
-  std::string start;  // a model directory, or (sharpen) the run directory of the early-stopped demo
-  bool start_is_run = false;
-  int lo = 1, hi = 3;
-  bool longest = false;
-  const char* reward = "exact";
-  bool process = false, per_position = false;  // --advantage outcome | position
-  float temperature = 1.0f;
-  int64_t steps = 500;
-};
-constexpr double kStartExactMatch = 20;
+// PPO's policy takes smaller steps than GRPO's by default: its whitened GAE advantages carry the critic's
+// error too (docs/rl.md "PPO with a critic").
 constexpr double kPpoLr = 1e-4;
-constexpr const char* kStartRun = "runs/grpo-start";
-
-TaskPreset task_preset(const std::string& name) {
-  if (name == "sharpen") {
-    TaskPreset t;
-    t.name = name;
-    t.start = kStartRun;
-    t.start_is_run = true;
-    t.steps = 1500;
-    return t;
-  }
-  if (name == "extend") {
-    TaskPreset t;
-    t.name = name;
-    t.start = kDemoModel;
-    t.hi = 4;
-    t.longest = true;
-    t.reward = "digits";
-    t.process = t.per_position = true;
-    t.temperature = 1.5f;
-    t.steps = 500;
-    return t;
-  }
-  MT_THROW("grpo: --task '", name, "' is unknown; use sharpen (the default) or extend");
-}
-
-// The newest complete checkpoint of the early-stopped demo run, or "" when it has none.
-std::string start_checkpoint(const std::string& run) {
-  if (!fs::is_directory(run)) return "";
-  return find_resume_checkpoint(run, "latest").dir;
-}
-
-// An exclusive lock on PATH (created when absent), held until the object dies: runs started together (a
-// seed study) make the shared starting model once, the others wait for it and then read it.
-class FileLock {
- public:
-  explicit FileLock(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
-    if (fd_ < 0) MT_THROW("grpo: cannot open the lock file ", path, ": ", std::strerror(errno));
-    if (::flock(fd_, LOCK_EX) != 0) {
-      const int e = errno;
-      ::close(fd_);
-      MT_THROW("grpo: cannot lock ", path, ": ", std::strerror(e));
-    }
-  }
-  ~FileLock() { ::close(fd_); }  // closing releases the lock
-  FileLock(const FileLock&) = delete;
-  FileLock& operator=(const FileLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-// The task's starting model: made when absent (the demo recipe, trained here), as `moetrain train` would.
-std::string ensure_task_start(const TaskPreset& t, const std::string& device_name) {
-  auto present = [&t]() -> std::string {  // the start's model directory, "" while it has none
-    const std::string dir = t.start_is_run ? start_checkpoint(t.start) : t.start;
-    return !dir.empty() && fs::exists(dir + "/config.json") ? dir : "";
-  };
-  if (std::string dir = present(); !dir.empty()) return dir;
-  if (comm::detect_dist_env().world_size > 1)  // a process rendezvouses once: train it in its own run
-    MT_THROW("grpo: the starting model ", t.start, " is absent; under moetrain launch make it first, in one process (",
-             t.start_is_run ? str("moetrain train --run-dir ", t.start, " --eval-every 50 --stop-at-exact-match ",
-                                  kStartExactMatch)
-                            : std::string("moetrain train"),
-             ")");
-  const fs::path parent = fs::path(t.start).parent_path();
-  if (!parent.empty()) fs::create_directories(parent);
-  FileLock lock(t.start + ".lock");
-  if (std::string dir = present(); !dir.empty()) return dir;  // another run made it meanwhile
-  TrainConfig tc;
-  tc.device = device_name;
-  if (t.start_is_run) {
-    tc.out_dir = t.start;
-    tc.eval_every = 50;
-    tc.stop_at_exact_match = kStartExactMatch;
-    log_info("grpo: ", t.start, " is absent: training the demo model until its held-out exact match reaches ",
-             kStartExactMatch, "% (moetrain train --run-dir ", t.start, " --eval-every 50 --stop-at-exact-match ",
-             kStartExactMatch, ")");
-  } else {
-    log_info("grpo: ", t.start, " is absent: training the demo model first (moetrain train)");
-  }
-  run_training(tc);
-  const std::string dir = present();
-  if (dir.empty()) MT_THROW("grpo: training the starting model left no checkpoint in ", t.start);
-  return dir;
-}
-
-std::vector<int32_t> ids32(const std::vector<int64_t>& v) {
-  return std::vector<int32_t>(v.begin(), v.end());
-}
-
-int64_t pow10(int k) {
-  int64_t p = 1;
-  for (int i = 0; i < k; ++i) p *= 10;
-  return p;
-}
-
-// Operands with a digit count uniform in [lo, hi], uniform among those numbers (1 digit includes 0).
-int64_t operand(Rng& rng, int lo, int hi) {
-  const int k = int(rng.randint(lo, hi + 1));
-  return rng.randint(k == 1 ? 0 : pow10(k - 1), pow10(k));
-}
-
-// The task's problems: training never draws a held-out pair (synthetic.h's split), evaluation only those.
-// longest: at least one operand has `hi` digits (the problems a model trained on shorter ones fails).
-struct Task {
-  int lo = 1, hi = 4;
-  bool longest = true;
-  bool wanted(int64_t a, int64_t b) const { return !longest || std::max(a, b) >= pow10(hi - 1); }
-  Problem train(Rng& rng) const {
-    for (;;) {
-      const int64_t a = operand(rng, lo, hi), b = operand(rng, lo, hi);
-      if (!is_eval_pair(a, b) && wanted(a, b)) return make_addition_problem(a, b);
-    }
-  }
-  std::vector<Problem> eval(int64_t n, uint64_t seed) const {
-    Rng rng{mix64(seed ^ 0x6772706f5f657661ull)};
-    std::set<std::pair<int64_t, int64_t>> seen;
-    std::vector<Problem> out;
-    for (int64_t tries = 0; int64_t(out.size()) < n; ++tries) {
-      if (tries > 1000 * n + 100000)
-        MT_THROW("grpo: could not draw ", n, " distinct held-out problems with ", lo, "..", hi,
-                 "-digit operands; ask for fewer (--eval-problems)");
-      const int64_t a = operand(rng, lo, hi), b = operand(rng, lo, hi);
-      if (is_eval_pair(a, b) && wanted(a, b) && seen.insert({a, b}).second) out.push_back(make_addition_problem(a, b));
-    }
-    return out;
-  }
-};
-
-// Greedy exact match on the held-out problems, through the engine.
-double exact_match(RolloutEngine& engine, const std::vector<Problem>& problems, int max_digits) {
-  std::vector<GenerateRequest> reqs;
-  for (const Problem& p : problems) {
-    GenerateRequest r;
-    r.prompt = ids32(p.prompt_ids);
-    r.sampling.temperature = 0;
-    r.max_new_tokens = max_answer_tokens(max_digits);
-    reqs.push_back(r);
-  }
-  const std::vector<GeneratedSample> out = engine.generate(reqs);
-  int64_t correct = 0;
-  for (const GeneratedSample& g : out)
-    correct += check_answer(problems[size_t(g.prompt_index)], std::vector<int64_t>(g.tokens.begin(), g.tokens.end()));
-  return 100.0 * double(correct) / double(problems.size());
-}
-
-// The reward of a response. exact: 1 or 0. prefix: the share of the answer (digits, then <eos>) right
-// before the first mistake. digits: the share of the answer's positions the response gets right (a 4-digit
-// sum with a wrong tens digit scores 5/6 rather than 0), so groups on problems the model never solves
-// still differ. An exact answer scores 1 under each, and only an exact answer does.
-enum class Reward { Exact, Prefix, Digits };
-double answer_reward(const Problem& p, const std::vector<int32_t>& tokens, Reward kind) {
-  if (kind == Reward::Exact) return check_answer(p, std::vector<int64_t>(tokens.begin(), tokens.end())) ? 1.0 : 0.0;
-  size_t k = 0, right = 0;
-  while (k < p.answer_ids.size() && k < tokens.size() && int64_t(tokens[k]) == p.answer_ids[k]) ++k;
-  for (size_t i = 0; i < p.answer_ids.size() && i < tokens.size(); ++i) right += int64_t(tokens[i]) == p.answer_ids[i];
-  return double(kind == Reward::Prefix ? k : right) / double(p.answer_ids.size());
-}
-
-// Process rewards: 1 for each response token equal to the answer's token at its position, else 0 (the
-// digits reward spread over the tokens).
-std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int32_t>& tokens) {
-  std::vector<double> r(tokens.size(), 0.0);
-  for (size_t i = 0; i < tokens.size() && i < p.answer_ids.size(); ++i) r[i] = int64_t(tokens[i]) == p.answer_ids[i];
-  return r;
-}
-
-// One SFT micro-batch of `rows` problems: prompt -100, answer tokens as targets (HF labels).
-MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows) {
-  const int64_t S = max_problem_tokens(task.hi);
-  Tensor ids = Tensor::zeros({rows, S}, DType::I64), labels = Tensor::empty({rows, S}, DType::I64);
-  for (int64_t i = 0; i < rows * S; ++i) labels.data<int64_t>()[i] = -100;
-  for (int64_t r = 0; r < rows; ++r) {
-    const Problem p = task.train(rng);
-    int64_t s = 0;
-    for (int64_t id : p.prompt_ids) ids.data<int64_t>()[r * S + s++] = id;
-    for (int64_t id : p.answer_ids) {
-      ids.data<int64_t>()[r * S + s] = labels.data<int64_t>()[r * S + s] = id;
-      ++s;
-    }
-  }
-  return MicroBatch{ids, labels};
-}
-
-// ---- Prompt files --------------------------------------------------------------------------------
-
-enum class FileReward { Exact, Math, Program };
-
-// A prompt file and what its rewards need. The answers are read (and checked) once, before any work.
-struct PromptFile {
-  std::string path;
-  std::vector<Prompt> prompts;
-  std::vector<std::string> answers;              // text answers (with a tokenizer)
-  std::vector<std::vector<int32_t>> answer_ids;  // token-id answers (exact match without a tokenizer)
-};
-
-PromptFile load_prompt_file(const std::string& path, const ModelConfig& cfg, int64_t max_new_tokens,
-                            const Tokenizer* tok, FileReward reward) {
-  const int64_t room = cfg.max_position_embeddings - max_new_tokens;
-  if (room < 1)
-    MT_THROW("grpo: --max-new-tokens ", max_new_tokens, " leaves no room for a prompt in the model's ",
-             cfg.max_position_embeddings, " positions");
-  PromptFile f;
-  f.path = path;
-  f.prompts = read_prompts(path, cfg.vocab_size, room, tok);  // errors name the line (and the tokenizer's absence)
-  const bool needs_answer = reward != FileReward::Program;
-  for (const Prompt& p : f.prompts) {
-    const std::string where = path + ":" + std::to_string(p.line);
-    auto it = p.meta.find("answer");
-    if (it == p.meta.end()) {
-      if (needs_answer)
-        MT_THROW(where, ": no \"answer\"; the ", reward == FileReward::Exact ? "exact" : "math",
-                 " reward compares the response with it (add \"answer\" or use --reward program:CMD)");
-      f.answers.emplace_back();
-      f.answer_ids.emplace_back();
-      continue;
-    }
-    const json& a = *it;
-    std::vector<int32_t> ids;
-    std::string text;
-    if (a.is_string())
-      text = a.get<std::string>();
-    else if (a.is_number())
-      text = a.dump();
-    else if (a.is_array() && !tok && reward == FileReward::Exact) {
-      for (size_t i = 0; i < a.size(); ++i) {
-        if (!a[i].is_number_integer() || a[i].get<int64_t>() < 0 || a[i].get<int64_t>() >= cfg.vocab_size)
-          MT_THROW(where, ": answer[", i, "] is ", a[i].dump(), ", not a token id in [0, ", cfg.vocab_size, ")");
-        ids.push_back(int32_t(a[i].get<int64_t>()));
-      }
-    } else if (needs_answer) {
-      MT_THROW(
-          where, ": \"answer\" is ", a.dump().substr(0, 80), "; ",
-          tok ? "use a string or a number" : "without a tokenizer, exact match compares token ids: use a list of ids");
-    }
-    if (needs_answer && !tok && ids.empty())
-      MT_THROW(where, ": \"answer\" is ", a.dump().substr(0, 80),
-               "; the model directory has no tokenizer.json, so responses have no text: exact match then "
-               "compares token ids (give \"answer\" as a list of ids), and math needs the tokenizer");
-    f.answers.push_back(std::move(text));
-    f.answer_ids.push_back(std::move(ids));
-  }
-  return f;
-}
-
-// Prompts drawn in epochs, each a permutation of the file seeded by (seed, epoch): the position (prompts
-// drawn so far) is the whole state a checkpoint needs.
-class PromptSampler {
- public:
-  PromptSampler(int64_t size, uint64_t seed) : size_(size), seed_(seed) {}
-  int64_t next() {
-    const int64_t epoch = pos_ / size_;
-    if (epoch != epoch_) {
-      order_.resize(size_t(size_));
-      for (int64_t i = 0; i < size_; ++i) order_[size_t(i)] = i;
-      Rng rng{mix64(seed_ ^ mix64(uint64_t(epoch) + 0x70726f6d7074ull))};
-      for (int64_t i = size_ - 1; i > 0; --i) std::swap(order_[size_t(i)], order_[size_t(rng.randint(0, i + 1))]);
-      epoch_ = epoch;
-    }
-    return order_[size_t(pos_++ % size_)];
-  }
-  int64_t position() const { return pos_; }
-  void set_position(int64_t p) { pos_ = p; }
-
- private:
-  int64_t size_;
-  uint64_t seed_;
-  int64_t pos_ = 0, epoch_ = -1;
-  std::vector<int64_t> order_;
-};
-
-// The response without its final stop token (the EOS or a stop token, which the engine includes).
-std::vector<int32_t> response_ids(const GeneratedSample& g) {
-  std::vector<int32_t> ids = g.tokens;
-  if (g.finish_reason == "stop" && !ids.empty()) ids.pop_back();
-  return ids;
-}
-
-std::string decode_text(const Tokenizer& tok, const std::vector<int32_t>& ids) {
-  std::vector<uint32_t> u;  // ids the tokenizer lacks (a padded vocabulary) have no text
-  for (int32_t t : ids)
-    if (t >= 0 && uint32_t(t) < tok.vocab_size()) u.push_back(uint32_t(t));
-  return tok.decode(u, true);
-}
-
-// The rewards of a prompt file's samples: `which[k]` is the file index of the round's prompt k.
-struct FileRewarder {
-  FileReward kind = FileReward::Exact;
-  const Tokenizer* tok = nullptr;
-  RewardProgram* program = nullptr;
-
-  std::vector<double> operator()(const PromptFile& f, const std::vector<int64_t>& which,
-                                 const std::vector<GeneratedSample>& gen) const {
-    std::vector<double> r(gen.size(), 0.0);
-    std::vector<RewardRequest> reqs;
-    for (size_t i = 0; i < gen.size(); ++i) {
-      const int64_t k = which.at(size_t(gen[i].prompt_index));
-      const Prompt& p = f.prompts[size_t(k)];
-      const std::vector<int32_t> ids = response_ids(gen[i]);
-      if (kind == FileReward::Exact && !tok) {
-        r[i] = ids == f.answer_ids[size_t(k)] ? 1.0 : 0.0;
-      } else if (kind == FileReward::Exact) {
-        r[i] = exact_match_reward(decode_text(*tok, ids), f.answers[size_t(k)]);
-      } else if (kind == FileReward::Math) {
-        r[i] = math_reward(decode_text(*tok, ids), f.answers[size_t(k)]);
-      } else {
-        RewardRequest q;
-        auto pt = p.meta.find("prompt");
-        q.prompt = pt != p.meta.end() && pt->is_string()
-                       ? pt->get<std::string>()
-                       : (tok ? tok->decode(std::vector<uint32_t>(p.ids.begin(), p.ids.end())) : json(p.ids).dump());
-        q.response = tok ? decode_text(*tok, ids) : json(ids).dump();
-        q.metadata = p.meta;
-        reqs.push_back(std::move(q));
-      }
-    }
-    if (kind == FileReward::Program) {
-      const RewardBatch b = program->score(reqs);
-      r = b.rewards;
-    }
-    return r;
-  }
-};
+using rl::FileReward;
+using rl::FileRewarder;
+using rl::PromptFile;
+using rl::PromptSampler;
+using rl::addition::answer_reward;
+using rl::addition::answer_token_rewards;
+using rl::addition::ensure_task_start;
+using rl::addition::exact_match;
+using rl::addition::ids32;
+using rl::addition::kDemoModel;
+using rl::addition::Reward;
+using rl::addition::sft_batch;
+using rl::addition::Task;
+using rl::addition::task_preset;
+using rl::addition::TaskPreset;
 
 // ---- Checkpoints ---------------------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+// The built-in RL tasks of `moetrain grpo` on the demo's addition problems (data/synthetic.h): the task
+// presets (--task) with their starting models, made when absent; the problems (training pairs never
+// held out, held-out pairs only for evaluation); the rewards of a response; the greedy evaluation; and
+// the supervised batches of the SFT baseline. docs/rl.md "moetrain grpo" has the recipes and their numbers.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/synthetic.h"
+#include "model/micro_batch.h"
+#include "rollout/engine.h"
+
+namespace mt::rl::addition {
+
+constexpr const char* kDemoModel = "runs/demo/checkpoint-2500";
+constexpr const char* kStartRun = "runs/grpo-start";
+// The early-stopped demo that `sharpen` starts from stops at the first evaluation reaching this (percent).
+constexpr double kStartExactMatch = 20;
+
+// A built-in task (--task). Each names its starting model and the recipe its numbers were measured with;
+// any option given on the command line overrides the preset.
+// sharpen (the default): the demo's own task (1..3-digit addition) from the demo recipe stopped early, at
+//   the first evaluation that reaches kStartExactMatch: a model that solves the problems sometimes (pass@8
+//   well above pass@1), which GRPO with a binary reward and outcome advantages makes reliable.
+// extend: a fourth digit the demo was never trained on (pass@k = 0 for an exact answer), from the fully
+//   trained demo, with a reward per right digit credited per position.
+struct TaskPreset {
+  std::string name;
+  std::string start;  // a model directory, or (sharpen) the run directory of the early-stopped demo
+  bool start_is_run = false;
+  int lo = 1, hi = 3;
+  bool longest = false;
+  const char* reward = "exact";
+  bool process = false, per_position = false;  // --advantage outcome | position
+  float temperature = 1.0f;
+  int64_t steps = 500;
+};
+TaskPreset task_preset(const std::string& name);  // "sharpen" | "extend"; else an error naming both
+
+// The task's starting model directory: made when absent (the demo recipe, trained here as `moetrain train`
+// would, under a lock file beside it, so runs started together make it once), then its newest checkpoint.
+std::string ensure_task_start(const TaskPreset& t, const std::string& device_name);
+
+// The task's problems: training never draws a held-out pair (synthetic.h's split), evaluation only those.
+// Operands have a digit count uniform in [lo, hi]; longest: at least one operand has `hi` digits (the
+// problems a model trained on shorter ones fails).
+struct Task {
+  int lo = 1, hi = 4;
+  bool longest = true;
+  bool wanted(int64_t a, int64_t b) const;
+  Problem train(Rng& rng) const;
+  std::vector<Problem> eval(int64_t n, uint64_t seed) const;  // n distinct held-out problems
+};
+
+// Greedy exact match (percent) on the held-out problems, through the engine.
+double exact_match(RolloutEngine& engine, const std::vector<Problem>& problems, int max_digits);
+
+// The reward of a response. exact: 1 or 0. prefix: the share of the answer (digits, then <eos>) right
+// before the first mistake. digits: the share of the answer's positions the response gets right (a 4-digit
+// sum with a wrong tens digit scores 5/6 rather than 0), so groups on problems the model never solves
+// still differ. An exact answer scores 1 under each, and only an exact answer does.
+enum class Reward { Exact, Prefix, Digits };
+double answer_reward(const Problem& p, const std::vector<int32_t>& tokens, Reward kind);
+// Process rewards: 1 for each response token equal to the answer's token at its position, else 0 (the
+// digits reward spread over the tokens).
+std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int32_t>& tokens);
+
+// One SFT micro-batch of `rows` training problems: prompt -100, answer tokens as targets (HF labels).
+MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows);
+
+std::vector<int32_t> ids32(const std::vector<int64_t>& v);
+
+}  // namespace mt::rl::addition
