@@ -1,0 +1,112 @@
+// `moetrain grpo`'s whole option surface without starting a run (cli/commands/grpo_args.h): the task
+// presets as defaults, options over them, PPO's own lr default, prompt-file defaults, and the rules over
+// several options, each an error naming what is wrong.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli/commands/grpo_args.h"
+#include "core/error.h"
+
+using namespace mt;
+
+namespace {
+
+GrpoArgs parsed(const std::vector<std::string>& args) {
+  GrpoArgs a;
+  std::string help;
+  EXPECT_TRUE(parse_grpo_args(args, a, &help));
+  return a;
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    GrpoArgs a;
+    std::string help;
+    parse_grpo_args(args, a, &help);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(GrpoArgs, TaskPresetsAreTheDefaultsAndOptionsOverrideThem) {
+  GrpoArgs s = parsed({});
+  EXPECT_EQ(s.preset.name, "sharpen");
+  EXPECT_EQ(s.steps, 1500);
+  EXPECT_FLOAT_EQ(s.o.sampling.temperature, 1.0f);
+  EXPECT_EQ(s.reward_kind, rl::addition::Reward::Exact);
+  EXPECT_FALSE(s.process);
+  EXPECT_EQ(s.o.n, 8);
+  EXPECT_DOUBLE_EQ(s.o.lr, 2e-4);
+  EXPECT_TRUE(s.o.dynamic_sampling);
+  EXPECT_EQ(s.seed, 1234);
+  EXPECT_EQ(s.keep_last, 2);
+  EXPECT_EQ(s.o.max_new_tokens, 5) << "the 1..3-digit task's answers";
+  GrpoArgs e = parsed({"--task=extend"});
+  EXPECT_EQ(e.steps, 500);
+  EXPECT_FLOAT_EQ(e.o.sampling.temperature, 1.5f);
+  EXPECT_EQ(e.task.hi, 4);
+  EXPECT_TRUE(e.task.longest);
+  EXPECT_TRUE(e.process && e.per_position);
+  EXPECT_EQ(e.reward_kind, rl::addition::Reward::Digits);
+  GrpoArgs o = parsed({"--task", "extend", "--steps=7", "--temperature", "0.9", "--advantage", "outcome",
+                       "--dynamic-sampling", "off", "--n=4"});
+  EXPECT_EQ(o.steps, 7);
+  EXPECT_FLOAT_EQ(o.o.sampling.temperature, 0.9f);
+  EXPECT_FALSE(o.process);
+  EXPECT_FALSE(o.o.dynamic_sampling);
+  EXPECT_EQ(o.o.n, 4);
+}
+
+TEST(GrpoArgs, PpoHasItsOwnLrUnlessGivenAndPromptFilesTheirOwnDefaults) {
+  EXPECT_DOUBLE_EQ(parsed({"--algorithm", "ppo"}).o.lr, kPpoLr);
+  EXPECT_DOUBLE_EQ(parsed({"--algorithm", "ppo", "--lr", "3e-4"}).o.lr, 3e-4);
+  EXPECT_FALSE(parsed({"--algorithm=dr-grpo"}).o.normalize_std);
+  GrpoArgs f = parsed({"--prompts", "p.jsonl"});
+  EXPECT_TRUE(f.from_file);
+  EXPECT_FLOAT_EQ(f.o.sampling.temperature, 1.0f) << "a user's model samples at T 1 unless told";
+  EXPECT_EQ(f.o.max_new_tokens, 256);
+  EXPECT_EQ(f.file_reward, rl::FileReward::Exact);
+  EXPECT_NE(error_of({"--task", "extend", "--prompts", "p.jsonl"}).find("--task sets the built-in addition task"),
+            std::string::npos);
+  GrpoArgs g = parsed({"--prompts", "p.jsonl", "--reward", "program:python3 score.py", "--reward-on-error", "stop"});
+  EXPECT_EQ(g.file_reward, rl::FileReward::Program);
+  EXPECT_EQ(g.program_cmd, "python3 score.py");
+  EXPECT_TRUE(g.reward_stop);
+}
+
+TEST(GrpoArgs, RulesOverSeveralOptionsNameWhatIsWrong) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--kl-coef", "0.1", "--reference", "off"}, "--kl-coef 0.1 needs the reference model"},
+      {{"--min-digits", "5", "--max-digits", "4"}, "--min-digits 5 and --max-digits 4"},
+      {{"--mini-batches", "20", "--prompts-per-step", "16"}, "--mini-batches 20 > --prompts-per-step 16"},
+      {{"--tis-level", "sequence"}, "--tis-level chooses the level of truncated importance sampling"},
+      {{"--prompts", "p.jsonl", "--max-digits", "3"}, "--max-digits sets the built-in addition task"},
+      {{"--loss", "gspo", "--tp", "2"}, "--loss gspo under --tp 2"},
+      {{"--baseline", "sft"}, "--baseline sft needs --sft-seconds"},
+      {{"--critic-lr", "1e-3"}, "set the critic of --algorithm ppo"},
+      {{"--max-steps", "2000"}, "--max-steps 2000; need 1..--steps (1500)"},
+      {{"--eval-prompts", "e.jsonl"}, "--eval-prompts needs --prompts"},
+      {{"--max-new-tokens", "8"}, "--max-new-tokens sets the response length of --prompts"},
+      {{"--reward", "math"}, "--reward math scores the responses to a prompt file"},
+      {{"--n", "1"}, "--n 1; need >= 2"},
+      {{"--stpes", "3"}, "unknown option --stpes; did you mean --steps?"},
+  };
+  for (const auto& [args, want] : cases) {
+    const std::string got = error_of(args);
+    EXPECT_NE(got.find(want), std::string::npos) << args[0] << ": " << got;
+  }
+}
+
+TEST(GrpoArgs, HelpShowsTheTaskPresetsDefaults) {
+  GrpoArgs a;
+  std::string help;
+  EXPECT_FALSE(parse_grpo_args({"--task", "extend", "--help"}, a, &help));
+  EXPECT_NE(help.find("RL steps (default 500; >= 1)"), std::string::npos) << help;
+  EXPECT_NE(help.find("(default 1.5;"), std::string::npos) << "extend's temperature: " << help;
+}
