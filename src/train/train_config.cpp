@@ -424,9 +424,7 @@ void apply_args(TrainConfig& c, const std::vector<std::string>& args, bool allow
         set_from_text(c, find_field(key, "--" + key), "latest", "--" + key);  // a bare --resume
         continue;
       }
-      std::string digit;
-      if (is_switch(normalize_key(key)) &&
-          (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0 || !switch_word(args[i + 1], &digit))) {
+      if (is_switch(normalize_key(key)) && (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)) {
         set_from_text(c, find_field(key, "--" + key), "1", "--" + key);  // a bare switch is on
         continue;
       }
