@@ -304,30 +304,72 @@ void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector
   }
 }
 
-// The update on the kept samples (group-major, n each; the same on every rank): advantages, then
-// epochs x mini-batches of train_step. Fills the update's metrics.
-void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>& kept_rewards, int64_t kept_groups,
-            const GrpoOptions& o, int64_t step, TrainSession* reference, TrainSession* critic, GrpoMetrics& m) {
+// The forward's options for the log-probs at the sampled tokens, at the sampling temperature (the
+// trainer's with the entropy, the reference's without).
+PassOptions log_prob_pass(const GrpoOptions& o, bool entropy) {
+  PassOptions po;
+  po.token_logprobs = true;
+  po.token_entropy = entropy;
+  po.temperature = o.sampling.temperature;
+  return po;
+}
+
+// The update on the kept samples (group-major, n each; the same on every rank), in its phases: the KL in
+// the reward (when asked), the advantages, the packing with the old and reference log-probs, the policy's
+// optimizer steps, the critic's (PPO), the metrics. update() runs them in that order.
+struct UpdatePhases {
+  UpdatePhases(TrainSession& session_, std::vector<Kept>& kept_, std::vector<double>& kept_rewards_,
+               int64_t kept_groups_, const GrpoOptions& o_, int64_t step_, TrainSession* reference_,
+               TrainSession* critic_, GrpoMetrics& m_)
+      : session(session_),
+        kept(kept_),
+        kept_rewards(kept_rewards_),
+        kept_groups(kept_groups_),
+        o(o_),
+        step(step_),
+        reference(reference_),
+        critic(critic_),
+        m(m_) {}
+
+  TrainSession& session;
+  std::vector<Kept>& kept;
+  std::vector<double>& kept_rewards;
+  const int64_t kept_groups;
+  const GrpoOptions& o;
+  const int64_t step;
+  TrainSession* reference;
+  TrainSession* critic;
+  GrpoMetrics& m;
   DistContext& dist = session.dist();
   const int dp = dist.dp_size(), rank = dist.rank();
   const int64_t K = session.config().num_experts_per_tok;
   const int64_t n = o.n;
-  // The trainer's rows of a micro-batch of kept samples (old log-probs with the routing replayed,
-  // entropies) and the reference's log-probs, into each sample's Kept: once per sample, before the
-  // advantages when the KL goes into the reward, else in the update below.
-  PassOptions po;
-  po.token_logprobs = true;
-  po.token_entropy = true;
-  po.temperature = o.sampling.temperature;
-  PassOptions ref_po = po;
-  ref_po.token_entropy = false;
+  PassOptions po = log_prob_pass(o, true), ref_po = log_prob_pass(o, false), nr_po = ref_po;
   int64_t logprob_tokens = 0, ref_tokens = 0;  // through the forwards, for the phases' tokens/s
   // On-policy, the update's forward gives the old log-probs (and the entropies and the mismatch metrics):
   // no forward of the policy before it, only the reference's.
   const bool mismatch_on = o.mismatch.tis_cap > 0 || o.mismatch.token_mask_high > 0 || o.mismatch.seq_mask_high > 0;
   const bool on_policy = !o.old_logprob_forward && o.epochs == 1 && std::min(o.mini_batches, kept_groups) == 1 &&
                          o.kl_reward_coef <= 0 && !mismatch_on;
-  auto trainer_rows = [&](const PackedRollouts& p, const std::vector<size_t>& which) {
+  // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
+  // mismatch_every steps (an extra forward per micro-batch).
+  const bool no_replay_check = o.replay_routing && o.mismatch_every > 0 && step % o.mismatch_every == 0;
+  // Per kept sample, per token: the KL's share of the reward (no tokens without the KL in the reward).
+  std::vector<std::vector<double>> kl_pen = std::vector<std::vector<double>>(kept.size());
+  std::vector<std::vector<UpdateMicroBatch>> minis;
+  // Sums for the metrics: before the update (or on-policy, during it) and of the objectives.
+  double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
+  double w_min = std::numeric_limits<double>::infinity(), w_max = 0;
+  int64_t tokens_all = 0, masked_tokens = 0, critic_value_tokens = 0;
+  int64_t train_tokens = 0, clip_low = 0, clip_high = 0, clip_region = 0, clip_dual = 0, trained = 0;
+  int64_t c_tokens = 0, c_clipped = 0, c_train_tokens = 0;  // the critic's
+  double approx_kl = 0, pg_sum = 0, kl_sum = 0, ref_kl_sum_update = 0;
+  int64_t op_rows = 0;  // on-policy: the rows the objective measured the mismatch, entropy and KL on
+
+  // The trainer's rows of a micro-batch of kept samples (old log-probs with the routing replayed,
+  // entropies) and the reference's log-probs, into each sample's Kept: once per sample, before the
+  // advantages when the KL goes into the reward, else while packing.
+  void trainer_rows(const PackedRollouts& p, const std::vector<size_t>& which) {
     auto t = Clock::now();
     std::vector<std::vector<float>> old, ent;
     if (!on_policy) {
@@ -352,300 +394,301 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
       }
       if (reference) x.ref_lp = ref[k];
     }
-  };
-  // KL in the reward: each kept response token's k(old, ref) before the advantages; then -coef k_t joins
-  // the token's or the sample's reward.
-  std::vector<std::vector<double>> kl_pen(kept.size());
-  if (o.kl_reward_coef > 0) {
-    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
-    for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
-      std::vector<RolloutSample> ss;
-      std::vector<size_t> which;
-      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
-        ss.push_back(kept[i].s);
-        which.push_back(i);
-      }
-      trainer_rows(pack_rollouts(ss, K), which);
-    }
-    double pen_sum = 0;
-    int64_t pen_tokens = 0;
-    for (size_t i = 0; i < kept.size(); ++i)
-      for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
-        const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
-        kl_pen[i].push_back(pen);
-        pen_sum += pen;
-        ++pen_tokens;
-      }
-    m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
   }
-  auto with_kl = [&](size_t i, std::vector<double> r) {
+
+  // 1. KL in the reward: each kept response token's k(old, ref) before the advantages; then -coef k_t joins
+  // the token's or the sample's reward.
+  void kl_in_reward() {
+    if (o.kl_reward_coef > 0) {
+      const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
+      for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
+        std::vector<RolloutSample> ss;
+        std::vector<size_t> which;
+        for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
+          ss.push_back(kept[i].s);
+          which.push_back(i);
+        }
+        trainer_rows(pack_rollouts(ss, K), which);
+      }
+      double pen_sum = 0;
+      int64_t pen_tokens = 0;
+      for (size_t i = 0; i < kept.size(); ++i)
+        for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
+          const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
+          kl_pen[i].push_back(pen);
+          pen_sum += pen;
+          ++pen_tokens;
+        }
+      m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
+    }
+  }
+
+  std::vector<double> with_kl(size_t i, std::vector<double> r) const {
     if (!kl_pen[i].empty())
       for (size_t j = 0; j < r.size(); ++j) r[j] += kl_pen[i][j];
     return r;
-  };
+  }
+
   // 2. Advantages, per kept group; with a critic, GAE per sample from its values.
-  int64_t critic_value_tokens = 0;
-  if (critic) {
-    auto t = Clock::now();
-    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
-    for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
-      std::vector<RolloutSample> ss;
-      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
-        ss.push_back(kept[i].s);
-        ss.back().routing = RoutingRecord();  // the critic routes with its own router
-      }
-      const PackedRollouts p = pack_rollouts(ss, K);
-      const std::vector<std::vector<float>> v = response_values(p, forward_rows(*critic, p.mb, PassOptions{}).value);
-      critic_value_tokens += sequence_tokens(p);
-      for (size_t k = 0; k < ss.size(); ++k) {
-        Kept& x = kept[c0 + k];
-        x.values.assign(v[k].begin(), v[k].end());
-        std::vector<double> r(x.s.response.size(), 0.0);
-        if (o.token_reward)
-          r = x.step_rewards;
-        else
-          r.back() = kept_rewards[c0 + k];
-        r = with_kl(c0 + k, std::move(r));
-        Gae g = gae(r, x.values, o.gamma, o.lam);
-        x.advantage = std::move(g.advantages);
-        x.returns = std::move(g.returns);
-      }
-    }
-    m.critic_value_s = seconds_since(t);
-    // Whitened over the trained tokens; value metrics against the returns.
-    double n_tok = 0, a_sum = 0, a_sq = 0, v_sum = 0, r_sum2 = 0, r_sq2 = 0, e_sum = 0, e_sq = 0;
-    for (const Kept& x : kept)
-      if (!x.filtered)
-        for (size_t j = 0; j < x.advantage.size(); ++j) {
-          n_tok += 1;
-          a_sum += x.advantage[j];
-          a_sq += x.advantage[j] * x.advantage[j];
-          v_sum += x.values[j];
-          r_sum2 += x.returns[j];
-          r_sq2 += x.returns[j] * x.returns[j];
-          const double e = x.returns[j] - x.values[j];
-          e_sum += e;
-          e_sq += e * e;
+  void advantages() {
+    if (critic) {
+      auto t = Clock::now();
+      const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
+      for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
+        std::vector<RolloutSample> ss;
+        for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
+          ss.push_back(kept[i].s);
+          ss.back().routing = RoutingRecord();  // the critic routes with its own router
         }
-    if (n_tok > 0) {
-      const double mean = a_sum / n_tok, sd = std::sqrt(std::max(0.0, a_sq / n_tok - mean * mean));
-      for (Kept& x : kept)
-        for (double& a : x.advantage) a = (a - mean) / (sd + 1e-6);
-      m.value_mean = v_sum / n_tok;
-      const double var_r = r_sq2 / n_tok - (r_sum2 / n_tok) * (r_sum2 / n_tok);
-      const double var_e = e_sq / n_tok - (e_sum / n_tok) * (e_sum / n_tok);
-      m.explained_variance = var_r > 1e-12 ? 1.0 - var_e / var_r : 0.0;
+        const PackedRollouts p = pack_rollouts(ss, K);
+        const std::vector<std::vector<float>> v = response_values(p, forward_rows(*critic, p.mb, PassOptions{}).value);
+        critic_value_tokens += sequence_tokens(p);
+        for (size_t k = 0; k < ss.size(); ++k) {
+          Kept& x = kept[c0 + k];
+          x.values.assign(v[k].begin(), v[k].end());
+          std::vector<double> r(x.s.response.size(), 0.0);
+          if (o.token_reward)
+            r = x.step_rewards;
+          else
+            r.back() = kept_rewards[c0 + k];
+          r = with_kl(c0 + k, std::move(r));
+          Gae g = gae(r, x.values, o.gamma, o.lam);
+          x.advantage = std::move(g.advantages);
+          x.returns = std::move(g.returns);
+        }
+      }
+      m.critic_value_s = seconds_since(t);
+      // Whitened over the trained tokens; value metrics against the returns.
+      double n_tok = 0, a_sum = 0, a_sq = 0, v_sum = 0, r_sum2 = 0, r_sq2 = 0, e_sum = 0, e_sq = 0;
+      for (const Kept& x : kept)
+        if (!x.filtered)
+          for (size_t j = 0; j < x.advantage.size(); ++j) {
+            n_tok += 1;
+            a_sum += x.advantage[j];
+            a_sq += x.advantage[j] * x.advantage[j];
+            v_sum += x.values[j];
+            r_sum2 += x.returns[j];
+            r_sq2 += x.returns[j] * x.returns[j];
+            const double e = x.returns[j] - x.values[j];
+            e_sum += e;
+            e_sq += e * e;
+          }
+      if (n_tok > 0) {
+        const double mean = a_sum / n_tok, sd = std::sqrt(std::max(0.0, a_sq / n_tok - mean * mean));
+        for (Kept& x : kept)
+          for (double& a : x.advantage) a = (a - mean) / (sd + 1e-6);
+        m.value_mean = v_sum / n_tok;
+        const double var_r = r_sq2 / n_tok - (r_sum2 / n_tok) * (r_sum2 / n_tok);
+        const double var_e = e_sq / n_tok - (e_sum / n_tok) * (e_sum / n_tok);
+        m.explained_variance = var_r > 1e-12 ? 1.0 - var_e / var_r : 0.0;
+      }
+    } else if (o.token_reward) {
+      std::vector<std::vector<double>> steps;
+      for (size_t i = 0; i < kept.size(); ++i) steps.push_back(with_kl(i, kept[i].step_rewards));
+      const std::vector<std::vector<double>> adv = o.per_position ? position_advantages(steps, n, o.normalize_std)
+                                                                  : process_advantages(steps, n, o.normalize_std);
+      for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
+    } else {
+      std::vector<double> rewards = kept_rewards;
+      for (size_t i = 0; i < kept.size(); ++i)
+        for (double pen : kl_pen[i]) rewards[i] += pen;
+      const std::vector<double> adv = grpo_advantages(rewards, n, o.normalize_std);
+      for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage.assign(kept[i].s.response.size(), adv[i]);
     }
-  } else if (o.token_reward) {
-    std::vector<std::vector<double>> steps;
-    for (size_t i = 0; i < kept.size(); ++i) steps.push_back(with_kl(i, kept[i].step_rewards));
-    const std::vector<std::vector<double>> adv =
-        o.per_position ? position_advantages(steps, n, o.normalize_std) : process_advantages(steps, n, o.normalize_std);
-    for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
-  } else {
-    std::vector<double> rewards = kept_rewards;
-    for (size_t i = 0; i < kept.size(); ++i)
-      for (double pen : kl_pen[i]) rewards[i] += pen;
-    const std::vector<double> adv = grpo_advantages(rewards, n, o.normalize_std);
-    for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage.assign(kept[i].s.response.size(), adv[i]);
   }
 
   // 3. Mini-batches of whole groups, micro-batches of samples; each packed once, and the old (and
   //    reference) log-probs computed before the first epoch.
-  const int64_t mini = std::min(o.mini_batches, kept_groups);
-  std::vector<std::vector<UpdateMicroBatch>> minis;
-  minis.resize(static_cast<size_t>(mini));
-  double dsum = 0, wsum = 0, ent_sum = 0, ref_kl_sum = 0, adv_sum = 0, adv_sq = 0, nr_sum = 0;
-  double w_min = std::numeric_limits<double>::infinity(), w_max = 0;
-  int64_t tokens_all = 0, masked_tokens = 0;
-  // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
-  // mismatch_every steps (an extra forward per micro-batch).
-  const bool no_replay_check = o.replay_routing && o.mismatch_every > 0 && step % o.mismatch_every == 0;
-  PassOptions nr_po = ref_po;
-  for (int64_t b = 0; b < mini; ++b) {
-    const size_t g0 = size_t(b * kept_groups / mini), g1 = size_t((b + 1) * kept_groups / mini);
-    const size_t s0 = g0 * size_t(n), s1 = g1 * size_t(n);
-    // The critic's normaliser: the mini-batch's tokens of unfiltered samples (the policy's token weights are
-    // set below, once the mini-batch's old log-probs are known: the masks decide its normalisers).
-    int64_t mb_tokens = 0;
-    for (size_t i = s0; i < s1; ++i)
-      if (!kept[i].filtered) mb_tokens += int64_t(kept[i].s.response.size());
-    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : s1 - s0;
-    for (size_t c0 = s0; c0 < s1; c0 += per) {
-      UpdateMicroBatch u;
-      std::vector<RolloutSample> ss;
-      for (size_t i = c0; i < std::min(s1, c0 + per); ++i) {
-        u.samples.push_back(i);
-        ss.push_back(kept[i].s);
-      }
-      u.p = pack_rollouts(ss, K);
-      if (o.kl_reward_coef <= 0) trainer_rows(u.p, u.samples);  // else done before the advantages
-      // The old log-probs' slot: the trainer's, or on-policy the engine's (for the objective's mismatch metrics).
-      std::vector<std::vector<float>> old, ent, ref;
-      for (size_t i : u.samples) {
-        old.push_back(on_policy ? kept[i].s.logprobs : kept[i].old_lp);
-        ent.push_back(kept[i].entropy);
-        if (reference) ref.push_back(kept[i].ref_lp);
-      }
-      std::vector<std::vector<float>> own;  // without the replay
-      if (no_replay_check && !u.p.mb.routing.empty()) {
-        auto t = Clock::now();
-        MicroBatch mb = u.p.mb;
-        mb.routing.clear();
-        own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
-        m.logprob_s += seconds_since(t);
-        logprob_tokens += sequence_tokens(u.p);
-      }
-      std::vector<std::vector<float>> adv_t;
-      for (size_t k = 0; k < u.samples.size(); ++k) {
-        const Kept& x = kept[u.samples[k]];
-        const int64_t len = int64_t(x.s.response.size());
-        for (int64_t j = 0; j < len; ++j) {
-          adv_sum += x.advantage[size_t(j)];
-          adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
-          if (!own.empty()) {
-            const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
-            nr_sum += std::abs(dn);
-            m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
-          }
-          if (on_policy) continue;  // the objective measures the rest during the update
-          const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
-          const double w = std::exp(d);
-          dsum += std::abs(d);
-          wsum += w;
-          w_min = std::min(w_min, w);
-          w_max = std::max(w_max, w);
-          m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
-          ent_sum += ent[k][size_t(j)];
-          if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
+  void pack() {
+    const int64_t mini = std::min(o.mini_batches, kept_groups);
+    minis.resize(static_cast<size_t>(mini));
+    // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
+    // mismatch_every steps (an extra forward per micro-batch).
+    PassOptions nr_po = ref_po;
+    for (int64_t b = 0; b < mini; ++b) {
+      const size_t g0 = size_t(b * kept_groups / mini), g1 = size_t((b + 1) * kept_groups / mini);
+      const size_t s0 = g0 * size_t(n), s1 = g1 * size_t(n);
+      // The critic's normaliser: the mini-batch's tokens of unfiltered samples (the policy's token weights are
+      // set below, once the mini-batch's old log-probs are known: the masks decide its normalisers).
+      int64_t mb_tokens = 0;
+      for (size_t i = s0; i < s1; ++i)
+        if (!kept[i].filtered) mb_tokens += int64_t(kept[i].s.response.size());
+      const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : s1 - s0;
+      for (size_t c0 = s0; c0 < s1; c0 += per) {
+        UpdateMicroBatch u;
+        std::vector<RolloutSample> ss;
+        for (size_t i = c0; i < std::min(s1, c0 + per); ++i) {
+          u.samples.push_back(i);
+          ss.push_back(kept[i].s);
         }
-        tokens_all += len;
-        adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
-      }
-      set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
-      set_token_values(u.p, PolicyObjective::kOldLogp, old);
-      if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
-      if (o.loss.kind == PolicyLoss::Gspo) {  // the sequence ratio's grouping: each token's sample
-        std::vector<std::vector<float>> sample_id;
-        for (size_t k = 0; k < u.samples.size(); ++k)
-          sample_id.emplace_back(kept[u.samples[k]].s.response.size(), float(k));
-        set_token_values(u.p, PolicyObjective::kSample, sample_id);
-      }
-      if (critic) {
-        std::vector<RolloutSample> cs;
-        std::vector<std::vector<float>> ret_t, val_t, cw_t;
+        u.p = pack_rollouts(ss, K);
+        if (o.kl_reward_coef <= 0) trainer_rows(u.p, u.samples);  // else done before the advantages
+        // The old log-probs' slot: the trainer's, or on-policy the engine's (for the objective's mismatch metrics).
+        std::vector<std::vector<float>> old, ent, ref;
         for (size_t i : u.samples) {
-          const Kept& x = kept[i];
-          cs.push_back(x.s);
-          cs.back().routing = RoutingRecord();
-          ret_t.emplace_back(x.returns.begin(), x.returns.end());
-          val_t.emplace_back(x.values.begin(), x.values.end());
-          // The value loss's token mean over the mini-batch's trained tokens.
-          cw_t.emplace_back(x.s.response.size(),
-                            x.filtered ? 0.0f : float(1.0 / double(std::max<int64_t>(mb_tokens, 1))));
+          old.push_back(on_policy ? kept[i].s.logprobs : kept[i].old_lp);
+          ent.push_back(kept[i].entropy);
+          if (reference) ref.push_back(kept[i].ref_lp);
         }
-        u.critic = pack_rollouts(cs, K);
-        set_token_values(u.critic, ValueLossObjective::kReturn, ret_t);
-        set_token_values(u.critic, ValueLossObjective::kOldValue, val_t);
-        set_token_values(u.critic, ValueLossObjective::kWeight, cw_t);
+        std::vector<std::vector<float>> own;  // without the replay
+        if (no_replay_check && !u.p.mb.routing.empty()) {
+          auto t = Clock::now();
+          MicroBatch mb = u.p.mb;
+          mb.routing.clear();
+          own = response_values(u.p, forward_rows(session, mb, nr_po).logp);
+          m.logprob_s += seconds_since(t);
+          logprob_tokens += sequence_tokens(u.p);
+        }
+        std::vector<std::vector<float>> adv_t;
+        for (size_t k = 0; k < u.samples.size(); ++k) {
+          const Kept& x = kept[u.samples[k]];
+          const int64_t len = int64_t(x.s.response.size());
+          for (int64_t j = 0; j < len; ++j) {
+            adv_sum += x.advantage[size_t(j)];
+            adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
+            if (!own.empty()) {
+              const double dn = double(own[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+              nr_sum += std::abs(dn);
+              m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
+            }
+            if (on_policy) continue;  // the objective measures the rest during the update
+            const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
+            const double w = std::exp(d);
+            dsum += std::abs(d);
+            wsum += w;
+            w_min = std::min(w_min, w);
+            w_max = std::max(w_max, w);
+            m.logprob_diff_max = std::max(m.logprob_diff_max, std::abs(d));
+            ent_sum += ent[k][size_t(j)];
+            if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
+          }
+          tokens_all += len;
+          adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
+        }
+        set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
+        set_token_values(u.p, PolicyObjective::kOldLogp, old);
+        if (reference) set_token_values(u.p, PolicyObjective::kRefLogp, ref);
+        if (o.loss.kind == PolicyLoss::Gspo) {  // the sequence ratio's grouping: each token's sample
+          std::vector<std::vector<float>> sample_id;
+          for (size_t k = 0; k < u.samples.size(); ++k)
+            sample_id.emplace_back(kept[u.samples[k]].s.response.size(), float(k));
+          set_token_values(u.p, PolicyObjective::kSample, sample_id);
+        }
+        if (critic) {
+          std::vector<RolloutSample> cs;
+          std::vector<std::vector<float>> ret_t, val_t, cw_t;
+          for (size_t i : u.samples) {
+            const Kept& x = kept[i];
+            cs.push_back(x.s);
+            cs.back().routing = RoutingRecord();
+            ret_t.emplace_back(x.returns.begin(), x.returns.end());
+            val_t.emplace_back(x.values.begin(), x.values.end());
+            // The value loss's token mean over the mini-batch's trained tokens.
+            cw_t.emplace_back(x.s.response.size(),
+                              x.filtered ? 0.0f : float(1.0 / double(std::max<int64_t>(mb_tokens, 1))));
+          }
+          u.critic = pack_rollouts(cs, K);
+          set_token_values(u.critic, ValueLossObjective::kReturn, ret_t);
+          set_token_values(u.critic, ValueLossObjective::kOldValue, val_t);
+          set_token_values(u.critic, ValueLossObjective::kWeight, cw_t);
+        }
+        minis[size_t(b)].push_back(std::move(u));
       }
-      minis[size_t(b)].push_back(std::move(u));
+      // The token weights (policy_loss.h minibatch_weights): the rollout/trainer mismatch masks and truncated
+      // importance sampling on the trainer's old log-probs against the engine's, and the aggregation's
+      // normaliser over the mini-batch's tokens and samples that neither overlong filtering nor a mask left out.
+      std::vector<std::vector<double>> old_d, roll_d;
+      std::vector<bool> filtered;
+      for (size_t i = s0; i < s1; ++i) {
+        roll_d.emplace_back(kept[i].s.logprobs.begin(), kept[i].s.logprobs.end());
+        // On-policy there is no mismatch correction: the weights need only the lengths.
+        old_d.push_back(on_policy ? roll_d.back() : std::vector<double>(kept[i].old_lp.begin(), kept[i].old_lp.end()));
+        filtered.push_back(kept[i].filtered);
+      }
+      const MiniBatchWeights mw =
+          minibatch_weights(old_d, roll_d, filtered, o.aggregation, double(o.max_new_tokens), o.mismatch);
+      masked_tokens += mw.masked;
+      for (UpdateMicroBatch& u : minis[size_t(b)]) {
+        std::vector<std::vector<float>> w_t;
+        for (size_t i : u.samples) w_t.emplace_back(mw.w[i - s0].begin(), mw.w[i - s0].end());
+        set_token_values(u.p, PolicyObjective::kWeight, w_t);
+      }
     }
-    // The token weights (policy_loss.h minibatch_weights): the rollout/trainer mismatch masks and truncated
-    // importance sampling on the trainer's old log-probs against the engine's, and the aggregation's
-    // normaliser over the mini-batch's tokens and samples that neither overlong filtering nor a mask left out.
-    std::vector<std::vector<double>> old_d, roll_d;
-    std::vector<bool> filtered;
-    for (size_t i = s0; i < s1; ++i) {
-      roll_d.emplace_back(kept[i].s.logprobs.begin(), kept[i].s.logprobs.end());
-      // On-policy there is no mismatch correction: the weights need only the lengths.
-      old_d.push_back(on_policy ? roll_d.back() : std::vector<double>(kept[i].old_lp.begin(), kept[i].old_lp.end()));
-      filtered.push_back(kept[i].filtered);
-    }
-    const MiniBatchWeights mw =
-        minibatch_weights(old_d, roll_d, filtered, o.aggregation, double(o.max_new_tokens), o.mismatch);
-    masked_tokens += mw.masked;
-    for (UpdateMicroBatch& u : minis[size_t(b)]) {
-      std::vector<std::vector<float>> w_t;
-      for (size_t i : u.samples) w_t.emplace_back(mw.w[i - s0].begin(), mw.w[i - s0].end());
-      set_token_values(u.p, PolicyObjective::kWeight, w_t);
-    }
+    m.masked_fraction = double(masked_tokens) / double(tokens_all);
+    m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
+    if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
+    m.advantage_mean = adv_sum / double(tokens_all);
+    m.advantage_std = std::sqrt(std::max(0.0, adv_sq / double(tokens_all) - m.advantage_mean * m.advantage_mean));
   }
-  m.masked_fraction = double(masked_tokens) / double(tokens_all);
-  m.logprob_diff_mean_no_replay = no_replay_check ? nr_sum / double(tokens_all) : -1;
-  if (!no_replay_check) m.logprob_diff_max_no_replay = -1;
-  m.advantage_mean = adv_sum / double(tokens_all);
-  m.advantage_std = std::sqrt(std::max(0.0, adv_sq / double(tokens_all) - m.advantage_mean * m.advantage_mean));
 
   // 4. The update: epochs x mini-batches optimizer steps, each over its micro-batches.
-  auto t = Clock::now();
-  int64_t total_mbs = 0, done_mbs = 0, train_tokens = 0, clip_low = 0, clip_high = 0, clip_region = 0, clip_dual = 0,
-          trained = 0;
-  int64_t c_tokens = 0, c_clipped = 0, c_train_tokens = 0;  // the critic's
-  double approx_kl = 0, pg_sum = 0, kl_sum = 0, ref_kl_sum_update = 0;
-  int64_t op_rows = 0;  // on-policy: the rows the objective measured the mismatch, entropy and KL on
-  for (const auto& mb : minis) total_mbs += int64_t(mb.size());
-  total_mbs *= o.epochs;
-  auto last_line = Clock::now();
-  for (int64_t e = 0; e < o.epochs; ++e)
-    for (const std::vector<UpdateMicroBatch>& mb : minis) {
-      std::vector<MicroBatch> batches;
-      for (const UpdateMicroBatch& u : mb) {
-        batches.push_back(pad_rows(u.p.mb, dp, K));
-        train_tokens += sequence_tokens(u.p);
-      }
-      PolicyObjective obj(o.loss, on_policy);
-      StepOptions so;
-      so.lr = o.lr;
-      so.objective = &obj;
-      so.temperature = o.sampling.temperature;
-      so.token_entropy = on_policy;  // the entropy metric
-      so.aux_loss_coef = o.aux_loss_coef;
-      so.router_z_loss_coef = o.router_z_loss_coef;
-      if (o.freeze_router) so.frozen = is_router_weight;
-      so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
-        ++done_mbs;
-        if (o.progress_every_s > 0 && rank == 0 && seconds_since(last_line) >= o.progress_every_s &&
-            done_mbs < total_mbs) {
-          const double el = seconds_since(t);
-          log_info("grpo: step ", step, " update: micro-batch ", done_mbs, "/", total_mbs, " (epoch ", e + 1, "/",
-                   o.epochs, "), ", el, " s, ETA ", std::round(el / double(done_mbs) * double(total_mbs - done_mbs)),
-                   " s");
-          last_line = Clock::now();
+  void policy_steps() {
+    const auto t = Clock::now();
+    int64_t total_mbs = 0, done_mbs = 0;
+    for (const auto& mb : minis) total_mbs += int64_t(mb.size());
+    total_mbs *= o.epochs;
+    auto last_line = Clock::now();
+    for (int64_t e = 0; e < o.epochs; ++e)
+      for (const std::vector<UpdateMicroBatch>& mb : minis) {
+        std::vector<MicroBatch> batches;
+        for (const UpdateMicroBatch& u : mb) {
+          batches.push_back(pad_rows(u.p.mb, dp, K));
+          train_tokens += sequence_tokens(u.p);
         }
-      };
-      const StepResult r = session.train_step(batches, so);
-      ++m.updates;
-      m.micro_batches += int64_t(batches.size());
-      m.loss += r.loss;
-      m.grad_norm += r.opt.grad_norm;
-      m.grad_norm_max = std::max(m.grad_norm_max, r.opt.grad_norm);
-      const PolicyMetrics& pm = obj.metrics();
-      pg_sum += pm.pg_loss;
-      kl_sum += pm.kl_loss;
-      clip_low += pm.clipped_low;
-      clip_high += pm.clipped_high;
-      clip_region += pm.clipped_region;
-      clip_dual += pm.dual_clipped;
-      approx_kl += pm.approx_kl;
-      ref_kl_sum_update += pm.ref_kl;
-      trained += pm.tokens;
-      if (on_policy) {
-        if (pm.rows > 0) {
-          w_min = std::min(w_min, pm.weight_min);
-          w_max = std::max(w_max, pm.weight_max);
+        PolicyObjective obj(o.loss, on_policy);
+        StepOptions so;
+        so.lr = o.lr;
+        so.objective = &obj;
+        so.temperature = o.sampling.temperature;
+        so.token_entropy = on_policy;  // the entropy metric
+        so.aux_loss_coef = o.aux_loss_coef;
+        so.router_z_loss_coef = o.router_z_loss_coef;
+        if (o.freeze_router) so.frozen = is_router_weight;
+        so.on_micro_batch = [&](int64_t, int64_t, const LossParts&) {
+          ++done_mbs;
+          if (o.progress_every_s > 0 && rank == 0 && seconds_since(last_line) >= o.progress_every_s &&
+              done_mbs < total_mbs) {
+            const double el = seconds_since(t);
+            log_info("grpo: step ", step, " update: micro-batch ", done_mbs, "/", total_mbs, " (epoch ", e + 1, "/",
+                     o.epochs, "), ", el, " s, ETA ", std::round(el / double(done_mbs) * double(total_mbs - done_mbs)),
+                     " s");
+            last_line = Clock::now();
+          }
+        };
+        const StepResult r = session.train_step(batches, so);
+        ++m.updates;
+        m.micro_batches += int64_t(batches.size());
+        m.loss += r.loss;
+        m.grad_norm += r.opt.grad_norm;
+        m.grad_norm_max = std::max(m.grad_norm_max, r.opt.grad_norm);
+        const PolicyMetrics& pm = obj.metrics();
+        pg_sum += pm.pg_loss;
+        kl_sum += pm.kl_loss;
+        clip_low += pm.clipped_low;
+        clip_high += pm.clipped_high;
+        clip_region += pm.clipped_region;
+        clip_dual += pm.dual_clipped;
+        approx_kl += pm.approx_kl;
+        ref_kl_sum_update += pm.ref_kl;
+        trained += pm.tokens;
+        if (on_policy) {
+          if (pm.rows > 0) {
+            w_min = std::min(w_min, pm.weight_min);
+            w_max = std::max(w_max, pm.weight_max);
+          }
+          op_rows += pm.rows;
+          dsum += pm.diff_sum;
+          m.logprob_diff_max = std::max(m.logprob_diff_max, pm.diff_max);
+          wsum += pm.weight_sum;
+          ent_sum += pm.row_entropy;
+          ref_kl_sum += pm.row_ref_kl;
         }
-        op_rows += pm.rows;
-        dsum += pm.diff_sum;
-        m.logprob_diff_max = std::max(m.logprob_diff_max, pm.diff_max);
-        wsum += pm.weight_sum;
-        ent_sum += pm.row_entropy;
-        ref_kl_sum += pm.row_ref_kl;
       }
-    }
-  m.update_s = seconds_since(t);
+    m.update_s = seconds_since(t);
+  }
+
   // 5. PPO: the critic's update on the returns, the same epochs and mini-batches.
-  if (critic) {
+  void critic_steps() {
     const auto tc = Clock::now();
     int64_t c_updates = 0;
     for (int64_t e = 0; e < o.epochs; ++e)
@@ -670,73 +713,89 @@ void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>&
     m.critic_grad_norm /= double(c_updates);
     m.critic_update_s = seconds_since(tc);
   }
-  // The objectives' own metrics are sums over this rank's rows: one all-gather after the update adds them
-  // up over the ranks (every rank holds rows of its own; train_step reduced the loss and the norms).
-  if (dist.distributed()) {
-    const std::vector<double> all = comm::all_gather_doubles(
-        *dist.world(), {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl, double(trained),
-                        double(c_tokens), double(c_clipped), double(clip_region), double(clip_dual), ref_kl_sum_update,
-                        double(op_rows), dsum, wsum, ent_sum, ref_kl_sum, m.logprob_diff_max, w_min, w_max});
-    pg_sum = kl_sum = approx_kl = ref_kl_sum_update = 0;
-    clip_low = clip_high = clip_region = clip_dual = trained = c_tokens = c_clipped = 0;
-    if (on_policy) {  // else the rank's own sums below were over every sample already
-      op_rows = 0;
-      dsum = wsum = ent_sum = ref_kl_sum = 0;
-    }
-    constexpr size_t kStride = 19;
-    for (size_t k = 0; k < all.size(); k += kStride) {
-      if (on_policy) {
-        op_rows += int64_t(all[k + 11]);
-        dsum += all[k + 12];
-        wsum += all[k + 13];
-        ent_sum += all[k + 14];
-        ref_kl_sum += all[k + 15];
-        m.logprob_diff_max = std::max(m.logprob_diff_max, all[k + 16]);
-        if (all[k + 11] > 0) {
-          w_min = std::min(w_min, all[k + 17]);
-          w_max = std::max(w_max, all[k + 18]);
-        }
+
+  // 6. The metrics of the step.
+  void finish_metrics() {
+    // The objectives' own metrics are sums over this rank's rows: one all-gather after the update adds them
+    // up over the ranks (every rank holds rows of its own; train_step reduced the loss and the norms).
+    if (dist.distributed()) {
+      const std::vector<double> all = comm::all_gather_doubles(
+          *dist.world(),
+          {pg_sum, kl_sum, double(clip_low), double(clip_high), approx_kl, double(trained), double(c_tokens),
+           double(c_clipped), double(clip_region), double(clip_dual), ref_kl_sum_update, double(op_rows), dsum, wsum,
+           ent_sum, ref_kl_sum, m.logprob_diff_max, w_min, w_max});
+      pg_sum = kl_sum = approx_kl = ref_kl_sum_update = 0;
+      clip_low = clip_high = clip_region = clip_dual = trained = c_tokens = c_clipped = 0;
+      if (on_policy) {  // else the rank's own sums below were over every sample already
+        op_rows = 0;
+        dsum = wsum = ent_sum = ref_kl_sum = 0;
       }
-      pg_sum += all[k];
-      kl_sum += all[k + 1];
-      clip_low += int64_t(all[k + 2]);
-      clip_high += int64_t(all[k + 3]);
-      approx_kl += all[k + 4];
-      trained += int64_t(all[k + 5]);
-      c_tokens += int64_t(all[k + 6]);
-      c_clipped += int64_t(all[k + 7]);
-      clip_region += int64_t(all[k + 8]);
-      clip_dual += int64_t(all[k + 9]);
-      ref_kl_sum_update += all[k + 10];
+      constexpr size_t kStride = 19;
+      for (size_t k = 0; k < all.size(); k += kStride) {
+        if (on_policy) {
+          op_rows += int64_t(all[k + 11]);
+          dsum += all[k + 12];
+          wsum += all[k + 13];
+          ent_sum += all[k + 14];
+          ref_kl_sum += all[k + 15];
+          m.logprob_diff_max = std::max(m.logprob_diff_max, all[k + 16]);
+          if (all[k + 11] > 0) {
+            w_min = std::min(w_min, all[k + 17]);
+            w_max = std::max(w_max, all[k + 18]);
+          }
+        }
+        pg_sum += all[k];
+        kl_sum += all[k + 1];
+        clip_low += int64_t(all[k + 2]);
+        clip_high += int64_t(all[k + 3]);
+        approx_kl += all[k + 4];
+        trained += int64_t(all[k + 5]);
+        c_tokens += int64_t(all[k + 6]);
+        c_clipped += int64_t(all[k + 7]);
+        clip_region += int64_t(all[k + 8]);
+        clip_dual += int64_t(all[k + 9]);
+        ref_kl_sum_update += all[k + 10];
+      }
+    }
+    // The rollout/trainer mismatch, entropy and reference KL over the kept samples' response tokens: from the
+    // forward before the update, or on-policy from the update's own (every target row, on some rank).
+    const double measured = on_policy ? double(std::max<int64_t>(op_rows, 1)) : double(tokens_all);
+    m.logprob_diff_mean = dsum / measured;
+    m.importance_weight_mean = wsum / measured;
+    m.importance_weight_min = w_min;
+    m.importance_weight_max = w_max;
+    m.entropy = ent_sum / measured;
+    m.ref_kl = reference ? ref_kl_sum / measured : 0;
+    m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
+    m.logprob_tokens_per_s = per_second(logprob_tokens, m.logprob_s);
+    m.ref_logprob_tokens_per_s = per_second(ref_tokens, m.ref_logprob_s);
+    m.train_tokens_per_s = per_second(train_tokens, m.update_s);
+    m.critic_values_tokens_per_s = per_second(critic_value_tokens, m.critic_value_s);
+    m.critic_update_tokens_per_s = per_second(c_train_tokens, m.critic_update_s);
+    m.loss /= double(m.updates);
+    m.grad_norm /= double(m.updates);
+    m.policy_loss = pg_sum / double(m.updates);
+    m.kl_loss = kl_sum / double(m.updates);
+    if (trained > 0) {
+      m.clip_low = double(clip_low) / double(trained);
+      m.clip_high = double(clip_high) / double(trained);
+      m.clip_region = double(clip_region) / double(trained);
+      m.clip_dual = double(clip_dual) / double(trained);
+      m.approx_kl = approx_kl / double(trained);
+      m.ref_kl_update = ref_kl_sum_update / double(trained);
     }
   }
-  // The rollout/trainer mismatch, entropy and reference KL over the kept samples' response tokens: from the
-  // forward before the update, or on-policy from the update's own (every target row, on some rank).
-  const double measured = on_policy ? double(std::max<int64_t>(op_rows, 1)) : double(tokens_all);
-  m.logprob_diff_mean = dsum / measured;
-  m.importance_weight_mean = wsum / measured;
-  m.importance_weight_min = w_min;
-  m.importance_weight_max = w_max;
-  m.entropy = ent_sum / measured;
-  m.ref_kl = reference ? ref_kl_sum / measured : 0;
-  m.value_clip_frac = c_tokens > 0 ? double(c_clipped) / double(c_tokens) : 0.0;
-  m.logprob_tokens_per_s = per_second(logprob_tokens, m.logprob_s);
-  m.ref_logprob_tokens_per_s = per_second(ref_tokens, m.ref_logprob_s);
-  m.train_tokens_per_s = per_second(train_tokens, m.update_s);
-  m.critic_values_tokens_per_s = per_second(critic_value_tokens, m.critic_value_s);
-  m.critic_update_tokens_per_s = per_second(c_train_tokens, m.critic_update_s);
-  m.loss /= double(m.updates);
-  m.grad_norm /= double(m.updates);
-  m.policy_loss = pg_sum / double(m.updates);
-  m.kl_loss = kl_sum / double(m.updates);
-  if (trained > 0) {
-    m.clip_low = double(clip_low) / double(trained);
-    m.clip_high = double(clip_high) / double(trained);
-    m.clip_region = double(clip_region) / double(trained);
-    m.clip_dual = double(clip_dual) / double(trained);
-    m.approx_kl = approx_kl / double(trained);
-    m.ref_kl_update = ref_kl_sum_update / double(trained);
-  }
+};
+
+void update(TrainSession& session, std::vector<Kept>& kept, std::vector<double>& kept_rewards, int64_t kept_groups,
+            const GrpoOptions& o, int64_t step, TrainSession* reference, TrainSession* critic, GrpoMetrics& m) {
+  UpdatePhases u(session, kept, kept_rewards, kept_groups, o, step, reference, critic, m);
+  if (o.kl_reward_coef > 0) u.kl_in_reward();
+  u.advantages();
+  u.pack();
+  u.policy_steps();
+  if (critic) u.critic_steps();
+  u.finish_metrics();
 }
 
 }  // namespace
