@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace mt::cli {
 
@@ -37,18 +38,6 @@ std::vector<std::string> split_names(const std::string& names) {
   }
   if (out.empty()) MT_THROW("Options: an option needs a name");
   return out;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 // Whole-text numbers only ("3x", "", "1e" are errors); integers refuse a fraction.
@@ -81,20 +70,7 @@ std::string canonical_key(const std::string& key) {
 }
 
 std::vector<std::string> near_names(const std::string& key, const std::vector<std::string>& names) {
-  const std::string k = canonical_key(key);
-  std::vector<std::pair<size_t, std::string>> hits;
-  for (const std::string& n : names) {
-    const size_t d = edit_distance(k, n);
-    const bool near = d <= std::max<size_t>(2, n.size() / 4) || (k.size() >= 3 && n.find(k) != std::string::npos) ||
-                      (n.size() >= 3 && k.find(n) != std::string::npos);
-    if (near) hits.emplace_back(d, n);
-  }
-  std::stable_sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<std::string> out;
-  for (const auto& h : hits)
-    if (std::find(out.begin(), out.end(), h.second) == out.end()) out.push_back(h.second);
-  if (out.size() > 4) out.resize(4);
-  return out;
+  return mt::near_names(canonical_key(key), names);
 }
 
 bool parse_bool(const std::string& flag, const std::string& v) {

@@ -14,6 +14,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "data/synthetic.h"
 
 namespace mt {
@@ -267,46 +268,25 @@ std::string normalize_key(std::string k) {
   return k;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 [[noreturn]] void unknown_key(const std::string& key, const std::string& origin) {
-  std::string k = normalize_key(key), close;
-  for (const Field& f : fields()) {
-    std::string name = f.key;
-    bool near = edit_distance(k, name) <= std::max<size_t>(2, name.size() / 4) ||
-                (k.size() >= 3 && name.find(k) != std::string::npos) ||
-                (name.size() >= 3 && k.find(name) != std::string::npos) ||
-                (k.size() >= 2 && k.rfind(name, 0) == 0);  // "lrate" -> lr
-    if (near) close += str(close.empty() ? "" : ", ", name);
+  std::vector<std::string> keys;
+  for (const Field& f : fields()) keys.push_back(f.key);
+  const std::vector<std::string> near = near_names(normalize_key(key), keys, keys.size());
+  auto dashed = [](std::string k) {
+    std::replace(k.begin(), k.end(), '_', '-');
+    return k;
+  };
+  std::string close, flags;
+  for (const std::string& name : near) {
+    close += str(close.empty() ? "" : ", ", name);
+    flags += str(flags.empty() ? "--" : ", --", dashed(name));
   }
-  if (origin.rfind("--", 0) == 0) {  // the command line: every command's form (cli/options.h)
-    std::string flags;
-    for (size_t at = 0; at < close.size();) {
-      size_t comma = close.find(", ", at);
-      if (comma == std::string::npos) comma = close.size();
-      std::string name = close.substr(at, comma - at);
-      std::replace(name.begin(), name.end(), '_', '-');
-      flags += str(flags.empty() ? "--" : ", --", name);
-      at = comma + 2;
-    }
-    std::string k_dash = key;
-    std::replace(k_dash.begin(), k_dash.end(), '_', '-');
-    MT_THROW("unknown option --", k_dash, flags.empty() ? "" : "; did you mean " + flags + "?",
+  if (origin.rfind("--", 0) == 0)  // the command line: every command's form (cli/options.h)
+    MT_THROW("unknown option --", dashed(key), flags.empty() ? "" : "; did you mean " + flags + "?",
              " (--help lists every option)");
-  }
   if (!close.empty()) MT_THROW("train config (", origin, "): unknown key '", key, "'; did you mean: ", close, "?");
   std::string all;
-  for (const Field& f : fields()) all += str(all.empty() ? "" : ", ", f.key);
+  for (const std::string& k : keys) all += str(all.empty() ? "" : ", ", k);
   MT_THROW("train config (", origin, "): unknown key '", key, "'; the keys are: ", all);
 }
 
