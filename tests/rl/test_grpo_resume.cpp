@@ -88,16 +88,17 @@ TEST(GrpoResume, StraightEqualsSaveAndResume) {
   expect_same_run(d + "/straight", d + "/split", 4, false);
 }
 
-// --min-lr: a linear warm-up (steps 1, 2 of --warmup-steps 2), then a cosine from --lr at the warm-up's end down to
-// --min-lr at the last step, the same across a save and --resume; a bad value is refused before any work.
+// --min-lr: train's schedule (train/lr_schedule.h): a linear warm-up (steps 1, 2 of --warmup-steps 2), then a cosine
+// from --lr at the first step after the warm-up down to --min-lr at the last step, the same across a save and
+// --resume; a bad value is refused before any work.
 TEST(GrpoResume, CosineLearningRateFollowsItsScheduleAcrossAResume) {
   const std::string d = setup("cosine");
   ShellRun r = sh(grpo(d, "straight", "--min-lr 1e-3"));
   ASSERT_EQ(r.code, 0) << r.out;
   const auto steps = read_step_metrics(d + "/straight/metrics.jsonl");
   ASSERT_EQ(steps.size(), 4u);
-  // lr 1e-2, warm-up 2 of 4 steps: 5e-3, 1e-2, then 1e-3 + 9e-3 (1 + cos(pi (s - 2) / 2)) / 2 = 5.5e-3, 1e-3.
-  const double want[4] = {5e-3, 1e-2, 5.5e-3, 1e-3};
+  // lr 1e-2, warm-up 2 of 4 steps: 5e-3, 1e-2, then 1e-3 + 9e-3 (1 + cos(pi p)) / 2 at p = 0 and 1: 1e-2, 1e-3.
+  const double want[4] = {5e-3, 1e-2, 1e-2, 1e-3};
   for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(steps[i].at("lr").get<double>(), want[i], 1e-12) << "step " << i + 1;
   r = sh(grpo(d, "split", "--min-lr 1e-3 --max-steps 2"));
   ASSERT_EQ(r.code, 0) << r.out;

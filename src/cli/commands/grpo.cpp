@@ -61,6 +61,7 @@
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
 #include "train/checkpoint.h"
+#include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/session.h"
 #include "train/trainer.h"
@@ -495,14 +496,11 @@ int grpo_main(const std::vector<std::string>& args) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  // Linear warm-up over steps 1..warmup, then constant at --lr, or a cosine from --lr down to --min-lr at the
-  // last step.
-  auto lr_at = [&](int64_t step) {
-    if (warmup > 0 && step <= warmup) return o.lr * double(step) / double(warmup);
-    if (!min_lr || steps <= warmup) return o.lr;
-    const double progress = std::clamp(double(step - warmup) / double(steps - warmup), 0.0, 1.0);
-    return *min_lr + (o.lr - *min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
-  };
+  // train/lr_schedule.h's schedule (steps count from 1 here): a linear warm-up over steps 1..warmup, then
+  // constant at --lr, or a cosine from --lr after the warm-up down to --min-lr at the last step.
+  const LrParams lrp{o.lr, min_lr.value_or(o.lr), warmup, steps,
+                     min_lr ? LrScheduleKind::kCosine : LrScheduleKind::kConstant};
+  auto lr_at = [&lrp](int64_t step) { return mt::lr_at(lrp, step - 1); };
 
   // A checkpoint: the HF weights (a model directory: config, safetensors, tokenizer.json), the policy's and
   // the critic's training state and train_state.json, committed by manifest and rename.
