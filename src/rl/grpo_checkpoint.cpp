@@ -1,0 +1,81 @@
+// A grpo run's checkpoint records (grpo_checkpoint.h).
+#include "rl/grpo_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+
+namespace mt::rl {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The reference model's files as they were: name, size and modification time of every regular file in
+// its directory (cheap at any model size; a file rewritten in place changes its mtime).
+json model_fingerprint(const std::string& dir) {
+  json files = json::array();
+  std::vector<fs::path> paths;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+    if (it->is_regular_file()) paths.push_back(it->path());
+  if (ec) MT_THROW("grpo: cannot list the model directory ", dir, ": ", ec.message());
+  std::sort(paths.begin(), paths.end());
+  for (const fs::path& p : paths) {
+    struct stat sb {};
+    if (::stat(p.c_str(), &sb) != 0) MT_THROW("grpo: cannot stat ", p.string(), ": ", std::strerror(errno));
+    files.push_back({{"name", p.filename().string()},
+                     {"size", int64_t(sb.st_size)},
+                     {"mtime_ns", int64_t(sb.st_mtim.tv_sec) * 1000000000 + int64_t(sb.st_mtim.tv_nsec)}});
+  }
+  return files;
+}
+
+// "" when `now` equals `saved`, else what changed (the first difference).
+std::string fingerprint_change(const json& saved, const json& now) {
+  std::map<std::string, json> a, b;
+  for (const json& e : saved) a[e.at("name").get<std::string>()] = e;
+  for (const json& e : now) b[e.at("name").get<std::string>()] = e;
+  for (const auto& [name, e] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return name + " is gone";
+    if (it->second.at("size") != e.at("size"))
+      return str(name, " has ", it->second.at("size").get<int64_t>(), " bytes, it had ", e.at("size").get<int64_t>());
+    if (it->second.at("mtime_ns") != e.at("mtime_ns")) return name + " was modified (its mtime changed)";
+  }
+  for (const auto& [name, e] : b)
+    if (!a.count(name)) return name + " is new";
+  return "";
+}
+
+// The command line a checkpoint records (less the options that may change between a save and its resume:
+// the layout too, since the state is resharded on resume).
+json recorded_args(const std::vector<std::string>& args) {
+  static const std::set<std::string> kFree = {"--max-steps", "--save-every", "--keep-last",     "--device",
+                                              "--threads",   "--dp-shard",   "--dp-replicate",  "--ep",
+                                              "--tp",        "--sp",         "--comm-timeout-s"};
+  json out = json::array();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool inline_value = a.find('=') != std::string::npos;  // --key=value: one argument
+    const std::string key = a.substr(0, a.find('='));
+    if (kFree.count(key)) {
+      if (!inline_value) ++i;
+      continue;
+    }
+    if (key == "--resume") {
+      if (!inline_value && i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+      continue;
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace mt::rl
