@@ -6,9 +6,6 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "train/sft.h"
-#include "train/train_config.h"
-#include "train/trainer.h"
 
 static const char* kUsage =
     "usage: moetrain <command> [options]\n"
@@ -38,15 +35,7 @@ int main(int argc, char** argv) {
   std::string cmd = args.empty() ? "help" : args[0];
   std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
   try {
-    if (cmd == "train") {
-      for (const std::string& a : rest)
-        if (a == "--help" || a == "-h") {
-          std::printf("usage: moetrain train [--config FILE.json] [--key value ...]\noptions:\n%s",
-                      mt::train_config_help().c_str());
-          return 0;
-        }
-      return mt::train_main(rest);
-    }
+    if (cmd == "train") return mt::train_main(rest);
     if (cmd == "grads") return mt::grads_main(rest);
     if (cmd == "sft") return mt::sft_main(rest);
     if (cmd == "generate") return mt::generate_main(rest);

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "train/trainer.h"
+
 namespace mt {
 
 int convert_main(const std::vector<std::string>& args);
@@ -14,6 +16,9 @@ int grpo_main(const std::vector<std::string>& args);
 int launch_main(const std::vector<std::string>& args);
 int plot_main(const std::vector<std::string>& args);
 int selftest_main(const std::vector<std::string>& args);  // hidden: _selftest comm|dist|rl
+// train and sft (commands/train.cpp): `run` lets a test stop the run after a step (trainer.h).
+int sft_main(const std::vector<std::string>& args, const RunOptions& run = {});
+int train_main(const std::vector<std::string>& args, const RunOptions& run = {});
 int tokenize_main(const std::vector<std::string>& args);
 
 namespace comm {

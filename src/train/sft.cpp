@@ -19,8 +19,6 @@ namespace mt {
 
 namespace fs = std::filesystem;
 
-namespace {
-
 TrainConfig sft_defaults() {
   TrainConfig c;
   c.model = "";
@@ -37,6 +35,8 @@ TrainConfig sft_defaults() {
   c.data_format = "messages";
   return c;
 }
+
+namespace {
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -124,36 +124,6 @@ TrainConfig prepare_sft(const TrainConfig& in) {
   c.model = init.string();
   c.tokenizer = (init / "tokenizer.json").string();
   return c;
-}
-
-int sft_main(const std::vector<std::string>& args, const RunOptions& run) {
-  for (const std::string& a : args)
-    if (a == "--help" || a == "-h") {
-      const TrainConfig d = sft_defaults();
-      std::printf(
-          "usage: moetrain sft --model DIR --data FILE.jsonl [--tokenizer FILE] [--config FILE.json] [--key value "
-          "...]\n"
-          "  fine-tunes a Hugging Face model directory on chat data: {\"messages\": [...]} per line, rendered with "
-          "the\n"
-          "  Qwen3 chat template, loss on the assistant turns only, documents packed with boundaries (docs/data.md).\n"
-          "  --model may also be a preset with --tokenizer (random init, for demonstrations).\n"
-          "  SFT defaults: out_dir %s, steps %lld, micro_batch_size %lld, seq_len %lld, lr %g, min_lr %g, warmup_steps "
-          "%lld, data_format %s\noptions (as moetrain train, with sft's defaults):\n%s",
-          d.out_dir.c_str(), (long long)d.steps, (long long)d.micro_batch_size, (long long)d.seq_len, d.lr, d.min_lr,
-          (long long)d.warmup_steps, d.data_format.c_str(), train_config_help(d).c_str());
-      return 0;
-    }
-  const TrainConfig cfg = prepare_sft(sft_config_from_args(args));
-  install_stop_signals();
-  RunOptions ro = run;
-  ro.command = "sft";
-  TrainSummary s = run_training(cfg, ro);
-  if (!s.summary_line.empty()) {
-    const size_t colon = s.summary_line.find(':');
-    std::printf("sft%s\n",
-                colon == std::string::npos ? (": " + s.summary_line).c_str() : s.summary_line.substr(colon).c_str());
-  }
-  return exit_status(s);
 }
 
 }  // namespace mt

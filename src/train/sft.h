@@ -22,11 +22,10 @@ namespace mt {
 // ...), then --config FILE, then the --key value arguments. --data must name a .jsonl file; errors
 // name the argument.
 TrainConfig sft_config_from_args(const std::vector<std::string>& args);
+// The SFT defaults (what `moetrain sft --help` shows).
+TrainConfig sft_defaults();
 // Resolves the model and the tokenizer (see the file comment); for a preset writes <out_dir>/init-model.
 // Returns the config run_training gets.
 TrainConfig prepare_sft(const TrainConfig& cfg);
-// Installs the stop signals (a signal ends the run after its step, saved: trainer.h) and runs; returns 0,
-// or 128 + the signal that stopped the run. `run.command` is set to "sft".
-int sft_main(const std::vector<std::string>& args, const RunOptions& run = {});
 
 }  // namespace mt

@@ -538,12 +538,4 @@ int exit_status(const TrainSummary& s) {
   return s.stop_signal != 0 ? 128 + s.stop_signal : 0;
 }
 
-int train_main(const std::vector<std::string>& args, const RunOptions& run) {
-  TrainConfig cfg = train_config_from_args(args);
-  install_stop_signals();
-  TrainSummary s = run_training(cfg, run);
-  if (!s.summary_line.empty()) std::printf("%s\n", s.summary_line.c_str());
-  return exit_status(s);
-}
-
 }  // namespace mt

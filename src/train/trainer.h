@@ -2,7 +2,7 @@
 // gradient clipping, the non-finite skip rule, progress per micro-batch, one log line and one JSONL
 // metrics record per step, held-out evaluation for the synthetic task, HF checkpoints.
 //
-// A stop signal (core/interrupt.h: SIGINT, SIGTERM; train_main and sft_main install the handler) ends the
+// A stop signal (core/interrupt.h: SIGINT, SIGTERM; the train and sft commands install the handler) ends the
 // run after the step in progress: every rank stops at the same step, that step is saved, the log says where
 // and how to resume, and the command exits with 128 + the signal (130 for Ctrl-C).
 #pragma once
@@ -44,9 +44,6 @@ Device resolve_device(const std::string& name);
 ModelConfig resolve_model_config(const std::string& model);
 
 TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run = {});
-// `moetrain train`: installs the stop signals, runs, prints the summary line; returns 0, or 128 + the
-// signal that stopped the run.
-int train_main(const std::vector<std::string>& args, const RunOptions& run = {});
 // A summary's exit status: 0, or 128 + the signal that stopped the run (130 for SIGINT).
 int exit_status(const TrainSummary& s);
 

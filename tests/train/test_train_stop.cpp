@@ -14,6 +14,7 @@
 #include <regex>
 #include <thread>
 
+#include "cli/commands.h"
 #include "core/interrupt.h"
 #include "io/manifest.h"
 #include "parallel/launch_test_util.h"
