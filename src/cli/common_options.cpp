@@ -1,8 +1,8 @@
 // The shared option groups (cli/common_options.h).
 #include "cli/common_options.h"
 
+#include "core/device_select.h"
 #include "ops/threads.h"
-#include "train/trainer.h"
 
 namespace mt::cli {
 

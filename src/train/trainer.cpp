@@ -12,6 +12,7 @@
 #include "comm/dist_env.h"
 #include "core/clock.h"
 #include "core/determinism.h"
+#include "core/device_select.h"
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "data/batch.h"
@@ -39,17 +40,6 @@ static std::string fmt_duration(double s) {
   if (t < 60) return str(t, "s");
   if (t < 3600) return str(t / 60, "m", (t % 60 < 10 ? "0" : ""), t % 60, "s");
   return str(t / 3600, "h", (t % 3600) / 60 / 10, (t % 3600) / 60 % 10, "m");
-}
-
-Device resolve_device(const std::string& name) {
-  if (name == "cpu") return Device::CPU;
-  if (name == "cuda") {
-    if (!device_mem::cuda_available())
-      MT_THROW("device 'cuda': no GPU is visible or this moetrain was built without CUDA; use --device cpu");
-    return Device::CUDA;
-  }
-  if (name == "auto") return device_mem::cuda_available() ? Device::CUDA : Device::CPU;
-  MT_THROW("device '", name, "' is not supported; allowed: cpu, cuda, auto");
 }
 
 ModelConfig resolve_model_config(const std::string& model) {

@@ -39,7 +39,7 @@ struct RunOptions {
 
 // Resolves "auto" to cuda when the CUDA backend can run the model, else cpu; "cuda" without it is
 // an error that says so.
-Device resolve_device(const std::string& name);
+
 // A preset name or a Hugging Face model directory.
 ModelConfig resolve_model_config(const std::string& model);
 

@@ -47,6 +47,7 @@
 #include "comm/dist_env.h"
 #include "core/cli_args.h"
 #include "core/determinism.h"
+#include "core/device_select.h"
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
