@@ -109,6 +109,7 @@ int grpo_main(const std::vector<std::string>& args) {
   install_stop_signals();
   if (ga.deterministic) set_deterministic(true);
   if (ga.dev.threads > 0) ops::set_cpu_threads(int(ga.dev.threads));
+  // The parsed fields by their short names, as the run below reads them.
   auto& preset = ga.preset;
   auto& model_dir = ga.model_dir;
   auto& run_dir = ga.run_dir;

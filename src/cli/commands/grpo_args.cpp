@@ -16,6 +16,7 @@ using rl::addition::Reward;
 using rl::addition::task_preset;
 
 bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::string* help) {
+  // The fields by their short names, as the declarations and the rules below read them.
   auto& task_name = a.task_name;
   auto& preset = a.preset;
   auto& model_dir = a.model_dir;
