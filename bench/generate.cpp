@@ -22,6 +22,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "core/device_select.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
@@ -72,20 +73,34 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) MT_THROW(a, " needs a value");
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--prompts") prompts = std::stoll(next());
-    else if (a == "--prompt-len") prompt_len = std::stoll(next());
-    else if (a == "--new-tokens") new_tokens = std::stoll(next());
-    else if (a == "--n") n = std::stoll(next());
-    else if (a == "--temperature") temperature = std::stof(next());
-    else if (a == "--kv-cache-fraction") kv_fraction = std::stod(next());
-    else if (a == "--block-size") eo.block_size = std::stoi(next());
-    else if (a == "--max-step-tokens") eo.max_step_tokens = std::stoll(next());
-    else if (a == "--max-running") eo.max_running = std::stoll(next());
-    else if (a == "--device") device = next();
-    else if (a == "--layers") layers = std::stoll(next());
-    else if (a == "--profile") profile = true;
-    else if (a == "--record-routing") eo.record_routing = true;
+    if (a == "--model")
+      model = next();
+    else if (a == "--prompts")
+      prompts = std::stoll(next());
+    else if (a == "--prompt-len")
+      prompt_len = std::stoll(next());
+    else if (a == "--new-tokens")
+      new_tokens = std::stoll(next());
+    else if (a == "--n")
+      n = std::stoll(next());
+    else if (a == "--temperature")
+      temperature = std::stof(next());
+    else if (a == "--kv-cache-fraction")
+      kv_fraction = std::stod(next());
+    else if (a == "--block-size")
+      eo.block_size = std::stoi(next());
+    else if (a == "--max-step-tokens")
+      eo.max_step_tokens = std::stoll(next());
+    else if (a == "--max-running")
+      eo.max_running = std::stoll(next());
+    else if (a == "--device")
+      device = next();
+    else if (a == "--layers")
+      layers = std::stoll(next());
+    else if (a == "--profile")
+      profile = true;
+    else if (a == "--record-routing")
+      eo.record_routing = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -102,8 +117,8 @@ int main(int argc, char** argv) {
     session.init_weights(1);
     const double copy_gbps = measure_copy_gbps(dev);
     Qwen3MoeModel& m = session.model();
-    eo.kv_cache_bytes = dev == Device::CUDA ? int64_t(double(device_mem::cuda_free_bytes()) * kv_fraction)
-                                            : int64_t(4) << 30;
+    eo.kv_cache_bytes =
+        dev == Device::CUDA ? int64_t(double(device_mem::cuda_free_bytes()) * kv_fraction) : int64_t(4) << 30;
     RolloutEngine engine(m, eo);
 
     Rng rng(7);

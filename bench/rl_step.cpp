@@ -18,6 +18,7 @@
 #include <string>
 
 #include "bench_util.h"
+#include "core/device_select.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
@@ -40,18 +41,30 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) MT_THROW(a, " needs a value");
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--prompts") prompts = std::stoll(next());
-    else if (a == "--n") n = std::stoll(next());
-    else if (a == "--prompt-len") prompt_len = std::stoll(next());
-    else if (a == "--new-tokens") new_tokens = std::stoll(next());
-    else if (a == "--micro-batch-samples") micro = std::stoll(next());
-    else if (a == "--steps") steps = std::stoll(next());
-    else if (a == "--reference") use_reference = next() == "on";
-    else if (a == "--recompute") recompute = next();
-    else if (a == "--kv-cache-fraction") kv_fraction = std::stod(next());
-    else if (a == "--device") device = next();
-    else if (a == "--layers") layers = std::stoll(next());
+    if (a == "--model")
+      model = next();
+    else if (a == "--prompts")
+      prompts = std::stoll(next());
+    else if (a == "--n")
+      n = std::stoll(next());
+    else if (a == "--prompt-len")
+      prompt_len = std::stoll(next());
+    else if (a == "--new-tokens")
+      new_tokens = std::stoll(next());
+    else if (a == "--micro-batch-samples")
+      micro = std::stoll(next());
+    else if (a == "--steps")
+      steps = std::stoll(next());
+    else if (a == "--reference")
+      use_reference = next() == "on";
+    else if (a == "--recompute")
+      recompute = next();
+    else if (a == "--kv-cache-fraction")
+      kv_fraction = std::stod(next());
+    else if (a == "--device")
+      device = next();
+    else if (a == "--layers")
+      layers = std::stoll(next());
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -122,38 +135,38 @@ int main(int argc, char** argv) {
       device_mem::synchronize(dev);
       const double s = secs(t);
       const double generated = double(prompts * n * new_tokens);
-      nlohmann::json j{{"bench", "rl_step"},
-                       {"model", model},
-                       {"layers", mc.num_hidden_layers},
-                       {"device", device_name(dev)},
-                       {"step", step},
-                       {"warmup", step == 1},
-                       {"prompts", prompts},
-                       {"n", n},
-                       {"prompt_len", prompt_len},
-                       {"new_tokens", new_tokens},
-                       {"micro_batch_samples", micro},
-                       {"micro_batches", m.micro_batches},
-                       {"recompute", recompute},
-                       {"reference", use_reference},
-                       {"step_s", s},
-                       {"generate_s", m.generate_s},
-                       {"reward_s", m.reward_s},
-                       {"logprob_s", m.logprob_s},
-                       {"ref_logprob_s", m.ref_logprob_s},
-                       {"update_s", m.update_s},
-                       {"weight_sync_s", m.weight_sync_s},
-                       {"weight_sync_share", m.weight_sync_s / s},
-                       {"other_s", s - m.generate_s - m.reward_s - m.logprob_s - m.ref_logprob_s - m.update_s -
-                                       m.weight_sync_s},
-                       {"rollout_tokens_per_s", m.rollout_tokens_per_s},
-                       {"train_tokens_per_s", m.train_tokens_per_s},
-                       {"step_generated_tokens_per_s", generated / s},
-                       {"logprob_diff_mean", m.logprob_diff_mean},
-                       {"logprob_diff_max", m.logprob_diff_max},
-                       {"grad_norm", m.grad_norm},
-                       {"gpu_peak_mb", dev == Device::CUDA ? double(device_mem::cuda_peak_bytes()) / 1e6 : 0.0},
-                       {"reference_gpu_mb", reference_gpu_mb}};
+      nlohmann::json j{
+          {"bench", "rl_step"},
+          {"model", model},
+          {"layers", mc.num_hidden_layers},
+          {"device", device_name(dev)},
+          {"step", step},
+          {"warmup", step == 1},
+          {"prompts", prompts},
+          {"n", n},
+          {"prompt_len", prompt_len},
+          {"new_tokens", new_tokens},
+          {"micro_batch_samples", micro},
+          {"micro_batches", m.micro_batches},
+          {"recompute", recompute},
+          {"reference", use_reference},
+          {"step_s", s},
+          {"generate_s", m.generate_s},
+          {"reward_s", m.reward_s},
+          {"logprob_s", m.logprob_s},
+          {"ref_logprob_s", m.ref_logprob_s},
+          {"update_s", m.update_s},
+          {"weight_sync_s", m.weight_sync_s},
+          {"weight_sync_share", m.weight_sync_s / s},
+          {"other_s", s - m.generate_s - m.reward_s - m.logprob_s - m.ref_logprob_s - m.update_s - m.weight_sync_s},
+          {"rollout_tokens_per_s", m.rollout_tokens_per_s},
+          {"train_tokens_per_s", m.train_tokens_per_s},
+          {"step_generated_tokens_per_s", generated / s},
+          {"logprob_diff_mean", m.logprob_diff_mean},
+          {"logprob_diff_max", m.logprob_diff_max},
+          {"grad_norm", m.grad_norm},
+          {"gpu_peak_mb", dev == Device::CUDA ? double(device_mem::cuda_peak_bytes()) / 1e6 : 0.0},
+          {"reference_gpu_mb", reference_gpu_mb}};
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
     }

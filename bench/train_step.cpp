@@ -47,14 +47,15 @@
 
 #include "bench_util.h"
 #include "core/determinism.h"
+#include "core/device_select.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "model/qwen3_moe.h"
+#include "ops/ops.h"
+#include "ops/profile.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "parallel/parallel_model.h"
-#include "ops/ops.h"
-#include "ops/profile.h"
 #include "train/optimizer.h"
 #include "train/session.h"
 #include "train/trainer.h"
@@ -77,10 +78,10 @@ int main(int argc, char** argv) {
   bool profile = true, zero_grads = false;
   int dp_shard = 0, dp_replicate = 1, ep = 1, tp = 1, etp = 1, sp = 1;
   int64_t prefetch_depth = 1;
-  bool reshard = true;  // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
+  bool reshard = true;     // FSDP: free gathered weights after each unit's forward (false: keep them for the backward)
   bool ep_overlap = true;  // expert parallelism: dxp returns beside the weight gradients (--no-ep-overlap: after)
   bool opt_overlap = false;  // one device on CUDA: AdamW per unit beside the next forward (--optimizer-overlap)
-  int64_t layers = 0;  // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b
+  int64_t layers = 0;        // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b
   std::string reduce_dtype = "f32";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -88,29 +89,52 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) MT_THROW(a, " needs a value");
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--batch") batch = std::stoll(next());
-    else if (a == "--seq") seq = std::stoll(next());
-    else if (a == "--steps") steps = std::stoll(next());
-    else if (a == "--warmup") warmup = std::stoll(next());
-    else if (a == "--grad-accum") grad_accum = std::stoll(next());
-    else if (a == "--recompute") rc = next();
-    else if (a == "--device") device = next();
-    else if (a == "--no-profile") profile = false;
-    else if (a == "--zero-grads") zero_grads = true;
-    else if (a == "--dp-shard") dp_shard = std::stoi(next());
-    else if (a == "--dp-replicate") dp_replicate = std::stoi(next());
-    else if (a == "--ep") ep = std::stoi(next());
-    else if (a == "--tp") tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
-    else if (a == "--etp") etp = std::stoi(next());
-    else if (a == "--sp") sp = std::stoi(next());
-    else if (a == "--grad-reduce-dtype") reduce_dtype = next();
-    else if (a == "--prefetch-depth") prefetch_depth = std::stoll(next());
-    else if (a == "--no-reshard-after-forward") reshard = false;
-    else if (a == "--optimizer-overlap") opt_overlap = true;
-    else if (a == "--no-ep-overlap") ep_overlap = false;
-    else if (a == "--layers") layers = std::stoll(next());
-    else if (a == "--deterministic") set_deterministic(true);  // as MOETRAIN_DETERMINISTIC=1
+    if (a == "--model")
+      model = next();
+    else if (a == "--batch")
+      batch = std::stoll(next());
+    else if (a == "--seq")
+      seq = std::stoll(next());
+    else if (a == "--steps")
+      steps = std::stoll(next());
+    else if (a == "--warmup")
+      warmup = std::stoll(next());
+    else if (a == "--grad-accum")
+      grad_accum = std::stoll(next());
+    else if (a == "--recompute")
+      rc = next();
+    else if (a == "--device")
+      device = next();
+    else if (a == "--no-profile")
+      profile = false;
+    else if (a == "--zero-grads")
+      zero_grads = true;
+    else if (a == "--dp-shard")
+      dp_shard = std::stoi(next());
+    else if (a == "--dp-replicate")
+      dp_replicate = std::stoi(next());
+    else if (a == "--ep")
+      ep = std::stoi(next());
+    else if (a == "--tp")
+      tp = std::stoi(next());  // tensor parallelism: the tp ranks share the batch rows
+    else if (a == "--etp")
+      etp = std::stoi(next());
+    else if (a == "--sp")
+      sp = std::stoi(next());
+    else if (a == "--grad-reduce-dtype")
+      reduce_dtype = next();
+    else if (a == "--prefetch-depth")
+      prefetch_depth = std::stoll(next());
+    else if (a == "--no-reshard-after-forward")
+      reshard = false;
+    else if (a == "--optimizer-overlap")
+      opt_overlap = true;
+    else if (a == "--no-ep-overlap")
+      ep_overlap = false;
+    else if (a == "--layers")
+      layers = std::stoll(next());
+    else if (a == "--deterministic")
+      set_deterministic(true);  // as MOETRAIN_DETERMINISTIC=1
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -193,7 +217,8 @@ int main(int argc, char** argv) {
     // Sanity before timing: at init the loss is near log(V) and everything is finite.
     const StepResult r0 = one_step();
     const double ce0 = r0.ce;
-    if (!std::isfinite(ce0) || std::abs(ce0 - std::log(double(mc.vocab_size))) > 1.0 || !std::isfinite(r0.opt.grad_norm))
+    if (!std::isfinite(ce0) || std::abs(ce0 - std::log(double(mc.vocab_size))) > 1.0 ||
+        !std::isfinite(r0.opt.grad_norm))
       MT_THROW("sanity check failed: initial loss ", ce0, " (log V = ", std::log(double(mc.vocab_size)),
                "), grad norm ", r0.opt.grad_norm);
     for (int64_t i = 1; i < warmup; ++i) one_step();
@@ -231,7 +256,8 @@ int main(int argc, char** argv) {
                              6.0 * double(L) * double(seq) * double(mc.num_attention_heads * mc.head_dim);
     double tflops = flops_per_token * double(tokens) / step_s / 1e12 / double(dist->world_size());  // per GPU
     const int64_t P = session.table().total();
-    double adamw_bytes = 30.0 * double(session.master().numel());  // this rank's shard under FSDP  // read p,g,m,v (16 B), write p,m,v (12 B), bf16 copy (2 B)
+    double adamw_bytes = 30.0 * double(session.master().numel());  // this rank's shard under FSDP  // read p,g,m,v (16
+                                                                   // B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
                      {"layers", mc.num_hidden_layers},
@@ -272,9 +298,12 @@ int main(int argc, char** argv) {
                      {"wgrad_stream", so.model.wgrad_stream},
                      {"wgrad_sms", so.model.wgrad_sms},
                      {"wgrad_priority", so.model.wgrad_priority == streams::Side::high ? "high" : "low"},
-                     {"peak_reserved_gib", dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
-                     {"time_s", {{"forward", fwd / double(steps)}, {"backward", bwd / double(steps)},
-                                 {"optimizer_and_rest", opt_s / double(steps)}}},
+                     {"peak_reserved_gib",
+                      dev == Device::CUDA ? double(device_mem::cuda_reserved_peak_bytes()) / double(1 << 30) : 0.0},
+                     {"time_s",
+                      {{"forward", fwd / double(steps)},
+                       {"backward", bwd / double(steps)},
+                       {"optimizer_and_rest", opt_s / double(steps)}}},
                      {"split_s", split},
                      {"op_s", per_op},
                      {"optimizer_floor_s", copy_gbps > 0 ? adamw_bytes / (copy_gbps * 1e9) : 0.0},
