@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
     o.lr = 1e-5;
     o.micro_batch_samples = micro;
     o.replay_routing = true;
+    o.dynamic_sampling = false;  // one generate round a step, as the step's time split has always been measured
     Rng rng(7);
     const int32_t V = int32_t(mc.vocab_size);
     auto prompt_fn = [&](int64_t count) {
