@@ -2,7 +2,7 @@
 //   {"text": "..."}                         pretraining: every token is a target; <eos> appended
 //   {"messages": [...], "tools": [...]?}    SFT: rendered with the Qwen3 chat template; targets are the
 //                                           assistant turns only (content and their <|im_end|>)
-//   {"prompt": "..." | [messages], "answer": "..."}   RL prompts (P10): kept as records, not tokenized here
+//   {"prompt": "..." | [messages], "answer": "..."}   RL prompts: kept as records, not tokenized here
 // Malformed lines (not JSON, not an object, a missing or mistyped field, an empty document) are counted
 // and reported with their line numbers; BadLines decides whether the first one stops the load
 // (Fail, the error names the file, the line and why) or is skipped (Skip, the report names the first

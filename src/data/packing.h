@@ -15,7 +15,7 @@
 // boundary, padding out of the router statistics: model/micro_batch.h). Labels are the ids on target
 // tokens and -100 elsewhere (SFT: the prompt side of a conversation).
 // Micro-batch i is rows [i B, (i + 1) B) of the stream of rows of epoch 0, then epoch 1, ...: a pure
-// function of (seed, i), so BatchSource's position is the whole resumable state (P12 saves it).
+// function of (seed, i), so BatchSource's position is the whole resumable state (a checkpoint saves it).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -7,7 +7,7 @@
 // (ops::lm_head_objective_bwd) multiplies them into the logits' gradient, chunk by chunk, never holding
 // the logits of the whole micro-batch. Pretraining's cross-entropy is one such objective
 // (g_t = -scale); the model also keeps a fused single-pass path for it (PassOptions::ce_scale), which
-// needs no log-probabilities first. RL objectives (P10) implement this interface.
+// needs no log-probabilities first. RL objectives (rl/policy_loss.h, rl/value_loss.h) implement this interface.
 //
 // Contract: an objective sees only this rank's rows (under data, sequence and tensor parallelism
 // each rank sees its own), so its loss and coefficients must be sums of per-token terms with every

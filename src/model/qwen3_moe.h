@@ -119,7 +119,7 @@ struct ModelOptions {
   // Expert parallelism: the experts' input gradient travels back to its sources while their weight
   // gradients run (ops::experts_bwd's after_dx). Off: after them (the A/B of train_step --no-ep-overlap).
   bool ep_backward_overlap = true;
-  // Residual-stream fusions (P13; each gives the same loss and gradients, bit for bit on the CPU; A/B
+  // Residual-stream fusions (each gives the same loss and gradients, bit for bit on the CPU; A/B
   // switches for the benchmark). fuse_norm_add: a residual add followed by the RMSNorm of its result is
   // one op (ops::add_rms_norm_fwd): the post-attention h1 = x + o_proj(..) then norm2, and, under
   // recompute none, the block output's add out = h1 + ffn(..), deferred to the next block's input norm
@@ -130,7 +130,7 @@ struct ModelOptions {
   // reduce-scattered outputs keep the add (fused with the next norm when fuse_norm_add is on).
   bool fuse_norm_add = fuse_norm_add_default();
   bool fuse_gemm_add = fuse_gemm_add_default();
-  // P13: the experts' two weight-gradient GEMMs (f32 += traffic, memory bound) on the side stream,
+  // The experts' two weight-gradient GEMMs (f32 += traffic, memory bound) on the side stream,
   // beside the rest of their layer's backward (router, norms, attention, q/k/v/o: compute bound), on
   // CUDA with the local dispatch (no expert parallelism) and the grouped experts path; elsewhere a
   // no-op (the CPU has one stream). The same GEMMs in the same order into each gradient: the same

@@ -1,4 +1,4 @@
-// One GRPO step (P10's loop): prompts -> n samples each through the engine (the session's weights, no
+// One GRPO step: prompts -> n samples each through the engine (the session's weights, no
 // copy) -> the caller's rewards (+ DAPO's soft overlong penalty) -> dynamic sampling (groups whose rewards
 // are all equal dropped and more prompts drawn, up to a cap on generate rounds) -> group-relative
 // advantages -> the trainer's old log-probs (and the frozen reference's) with the recorded routing

@@ -1,4 +1,4 @@
-// From rollouts to a training micro-batch: the RL update's input (P10).
+// From rollouts to a training micro-batch: the RL update's input.
 //
 // Each sample is one row: its prompt then its response, padded with token 0 to the longest row. Labels
 // follow HF semantics (aligned with input_ids; the model shifts them): the response tokens are targets,

@@ -1,4 +1,4 @@
-// The critic's loss for PPO (P10): clipped value regression, as in PPO implementations (OpenAI baselines'
+// The critic's loss for PPO: clipped value regression, as in PPO implementations (OpenAI baselines'
 // ppo2, veRL's compute_value_loss, TRL's PPOTrainer):
 //   L = 0.5 sum_t w_t max((v_t - R_t)^2, (v_old_t + clip(v_t - v_old_t, -eps, eps) - R_t)^2)
 // over target rows, with R_t the GAE return, v_old_t the critic's value at rollout and w_t a per-token

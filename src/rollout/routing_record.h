@@ -1,7 +1,7 @@
 // The MoE routing record of one sample, stored compactly: the expert ids each sparse layer chose for
 // every token the model read, one byte per id when the model has at most 256 experts, two bytes up to
 // 65,536 (Qwen3-30B-A3B: top-8 of 128 experts in 48 layers is 1.5 KB per token at i32, 384 bytes here). RL
-// keeps the record of every sample of a step until its update replays it (P10, the R3 routing replay);
+// keeps the record of every sample of a step until its update replays it (the R3 routing replay);
 // tensors() gives MicroBatch::routing's form.
 #pragma once
 #include <cstdint>

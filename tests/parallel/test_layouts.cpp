@@ -1,4 +1,4 @@
-// Layouts that used to be refused (issue P8, item 6), each against one process:
+// Layouts that used to be refused, each against one process:
 // - expert parallelism under HSDP (ep × dp_replicate): expert units sharded over the expert ranks of
 //   one replica (expert_shard) and all-reduced over dp_replicate. `moetrain grads` under
 //   dp_replicate 2 × dp_shard 2 × ep 2 (4 ranks), × tp 2 (etp 1 and 2) and dp_replicate 2 × ep 4 (8

@@ -1,4 +1,4 @@
-// RL policy losses under the parallel layouts (P10's layout test): for the same rollouts (a batch with
+// RL policy losses under the parallel layouts (the layout test): for the same rollouts (a batch with
 // advantages, old, reference log-probs and token weights), `moetrain grads --objective ...` under
 // dp_shard 2, ep 2 and tp 2 gives the loss and every gradient of one process (fp32 CPU, DESIGN's layout
 // tolerance: 1e-6 all together). PPO clip with clip-higher, dual clip, a k3 KL term and an entropy bonus;

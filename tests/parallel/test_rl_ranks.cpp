@@ -1,4 +1,4 @@
-// The RL update under the parallel layouts (P10 item 6): for the same rollouts (`moetrain _selftest rl`:
+// The RL update under the parallel layouts: for the same rollouts (`moetrain _selftest rl`:
 // fixed prompts, samples, engine log-probs, rewards and routing records), grpo_update's loss and every
 // gradient (16 samples in 3-sample micro-batches, so some are padded for 2 ranks; a KL term to the
 // reference session; the tempered head; one optimizer step) under dp_shard 2, ep 2, tp 2 and sp 2 equal one
@@ -167,7 +167,7 @@ TEST(RlRanks, GrpoCommandUnderLaunchFollowsOneProcess) {
   }
 }
 
-// MoE routers in RL (P10 item 3), through `_selftest rl` on one process: --freeze-router leaves every
+// MoE routers in RL, through `_selftest rl` on one process: --freeze-router leaves every
 // router's weights exactly as loaded (AdamW's weight decay included) with zero gradients while the rest
 // trains; the load-balancing loss (a model with output_router_logits) and the router z-loss are off by
 // default and, when given a coefficient, add coefficient x term to the loss. Under dp_shard 2 and ep 2 the

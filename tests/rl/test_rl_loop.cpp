@@ -562,7 +562,7 @@ RolloutGroups engine_rollouts(Rig& r, int prompts, int64_t new_tokens) {
 
 }  // namespace
 
-// The mismatch metric with and without the replay (P10 item 3): rollouts generated, then the routers moved a
+// The mismatch metric with and without the replay: rollouts generated, then the routers moved a
 // little (the drift between engine and trainer that R3 is for: near-ties flip); with the recorded experts
 // replayed the trainer's log-probs stay closer to the engine's than with its own routing, which chooses
 // other experts for some tokens. Measured on steps that are multiples of mismatch_every only (-1 elsewhere).
@@ -592,7 +592,7 @@ TEST(RlRouter, MismatchWithAndWithoutReplayIsMeasured) {
               m.logprob_diff_mean_no_replay);
 }
 
-// The rollout/trainer mismatch corrections in the loop (P10 item 2, policy_loss.h token_weights): the engine's
+// The rollout/trainer mismatch corrections in the loop (policy_loss.h token_weights): the engine's
 // log-probs moved by noise; token and sequence masks give some tokens weight 0 (masked_fraction), TIS changes
 // the update; all off by default (nothing masked, the plain update).
 TEST(RlMismatch, MasksAndTruncatedImportanceSamplingEnterTheUpdate) {
@@ -729,7 +729,7 @@ TEST(RlUpdate, MicroBatchesSumToTheMiniBatchLossUnderEveryAggregation) {
   }
 }
 
-// KL to the reference subtracted from the reward (P10 item 2, "as a loss term or subtracted from the reward"):
+// KL to the reference subtracted from the reward (instead of, or besides, the loss term):
 // groups whose rewards are all equal carry no GRPO gradient, but once the policy has moved from the
 // reference its samples' KL differs, so -beta sum_t k(old, ref) in the reward gives them advantages; the
 // kl_reward metric is the mean per-token penalty (negative). Without a reference it is an error.

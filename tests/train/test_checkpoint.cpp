@@ -1,4 +1,4 @@
-// Durable runs (P12): manifests that catch missing, truncated and corrupted files; training-state shards
+// Durable runs: manifests that catch missing, truncated and corrupted files; training-state shards
 // that reshard to any layout; and `moetrain train --resume` end to end — byte-exact on one CPU process,
 // the same losses after changing the layout, the previous checkpoint after a corrupt one or a run
 // killed while saving, and errors that name the path when the disk refuses.

@@ -1,4 +1,4 @@
-// `moetrain convert` (P12 item 6): a training checkpoint to a Hugging Face directory — the files, the
+// `moetrain convert`: a training checkpoint to a Hugging Face directory — the files, the
 // index, the dtype and values of every tensor, the tokenizer files, and the refusals. (The transformers
 // load and the logits comparison are tools/check_hf_export.py's: CI has no torch.)
 #include <gtest/gtest.h>

@@ -82,7 +82,7 @@ TEST(Sft, ArgumentErrorsNameWhatIsMissing) {
   EXPECT_NE(testutil::error_of([&] { prepare_sft(d); }).find("neither a directory nor a preset"), std::string::npos);
 }
 
-// The data position is the whole state of the packed data (P12 saves it): an sft run stopped at step 3
+// The data position is the whole state of the packed data (a checkpoint saves it): an sft run stopped at step 3
 // and resumed finishes exactly as the run that never stopped.
 TEST(Sft, ResumedRunEqualsTheUninterruptedOne) {
   const std::string out = (fs::temp_directory_path() / ("moetrain_sft_resume_" + std::to_string(getpid()))).string();
