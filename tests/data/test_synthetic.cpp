@@ -126,7 +126,7 @@ TEST(DataSynthetic, EvalProblemsNeverInTraining) {
 
 // The held-out split must not remove any digit combination from training: every pair of digits
 // (a's digit, b's digit) at every position of 3-digit operands occurs in many training pairs, and
-// exactly one pair in ten is held out. The pre-P8 rule ((a * 1000003 + b) % 10 == 0) failed the
+// exactly one pair in ten is held out. An earlier rule ((a * 1000003 + b) % 10 == 0) failed the
 // first part: at the units position 10 of the 100 combinations were never trained on.
 TEST(DataSynthetic, HeldOutSplitKeepsEveryDigitCombinationInTraining) {
   const int64_t m = 1000;

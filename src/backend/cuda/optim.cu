@@ -264,7 +264,7 @@ void adamw_step(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, const AdamWHyp
   unsigned grid = grid_for(vec ? n / 4 : n);
   // On the side stream (the overlapped optimizer step) the grid may be capped so that the compute
   // stream's kernels find free SMs: MOETRAIN_OVERLAP_ADAMW_BLOCKS (unset or 0: no cap). An experiment
-  // knob (bench/NOTES.md, P2 session 5); the elementwise results do not depend on the grid.
+  // knob (bench/NOTES.md, the overlapped optimizer); the elementwise results do not depend on the grid.
   if (stream() != compute_stream()) {
     static const unsigned cap = [] {
       const char* e = std::getenv("MOETRAIN_OVERLAP_ADAMW_BLOCKS");

@@ -1,6 +1,6 @@
 // CUDA paged KV cache. kv_cache_write: one thread per element.
 // paged_attention_fwd, three kernels, picked by head dim (MOETRAIN_PAGED_ATTENTION=auto|serial|split|mma
-// forces one; bench/paged_attention.cpp times them, bench/NOTES.md "P9" has their numbers):
+// forces one; bench/paged_attention.cpp times them, bench/NOTES.md "tensor-core decode attention" has their numbers):
 //  - tensor cores (head_dim 64 or 128; auto's choice there): a block of 4 warps per (token, up to 8 query
 //    heads of one KV head, split of the positions). Scores^T = K q^T and out^T += V^T P^T on mma.sync
 //    m16n8k16 (bf16 in, f32 accumulate), positions or head dims on the MMA's M and the 8 heads on its N, so
