@@ -13,7 +13,7 @@
 //
 // Held-out evaluation: for every a and every b / 10 one last digit of b, chosen by a hash of
 // (a, b / 10), makes (a, b) an evaluation pair (1 pair in 10). A hash rather than a rule on digits:
-// an earlier rule, (a * 1000003 + b) % 10 == 0, which depends on the units digits only, so 10
+// an earlier rule, (a * 1000003 + b) % 10 == 0, depended on the units digits only, so 10
 // of the 100 units-digit combinations never occurred in training at the units position.
 // Training never produces an evaluation pair (the sampler draws again), evaluation only produces
 // evaluation pairs, so exact-match accuracy on the evaluation set measures generalisation, not
