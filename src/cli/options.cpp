@@ -114,22 +114,22 @@ Option& Options::declare(const std::string& names, Kind kind, const std::string&
   return options_.back();
 }
 
-// Each setter checks the range of the option as declared when it runs: the Option is looked up by
-// name then (options_ may reallocate while options are still being declared).
+// The setters capture the flag's name (for their errors), never the Options or the Option (options_ may
+// reallocate while options are still being declared, and an Options may be moved).
 Option& Options::add(const std::string& names, int64_t* field, const std::string& help) {
   Option& o = declare(names, Kind::Int, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) { *field = parse_int(find(key)->flag(), v); };
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) { *field = parse_int(flag, v); };
   o.get = [field] { return std::to_string(*field); };
   return o;
 }
 
 Option& Options::add(const std::string& names, int* field, const std::string& help) {
   Option& o = declare(names, Kind::Int, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) {
-    const int64_t x = parse_int(find(key)->flag(), v);
-    if (x < INT32_MIN || x > INT32_MAX) MT_THROW(find(key)->flag(), " '", v, "' is out of range");
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) {
+    const int64_t x = parse_int(flag, v);
+    if (x < INT32_MIN || x > INT32_MAX) MT_THROW(flag, " '", v, "' is out of range");
     *field = int(x);
   };
   o.get = [field] { return std::to_string(*field); };
@@ -138,16 +138,16 @@ Option& Options::add(const std::string& names, int* field, const std::string& he
 
 Option& Options::add(const std::string& names, double* field, const std::string& help) {
   Option& o = declare(names, Kind::Real, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) { *field = parse_real(find(key)->flag(), v); };
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) { *field = parse_real(flag, v); };
   o.get = [field] { return number_text(*field); };
   return o;
 }
 
 Option& Options::add(const std::string& names, float* field, const std::string& help) {
   Option& o = declare(names, Kind::Real, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) { *field = float(parse_real(find(key)->flag(), v)); };
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) { *field = float(parse_real(flag, v)); };
   o.get = [field] { return number_text(*field); };
   return o;
 }
@@ -161,8 +161,8 @@ Option& Options::add(const std::string& names, std::string* field, const std::st
 
 Option& Options::add(const std::string& names, bool* field, const std::string& help) {
   Option& o = declare(names, Kind::Bool, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) { *field = parse_bool(find(key)->flag(), v); };
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) { *field = parse_bool(flag, v); };
   o.get = [field] { return std::string(*field ? "on" : "off"); };
   return o;
 }
@@ -170,8 +170,8 @@ Option& Options::add(const std::string& names, bool* field, const std::string& h
 Option& Options::add(const std::string& names, std::optional<double>* field, const std::string& help,
                      const std::string& unset) {
   Option& o = declare(names, Kind::Real, help);
-  const std::string key = o.names.front();
-  o.set = [this, key, field](const std::string& v) { *field = parse_real(find(key)->flag(), v); };
+  const std::string flag = o.flag();
+  o.set = [flag, field](const std::string& v) { *field = parse_real(flag, v); };
   o.get = [field, unset] { return *field ? number_text(**field) : unset; };
   return o;
 }
