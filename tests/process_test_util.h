@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -48,6 +49,22 @@ inline int exit_code(pid_t pid) {
   while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
   }
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// Starts `cmd`, sends it SIGINT once its log matches `ready`, waits for it and returns its log and exit code.
+struct Interrupted {
+  bool reached = false;  // the log matched `ready` before the command ended
+  int code = -1;
+  std::string log;
+};
+inline Interrupted interrupt_when(const std::string& cmd, const std::string& log, const std::regex& ready) {
+  Interrupted r;
+  const pid_t pid = start_command(cmd, log);
+  r.reached = wait_for_log(pid, log, ready);
+  kill(pid, SIGINT);
+  r.code = exit_code(pid);
+  r.log = read_text(log);
+  return r;
 }
 
 }  // namespace mt::test

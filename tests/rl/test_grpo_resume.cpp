@@ -189,12 +189,12 @@ TEST(GrpoResume, CtrlCSavesTheStepAndTheResumeFinishesTheRunAsIfUninterrupted) {
   EXPECT_TRUE(fs::exists(d + "/straight/checkpoint-39")) << "and the one before";
   EXPECT_FALSE(fs::exists(d + "/straight/checkpoint-38")) << "keep-last 2 by default";
   const std::string log = tmp_path("grporesume", "sigint.log");
-  const pid_t pid = start_command(grpo(d, "split", "--steps 40 --save-every 1"), log);
-  ASSERT_TRUE(wait_for_log(pid, log, std::regex("grpo: step 2/40 "))) << read_text(log);
-  kill(pid, SIGINT);
-  EXPECT_EQ(exit_code(pid), 130) << read_text(log);
+  const Interrupted run =
+      interrupt_when(grpo(d, "split", "--steps 40 --save-every 1"), log, std::regex("grpo: step 2/40 "));
+  ASSERT_TRUE(run.reached) << run.log;
+  EXPECT_EQ(run.code, 130) << run.log;
   std::smatch m;
-  const std::string out = read_text(log);
+  const std::string& out = run.log;
   ASSERT_TRUE(std::regex_search(out, m,
                                 std::regex("grpo: stopped by SIGINT after step ([0-9]+); saved (\\S+); resume "
                                            "with the same command and --resume")))

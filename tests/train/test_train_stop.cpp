@@ -169,11 +169,10 @@ TEST(TrainStop, CtrlCOnTheBinaryExits130WithACheckpointAndTheResumeCommand) {
   const std::string d = fresh("bin"), log = tmp_path("stop", "bin.log");
   std::string cmd = kMoetrainBin + " train";
   for (const std::string& a : tiny_args(d, 200)) cmd += " " + a;
-  const pid_t pid = start_command(cmd, log);
-  ASSERT_TRUE(wait_for_log(pid, log, std::regex("step 1/200 \\|"))) << read_text(log);
-  kill(pid, SIGINT);
-  EXPECT_EQ(exit_code(pid), 130) << read_text(log);
-  const std::string out = read_text(log);
+  const Interrupted run = interrupt_when(cmd, log, std::regex("step 1/200 \\|"));
+  ASSERT_TRUE(run.reached) << run.log;
+  EXPECT_EQ(run.code, 130) << run.log;
+  const std::string& out = run.log;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m,
                                 std::regex("train: stopped by SIGINT after step ([0-9]+); saved (\\S+); resume "
@@ -199,11 +198,10 @@ TEST(TrainStop, UnderLaunchEveryRankStopsAtTheSameStepAndSavesIt) {
   const std::string d = fresh("launch"), log = tmp_path("stop", "launch.log");
   std::string cmd = kMoetrainBin + " launch --nproc-per-node 2 --grace-s 60 -- train --dp-shard 2";
   for (const std::string& a : tiny_args(d, 2000)) cmd += " " + a;
-  const pid_t pid = start_command(cmd, log);
-  ASSERT_TRUE(wait_for_log(pid, log, std::regex("\\[rank 0\\].*step 1/2000 \\|"))) << read_text(log);
-  kill(pid, SIGINT);
-  EXPECT_EQ(exit_code(pid), 130) << read_text(log);
-  const std::string out = read_text(log);
+  const Interrupted run = interrupt_when(cmd, log, std::regex("\\[rank 0\\].*step 1/2000 \\|"));
+  ASSERT_TRUE(run.reached) << run.log;
+  EXPECT_EQ(run.code, 130) << run.log;
+  const std::string& out = run.log;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(out, m,
                                 std::regex("train: stopped by SIGINT after step ([0-9]+); saved (\\S+); resume "
