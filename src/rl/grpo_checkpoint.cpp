@@ -11,6 +11,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "train/checkpoint.h"
 
 namespace mt::rl {
 
@@ -74,6 +76,51 @@ json recorded_args(const std::vector<std::string>& args) {
       continue;
     }
     out.push_back(a);
+  }
+  return out;
+}
+
+GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& resume, const std::string& model_dir,
+                                 bool model_given, bool from_file, bool ppo, const nlohmann::json& args) {
+  GrpoResumePoint out;
+  const ResumePoint rp = find_resume_checkpoint(run_dir, resume);
+  for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
+  if (rp.dir.empty() && !rp.rejected.empty()) {
+    std::string all;
+    for (const std::string& r : rp.rejected) all += "; " + r;
+    MT_THROW("grpo: resume: no checkpoint in ", run_dir, " can be resumed from", all,
+             " (remove them or drop --resume to start over)");
+  }
+  if (rp.dir.empty())
+    log_info("grpo: resume: no checkpoint in ", run_dir, " yet; starting from step 0");
+  else {
+    out.dir = rp.dir;
+    out.state = read_train_state(out.dir);
+    if (out.state.value("format", std::string()) != "moetrain-grpo-state-1")
+      MT_THROW("grpo: resume: ", out.dir, " holds a '", out.state.value("format", std::string("?")),
+               "' state, not a grpo run's (moetrain-grpo-state-1)");
+    const std::string saved_model = out.state.at("model_dir").get<std::string>();
+    out.model_dir = saved_model;
+    if (model_given && fs::weakly_canonical(model_dir) != fs::weakly_canonical(saved_model))
+      MT_THROW("grpo: resume: --model ", model_dir, ", but the run being resumed started from ", saved_model,
+               " (its reference model); drop --model or give that directory");
+    if (out.state.at("mode").get<std::string>() != (from_file ? "prompts" : "task"))
+      MT_THROW("grpo: resume: ", out.dir, " is a ",
+               out.state.at("mode").get<std::string>() == "prompts" ? "run on --prompts; give the same --prompts"
+                                                                    : "run on the built-in task; drop --prompts");
+    if (out.state.contains("critic") != ppo)
+      MT_THROW("grpo: resume: ", out.dir,
+               ppo ? " has no critic: it was not an --algorithm ppo run"
+                   : " holds a critic: resume it with --algorithm ppo");
+    // --model is checked above on its own (a resume may leave it out): the other options are compared.
+    auto without_model = [](json a) {
+      for (size_t k = 0; k + 1 < a.size(); ++k)
+        if (a[k] == "--model") a.erase(a.begin() + std::ptrdiff_t(k), a.begin() + std::ptrdiff_t(k) + 2);
+      return a;
+    };
+    if (without_model(out.state.value("args", json::array())) != without_model(args))
+      log_info("grpo: resume: warning: the options differ from the saved run's (", out.state["args"].dump(), " -> ",
+               args.dump(), ")");
   }
   return out;
 }

@@ -17,4 +17,17 @@ std::string fingerprint_change(const nlohmann::json& saved, const nlohmann::json
 // (saving, the device and the layout: the state is resharded on resume); --key=value read as --key value.
 nlohmann::json recorded_args(const std::vector<std::string>& args);
 
+// Where a grpo run resumes (--resume latest or a checkpoint directory): the newest checkpoint of run_dir
+// whose manifest verifies (train/checkpoint.h), or none (dir "": a fresh run, said in the log); an error
+// when every checkpoint there is unusable, or the one found is not a grpo run's, started from another
+// --model (when given), on the other kind of prompts (task / prompt file), or with(out) a critic other
+// than --algorithm says. Other differences of the command line (`args`: recorded_args) are a warning.
+struct GrpoResumePoint {
+  std::string dir;        // the checkpoint, "" for none
+  nlohmann::json state;   // its train_state.json
+  std::string model_dir;  // the initial model the run started from
+};
+GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& resume, const std::string& model_dir,
+                                 bool model_given, bool from_file, bool ppo, const nlohmann::json& args);
+
 }  // namespace mt::rl

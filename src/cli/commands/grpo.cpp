@@ -146,51 +146,13 @@ int grpo_main(const std::vector<std::string>& args) {
   auto& program_cmd = ga.program_cmd;
   const Device device = resolve_device(device_name);
 
-  // Resume: the newest checkpoint of the run dir that verifies (train/checkpoint.h).
-  std::string resume_dir;
-  json state;
-  if (!resume.empty()) {
-    const ResumePoint rp = find_resume_checkpoint(run_dir, resume);
-    for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
-    if (rp.dir.empty() && !rp.rejected.empty()) {
-      std::string all;
-      for (const std::string& r : rp.rejected) all += "; " + r;
-      MT_THROW("grpo: resume: no checkpoint in ", run_dir, " can be resumed from", all,
-               " (remove them or drop --resume to start over)");
-    }
-    if (rp.dir.empty())
-      log_info("grpo: resume: no checkpoint in ", run_dir, " yet; starting from step 0");
-    else {
-      resume_dir = rp.dir;
-      state = read_train_state(resume_dir);
-      if (state.value("format", std::string()) != "moetrain-grpo-state-1")
-        MT_THROW("grpo: resume: ", resume_dir, " holds a '", state.value("format", std::string("?")),
-                 "' state, not a grpo run's (moetrain-grpo-state-1)");
-      const std::string saved_model = state.at("model_dir").get<std::string>();
-      if (!model_given)
-        model_dir = saved_model;
-      else if (fs::weakly_canonical(model_dir) != fs::weakly_canonical(saved_model))
-        MT_THROW("grpo: resume: --model ", model_dir, ", but the run being resumed started from ", saved_model,
-                 " (its reference model); drop --model or give that directory");
-      if (state.at("mode").get<std::string>() != (from_file ? "prompts" : "task"))
-        MT_THROW("grpo: resume: ", resume_dir, " is a ",
-                 state.at("mode").get<std::string>() == "prompts" ? "run on --prompts; give the same --prompts"
-                                                                  : "run on the built-in task; drop --prompts");
-      if (state.contains("critic") != ppo)
-        MT_THROW("grpo: resume: ", resume_dir,
-                 ppo ? " has no critic: it was not an --algorithm ppo run"
-                     : " holds a critic: resume it with --algorithm ppo");
-      // --model is checked above on its own (a resume may leave it out): the other options are compared.
-      auto without_model = [](json a) {
-        for (size_t k = 0; k + 1 < a.size(); ++k)
-          if (a[k] == "--model") a.erase(a.begin() + std::ptrdiff_t(k), a.begin() + std::ptrdiff_t(k) + 2);
-        return a;
-      };
-      if (without_model(state.value("args", json::array())) != without_model(recorded_args(args)))
-        log_info("grpo: resume: warning: the options differ from the saved run's (", state["args"].dump(), " -> ",
-                 recorded_args(args).dump(), ")");
-    }
-  }
+  // Resume: the newest checkpoint of the run dir that verifies, checked against this command line.
+  const rl::GrpoResumePoint rp = resume.empty() ? rl::GrpoResumePoint{}
+                                                : rl::find_grpo_resume(run_dir, resume, model_dir, model_given,
+                                                                       from_file, ppo, recorded_args(args));
+  if (!rp.dir.empty() && !model_given) model_dir = rp.model_dir;
+  const std::string& resume_dir = rp.dir;
+  const json& state = rp.state;
   const bool resuming = !resume_dir.empty();
   const int64_t start_step = resuming ? state.at("step").get<int64_t>() : 0;
   const int64_t stop = max_steps > 0 ? max_steps : steps;
