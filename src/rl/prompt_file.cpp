@@ -1,10 +1,12 @@
 // A prompt file for RL: reading and checking it, the sampler, the rewards (prompt_file.h).
 #include "rl/prompt_file.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/rng.h"
 
 namespace mt::rl {
@@ -116,6 +118,40 @@ std::vector<double> FileRewarder::operator()(const PromptFile& f, const std::vec
     r = b.rewards;
   }
   return r;
+}
+
+std::unique_ptr<PromptRun> open_prompt_run(const std::string& train_path, const std::string& eval_path,
+                                           const std::string& model_dir, const ModelConfig& cfg, int64_t max_new_tokens,
+                                           FileReward reward, const RewardProgramOptions& program) {
+  auto run = std::make_unique<PromptRun>();
+  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer_path)) run->tokenizer = Tokenizer::from_file(tokenizer_path);
+  const Tokenizer* tok = run->tokenizer ? &*run->tokenizer : nullptr;
+  if (!tok && reward == FileReward::Math)
+    MT_THROW("grpo: --reward math reads the response's text, and ", model_dir,
+             " has no tokenizer.json to decode it; add the tokenizer or use exact (token ids)");
+  run->train = load_prompt_file(train_path, cfg, max_new_tokens, tok, reward);
+  if (!eval_path.empty()) run->eval = load_prompt_file(eval_path, cfg, max_new_tokens, tok, reward);
+  if (reward == FileReward::Program)
+    run->program = std::make_unique<RewardProgram>(program);  // an error naming a missing or non-executable one
+  run->rewarder.kind = reward;
+  run->rewarder.tok = tok;
+  run->rewarder.program = run->program.get();
+  // Stops: the model's EOS (the engine's own), and the chat template's ends when the tokenizer has them.
+  if (tok)
+    for (const char* s : {"<|im_end|>", "<|endoftext|>"}) {
+      const int64_t id = tok->token_to_id(s);
+      if (id >= 0 && id < cfg.vocab_size && id != cfg.eos_token_id) run->stop_token_ids.push_back(int32_t(id));
+    }
+  log_info(
+      "grpo: ", run->train.prompts.size(), " prompts from ", train_path,
+      run->eval.prompts.empty() ? std::string() : str(", ", run->eval.prompts.size(), " held-out from ", eval_path),
+      "; reward ",
+      reward == FileReward::Exact  ? (tok ? "exact match (text)" : "exact match (token ids)")
+      : reward == FileReward::Math ? "math"
+                                   : "program: " + program.command,
+      tok ? "; tokenizer " + tokenizer_path : std::string("; no tokenizer"));
+  return run;
 }
 
 }  // namespace mt::rl

@@ -3,6 +3,8 @@
 // the rewards of a round's samples (exact match, the math checker, or an external program: rl/rewards.h).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,5 +58,21 @@ struct FileRewarder {
   std::vector<double> operator()(const PromptFile& f, const std::vector<int64_t>& which,
                                  const std::vector<GeneratedSample>& gen) const;
 };
+
+// A prompt-file run's inputs, opened and checked before any weight is read: the model directory's
+// tokenizer (when it has tokenizer.json), the training and held-out files (`eval_path` "": none), the reward
+// program (started when the reward is Program: an error names a missing one) and the rewarder over them,
+// and the chat template's end tokens the tokenizer has (besides the model's EOS) as extra stops. One log line
+// says what was read. Not movable: the rewarder points at the tokenizer and the program.
+struct PromptRun {
+  std::optional<Tokenizer> tokenizer;
+  PromptFile train, eval;
+  std::unique_ptr<RewardProgram> program;
+  FileRewarder rewarder;
+  std::vector<int32_t> stop_token_ids;
+};
+std::unique_ptr<PromptRun> open_prompt_run(const std::string& train_path, const std::string& eval_path,
+                                           const std::string& model_dir, const ModelConfig& cfg, int64_t max_new_tokens,
+                                           FileReward reward, const RewardProgramOptions& program);
 
 }  // namespace mt::rl

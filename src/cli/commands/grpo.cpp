@@ -185,50 +185,26 @@ int grpo_main(const std::vector<std::string>& args) {
     MT_THROW("grpo: ", model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
              CharTokenizer().vocab_size());
   // Prompt files, their answers and the reward program: checked before any weight is read.
-  std::optional<Tokenizer> tokenizer;
   const std::string tokenizer_path = model_dir + "/tokenizer.json";
-  PromptFile train_file, eval_file;
-  std::unique_ptr<RewardProgram> program;
-  FileRewarder rewarder;
+  std::unique_ptr<rl::PromptRun> prompt_run;
   if (from_file) {
-    if (fs::exists(tokenizer_path)) tokenizer = Tokenizer::from_file(tokenizer_path);
-    const Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
-    if (!tok && file_reward == FileReward::Math)
-      MT_THROW("grpo: --reward math reads the response's text, and ", model_dir,
-               " has no tokenizer.json to decode it; add the tokenizer or use exact (token ids)");
-    train_file = load_prompt_file(prompts_path, cfg, o.max_new_tokens, tok, file_reward);
+    RewardProgramOptions po;
+    po.command = program_cmd;
+    po.timeout_s = reward_timeout;
+    po.stop_on_error = reward_stop;
+    prompt_run =
+        rl::open_prompt_run(prompts_path, eval_prompts_path, model_dir, cfg, o.max_new_tokens, file_reward, po);
     if (resuming && state.contains("prompts") &&
-        state["prompts"].value("count", int64_t(-1)) != int64_t(train_file.prompts.size()))
-      log_info("grpo: resume: warning: ", prompts_path, " has ", train_file.prompts.size(),
+        state["prompts"].value("count", int64_t(-1)) != int64_t(prompt_run->train.prompts.size()))
+      log_info("grpo: resume: warning: ", prompts_path, " has ", prompt_run->train.prompts.size(),
                " prompts, the saved run's file had ", state["prompts"].value("count", int64_t(-1)),
                ": the sampler's order from here differs from the run that stopped");
-    if (!eval_prompts_path.empty())
-      eval_file = load_prompt_file(eval_prompts_path, cfg, o.max_new_tokens, tok, file_reward);
-    if (file_reward == FileReward::Program) {
-      RewardProgramOptions po;
-      po.command = program_cmd;
-      po.timeout_s = reward_timeout;
-      po.stop_on_error = reward_stop;
-      program = std::make_unique<RewardProgram>(po);  // an error naming a missing or non-executable program
-    }
-    rewarder.kind = file_reward;
-    rewarder.tok = tok;
-    rewarder.program = program.get();
-    // Stops: the model's EOS (the engine's own), and the chat template's ends when the tokenizer has them.
-    if (tok)
-      for (const char* s : {"<|im_end|>", "<|endoftext|>"}) {
-        const int64_t id = tok->token_to_id(s);
-        if (id >= 0 && id < cfg.vocab_size && id != cfg.eos_token_id) o.stop_token_ids.push_back(int32_t(id));
-      }
-    log_info("grpo: ", train_file.prompts.size(), " prompts from ", prompts_path,
-             eval_file.prompts.empty() ? std::string()
-                                       : str(", ", eval_file.prompts.size(), " held-out from ", eval_prompts_path),
-             "; reward ",
-             file_reward == FileReward::Exact  ? (tok ? "exact match (text)" : "exact match (token ids)")
-             : file_reward == FileReward::Math ? "math"
-                                               : "program: " + program_cmd,
-             tok ? "; tokenizer " + tokenizer_path : std::string("; no tokenizer"));
+    o.stop_token_ids.insert(o.stop_token_ids.end(), prompt_run->stop_token_ids.begin(),
+                            prompt_run->stop_token_ids.end());
   }
+  const PromptFile no_prompts;
+  const PromptFile& train_file = prompt_run ? prompt_run->train : no_prompts;
+  const PromptFile& eval_file = prompt_run ? prompt_run->eval : no_prompts;
 
   SessionOptions so;
   so.device = device;
@@ -357,7 +333,7 @@ int grpo_main(const std::vector<std::string>& args) {
       reqs.push_back(std::move(r));
       which.push_back(int64_t(k));
     }
-    const std::vector<double> r = rewarder(eval_file, which, engine.generate(reqs));
+    const std::vector<double> r = prompt_run->rewarder(eval_file, which, engine.generate(reqs));
     double sum = 0;
     for (double x : r) sum += file_accuracy ? (x >= 1.0 ? 1.0 : 0.0) : x;
     return (file_accuracy ? 100.0 : 1.0) * sum / double(r.size());
@@ -539,7 +515,7 @@ int grpo_main(const std::vector<std::string>& args) {
       return prompts;
     };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-      if (from_file) return rewarder(train_file, round_prompts, g);
+      if (from_file) return prompt_run->rewarder(train_file, round_prompts, g);
       std::vector<double> r;
       for (const GeneratedSample& x : g)
         r.push_back(answer_reward(round_problems.at(size_t(x.prompt_index)), x.tokens, reward_kind));
