@@ -74,11 +74,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using rl::RewardProgram;
 using rl::RewardProgramOptions;
 
 using rl::FileReward;
-using rl::FileRewarder;
 using rl::PromptFile;
 using rl::PromptSampler;
 using rl::addition::answer_reward;
@@ -87,11 +85,7 @@ using rl::addition::ensure_task_start;
 using rl::addition::exact_match;
 using rl::addition::ids32;
 using rl::addition::kDemoModel;
-using rl::addition::Reward;
 using rl::addition::sft_batch;
-using rl::addition::Task;
-using rl::addition::task_preset;
-using rl::addition::TaskPreset;
 
 using rl::fingerprint_change;
 using rl::model_fingerprint;
