@@ -59,6 +59,7 @@
 #include "ops/threads.h"
 #include "rl/addition_task.h"
 #include "rl/grpo_checkpoint.h"
+#include "rl/grpo_sessions.h"
 #include "rl/prompt_file.h"
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
@@ -200,73 +201,31 @@ int grpo_main(const std::vector<std::string>& args) {
   const PromptFile& train_file = prompt_run ? prompt_run->train : no_prompts;
   const PromptFile& eval_file = prompt_run ? prompt_run->eval : no_prompts;
 
+  // The policy, the frozen reference and PPO's critic, on one distributed context; restored when resuming.
   SessionOptions so;
   so.device = device;
   so.dist.mesh = mesh;
   so.dist.comm.timeout = std::chrono::milliseconds(int64_t(comm_timeout_s * 1000));
-  TrainSession session(cfg, so);
+  rl::GrpoSessionPlan plan;
+  plan.model_dir = model_dir;
+  plan.prompts_per_step = per_step;
+  plan.reference = use_reference && baseline.empty();
+  plan.critic = ppo && baseline.empty();
+  plan.critic_seed = uint64_t(seed);
+  plan.resume_dir = resume_dir;
+  plan.state = resuming ? &state : nullptr;
+  rl::GrpoSessions sessions = rl::make_grpo_sessions(cfg, so, plan);
+  TrainSession& session = *sessions.policy;
+  std::unique_ptr<TrainSession>& reference = sessions.reference;
+  std::unique_ptr<TrainSession>& critic = sessions.critic;
   DistContext& dist = session.dist();
   const bool lead = dist.rank() == 0;
-  if (per_step % dist.dp_size() != 0)
-    MT_THROW("grpo: --prompts-per-step ", per_step, " cannot be split evenly over ", dist.dp_size(),
-             " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dist.dp_size());
-  // The reference and the critic run on the policy's distributed context, laid out like it.
-  so.shared_dist = &dist;
-  AdamWConfig ac;
-  ac.weight_decay = 0;
-  // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
-  // the fingerprint holds its file unchanged).
-  if (!resuming)
-    session.load(model_dir);
-  else
-    session.load_router_bias(model_dir);
-  session.make_optimizer(ac, false);
-  std::unique_ptr<TrainSession> reference;
-  if (use_reference && baseline.empty()) {
-    SessionOptions ro = so;
-    ro.weights = Weights::Frozen;
-    reference = std::make_unique<TrainSession>(cfg, ro);
-    reference->load(model_dir);
-  }
-  // PPO's critic: the policy's architecture with a scalar head (score.weight [1, D], zero) on the same body.
-  std::unique_ptr<TrainSession> critic;
-  if (ppo && baseline.empty()) {
-    ModelConfig cc = cfg;
-    cc.value_head = true;
-    cc.tie_word_embeddings = false;  // its own copy of the embedding
-    critic = std::make_unique<TrainSession>(cc, so);
-    critic->make_optimizer(ac, false);
-    if (!resuming) {
-      critic->init_weights(uint64_t(seed));
-      rl::init_critic_from_policy(*critic, session);
-    }
-    critic->load_router_bias(model_dir);  // the policy's body routes as the policy does
-  }
-  if (resuming) {
-    // The policy's masters and moments, the critic's, the counters: the state the run stopped with.
-    const auto t = std::chrono::steady_clock::now();
-    AdamW& opt = session.optimizer();
-    load_train_state_shards(resume_dir, session.table().total(), session.parallel().pieces(session.table()),
-                            session.master(), opt.exp_avg(), opt.exp_avg_sq());
-    session.refresh_compute_weights();
-    opt.set_state(state.at("optimizer_steps").get<int64_t>(), state.at("skipped_steps").get<int64_t>());
-    session.set_steps_done(state.value("session_steps", start_step));
-    if (critic) {
-      const json& cs = state.at("critic");
-      const std::string cdir = (fs::path(resume_dir) / cs.at("dir").get<std::string>()).string();
-      AdamW& copt = critic->optimizer();
-      load_train_state_shards(cdir, critic->table().total(), critic->parallel().pieces(critic->table()),
-                              critic->master(), copt.exp_avg(), copt.exp_avg_sq());
-      critic->refresh_compute_weights();
-      copt.set_state(cs.at("optimizer_steps").get<int64_t>(), cs.at("skipped_steps").get<int64_t>());
-      critic->set_steps_done(cs.value("session_steps", start_step));
-    }
+  if (resuming)
     log_info("grpo: resume: step ", start_step, " from ", resume_dir, "; policy", critic ? " and critic" : "",
              " weights, AdamW moments and counters, ",
              from_file ? str("prompt sampler position ", state.at("prompt_position").get<int64_t>())
                        : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
-             " restored in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
-  }
+             " restored in ", sessions.restore_s, " s");
 
   // The KV cache: what the larger of a step's rollouts and the evaluation can hold.
   int64_t longest_prompt = max_problem_tokens(task.hi), eval_count = eval_n;

@@ -1,0 +1,78 @@
+// The models of a GRPO / PPO run (grpo_sessions.h).
+#include "rl/grpo_sessions.h"
+
+#include <filesystem>
+
+#include "core/clock.h"
+#include "core/error.h"
+#include "rl/grpo.h"
+#include "train/checkpoint.h"
+
+namespace mt::rl {
+
+GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const GrpoSessionPlan& plan) {
+  GrpoSessions out;
+  out.policy = std::make_unique<TrainSession>(cfg, so);
+  TrainSession& session = *out.policy;
+  DistContext& dist = session.dist();
+  if (plan.prompts_per_step % dist.dp_size() != 0)
+    MT_THROW("grpo: --prompts-per-step ", plan.prompts_per_step, " cannot be split evenly over ", dist.dp_size(),
+             " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dist.dp_size());
+  // The reference and the critic run on the policy's distributed context, laid out like it.
+  so.shared_dist = &dist;
+  AdamWConfig ac;
+  ac.weight_decay = 0;
+  const bool resuming = plan.state != nullptr;
+  // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
+  // the fingerprint holds its file unchanged).
+  if (!resuming)
+    session.load(plan.model_dir);
+  else
+    session.load_router_bias(plan.model_dir);
+  session.make_optimizer(ac, false);
+  if (plan.reference) {
+    SessionOptions ro = so;
+    ro.weights = Weights::Frozen;
+    out.reference = std::make_unique<TrainSession>(cfg, ro);
+    out.reference->load(plan.model_dir);
+  }
+  // PPO's critic: the policy's architecture with a scalar head (score.weight [1, D], zero) on the same body.
+  if (plan.critic) {
+    ModelConfig cc = cfg;
+    cc.value_head = true;
+    cc.tie_word_embeddings = false;  // its own copy of the embedding
+    out.critic = std::make_unique<TrainSession>(cc, so);
+    out.critic->make_optimizer(ac, false);
+    if (!resuming) {
+      out.critic->init_weights(plan.critic_seed);
+      init_critic_from_policy(*out.critic, session);
+    }
+    out.critic->load_router_bias(plan.model_dir);  // the policy's body routes as the policy does
+  }
+  if (resuming) {
+    // The policy's masters and moments, the critic's, the counters: the state the run stopped with.
+    const auto t = Clock::now();
+    const nlohmann::json& state = *plan.state;
+    const int64_t step = state.at("step").get<int64_t>();
+    AdamW& opt = session.optimizer();
+    load_train_state_shards(plan.resume_dir, session.table().total(), session.parallel().pieces(session.table()),
+                            session.master(), opt.exp_avg(), opt.exp_avg_sq());
+    session.refresh_compute_weights();
+    opt.set_state(state.at("optimizer_steps").get<int64_t>(), state.at("skipped_steps").get<int64_t>());
+    session.set_steps_done(state.value("session_steps", step));
+    if (TrainSession* critic = out.critic.get()) {
+      const nlohmann::json& cs = state.at("critic");
+      const std::string cdir = (std::filesystem::path(plan.resume_dir) / cs.at("dir").get<std::string>()).string();
+      AdamW& copt = critic->optimizer();
+      load_train_state_shards(cdir, critic->table().total(), critic->parallel().pieces(critic->table()),
+                              critic->master(), copt.exp_avg(), copt.exp_avg_sq());
+      critic->refresh_compute_weights();
+      copt.set_state(cs.at("optimizer_steps").get<int64_t>(), cs.at("skipped_steps").get<int64_t>());
+      critic->set_steps_done(cs.value("session_steps", step));
+    }
+    out.restore_s = seconds_since(t);
+  }
+  return out;
+}
+
+}  // namespace mt::rl
