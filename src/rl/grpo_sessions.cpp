@@ -1,7 +1,9 @@
 // The models of a GRPO / PPO run (grpo_sessions.h).
 #include "rl/grpo_sessions.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/error.h"
@@ -73,6 +75,41 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
     out.restore_s = seconds_since(t);
   }
   return out;
+}
+
+GrpoEngine::GrpoEngine(TrainSession& session, GrpoOptions& o, int64_t per_step, int64_t longest_prompt,
+                       int64_t eval_count) {
+  DistContext& dist = session.dist();
+  GenerateRequest sizing;
+  sizing.prompt.assign(size_t(longest_prompt), 0);
+  sizing.max_new_tokens = o.max_new_tokens;
+  sizing.n = o.n;
+  EngineOptions eo;
+  eo.record_routing = true;
+  if (dist.mesh().size(Axis::Tp) > 1 || dist.mesh().size(Axis::Sp) > 1) {
+    tp_copy = std::make_unique<TpGenerator>(session);
+    if (const Tensor& b = session.model().router_bias(); b.defined()) {  // the copy routes as the policy
+      tp_copy->model().enable_router_bias();
+      tp_copy->model().router_bias().copy_from(b);
+    }
+    TpGenerator* copy = tp_copy.get();
+    o.before_generate = [copy] { return copy->refresh(); };
+    if (dist.mesh().size(Axis::Tp) > 1) {
+      o.replay_routing = false;
+      eo.record_routing = false;
+    }
+  } else {
+    eo.lockstep = dist.ep();
+  }
+  Qwen3MoeModel& gen_model = tp_copy ? tp_copy->model() : session.model();
+  eo.max_running = std::max<int64_t>(per_step * o.n, eval_count);
+  GenerateRequest eval_sizing = sizing;
+  eval_sizing.n = 1;
+  eo.kv_cache_bytes = std::max(
+      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(per_step), sizing), eo.block_size),
+      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(eval_count), eval_sizing),
+                                     eo.block_size));
+  engine_ = std::make_unique<RolloutEngine>(gen_model, eo);
 }
 
 }  // namespace mt::rl

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "model/config.h"
+#include "rl/grpo.h"
+#include "rollout/engine.h"
 #include "train/session.h"
 
 namespace mt::rl {
@@ -26,5 +28,21 @@ struct GrpoSessions {
 };
 
 GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const GrpoSessionPlan& plan);
+
+// The rollout engine of a run. Under tp or sp it runs on a one-device copy of the policy's weights
+// (TpGenerator), refreshed before each round (o.before_generate, set here) and each evaluation; under tp
+// without routing replay (o.replay_routing turned off here). Else on the policy, ep ranks in lockstep. The
+// KV cache holds the larger of a step's rollouts (prompts x n) and `eval_count` greedy evaluation prompts, of
+// up to `longest_prompt` + o.max_new_tokens tokens.
+class GrpoEngine {
+ public:
+  GrpoEngine(TrainSession& policy, GrpoOptions& o, int64_t prompts_per_step, int64_t longest_prompt,
+             int64_t eval_count);
+  RolloutEngine& engine() { return *engine_; }
+  std::unique_ptr<TpGenerator> tp_copy;  // null unless tp or sp
+
+ private:
+  std::unique_ptr<RolloutEngine> engine_;
+};
 
 }  // namespace mt::rl

@@ -227,7 +227,7 @@ int grpo_main(const std::vector<std::string>& args) {
                        : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
              " restored in ", sessions.restore_s, " s");
 
-  // The KV cache: what the larger of a step's rollouts and the evaluation can hold.
+  // The rollout engine, its KV cache sized for the larger of a step's rollouts and the evaluation.
   int64_t longest_prompt = max_problem_tokens(task.hi), eval_count = eval_n;
   if (from_file) {
     longest_prompt = 1;
@@ -235,39 +235,9 @@ int grpo_main(const std::vector<std::string>& args) {
       for (const Prompt& p : f->prompts) longest_prompt = std::max<int64_t>(longest_prompt, int64_t(p.ids.size()));
     eval_count = std::max<int64_t>(1, std::min<int64_t>(int64_t(eval_file.prompts.size()), 256));
   }
-  GenerateRequest sizing;
-  sizing.prompt.assign(size_t(longest_prompt), 0);
-  sizing.max_new_tokens = o.max_new_tokens;
-  sizing.n = o.n;
-  EngineOptions eo;
-  eo.record_routing = true;
-  // Under tp or sp the engine runs on a one-device copy of the weights, refreshed before each round and
-  // each evaluation (rl::TpGenerator; under tp without routing replay); else on the policy, ep ranks in
-  // lockstep.
-  std::unique_ptr<rl::TpGenerator> tp_copy;
-  if (dist.mesh().size(Axis::Tp) > 1 || dist.mesh().size(Axis::Sp) > 1) {
-    tp_copy = std::make_unique<rl::TpGenerator>(session);
-    if (const Tensor& b = session.model().router_bias(); b.defined()) {  // the copy routes as the policy
-      tp_copy->model().enable_router_bias();
-      tp_copy->model().router_bias().copy_from(b);
-    }
-    o.before_generate = [&tp_copy] { return tp_copy->refresh(); };
-    if (dist.mesh().size(Axis::Tp) > 1) {
-      o.replay_routing = false;
-      eo.record_routing = false;
-    }
-  } else {
-    eo.lockstep = dist.ep();
-  }
-  Qwen3MoeModel& gen_model = tp_copy ? tp_copy->model() : session.model();
-  eo.max_running = std::max<int64_t>(per_step * o.n, eval_count);
-  GenerateRequest eval_sizing = sizing;
-  eval_sizing.n = 1;
-  eo.kv_cache_bytes = std::max(
-      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(per_step), sizing), eo.block_size),
-      RolloutEngine::kv_bytes_needed(gen_model, std::vector<GenerateRequest>(size_t(eval_count), eval_sizing),
-                                     eo.block_size));
-  RolloutEngine engine(gen_model, eo);
+  rl::GrpoEngine generator(session, o, per_step, longest_prompt, eval_count);
+  RolloutEngine& engine = generator.engine();
+  std::unique_ptr<rl::TpGenerator>& tp_copy = generator.tp_copy;
 
   // Evaluation: greedy, on the held-out problems of the task or the --eval-prompts file.
   const std::vector<Problem> eval = from_file ? std::vector<Problem>() : task.eval(eval_n, uint64_t(seed) + 7);
