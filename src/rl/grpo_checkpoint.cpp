@@ -10,8 +10,11 @@
 #include <map>
 #include <set>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/manifest.h"
+#include "model/hf_checkpoint.h"
 #include "train/checkpoint.h"
 
 namespace mt::rl {
@@ -123,6 +126,67 @@ GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& 
                args.dump(), ")");
   }
   return out;
+}
+
+std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, TrainSession& session, TrainSession* critic,
+                                 const ModelConfig& cfg, const std::string& tokenizer_json, json st,
+                                 int64_t keep_last) {
+  const auto t = Clock::now();
+  DistContext& dist = session.dist();
+  const bool lead = dist.rank() == 0;
+  const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
+  if (lead) begin_checkpoint(dir);
+  if (dist.distributed()) dist.world()->barrier();  // the directory exists before any rank writes into it
+  if (session.fsdp())
+    save_sharded_hf_checkpoint(
+        dir, cfg, session.table(),
+        [&session](const ParamEntry& e) { return session.parallel().gather_param_host(e, false); }, lead);
+  else
+    save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
+  if (lead && !tokenizer_json.empty())
+    fs::copy_file(tokenizer_json, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
+  if (lead && session.model().router_bias().defined())  // the routing bias it ran with: a complete model
+    save_router_bias(dir, cfg, session.model().router_bias());
+  debug_kill_while_saving(step);
+  AdamW& opt = session.optimizer();
+  save_train_state_shard(dir, dist.rank(), session.master(), opt.exp_avg(), opt.exp_avg_sq(),
+                         session.parallel().pieces(session.table()));
+  const DeviceMesh& dm = dist.mesh();
+  const json layout = {{"world_size", dist.world_size()},
+                       {"dp_replicate", dm.size(Axis::DpReplicate)},
+                       {"dp_shard", dm.size(Axis::DpShard)},
+                       {"ep", dm.size(Axis::Ep)},
+                       {"tp", dm.size(Axis::Tp)}};
+  st["session_steps"] = session.steps_done();
+  st["optimizer_steps"] = opt.steps_taken();
+  st["skipped_steps"] = opt.steps_skipped();
+  st["flat_numel"] = session.table().total();
+  st["layout"] = layout;
+  if (critic) {
+    const std::string cdir = (fs::path(dir) / "critic").string();
+    AdamW& copt = critic->optimizer();
+    save_train_state_shard(cdir, dist.rank(), critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
+                           critic->parallel().pieces(critic->table()));
+    if (lead)
+      write_file_atomic(
+          (fs::path(cdir) / kTrainStateFile).string(),
+          json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}.dump(
+              2) +
+              "\n");
+    st["critic"] = {{"dir", "critic"},
+                    {"optimizer_steps", copt.steps_taken()},
+                    {"skipped_steps", copt.steps_skipped()},
+                    {"session_steps", critic->steps_done()}};
+  }
+  if (lead) write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
+  if (dist.distributed()) dist.world()->barrier();  // every shard is on disk
+  if (lead) {
+    commit_checkpoint(dir, final_dir);
+    for (const std::string& r : retain_checkpoints(run_dir, keep_last)) log_info("grpo: ", r);
+  }
+  log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
+           ", manifest) in ", seconds_since(t), " s");
+  return final_dir;
 }
 
 }  // namespace mt::rl

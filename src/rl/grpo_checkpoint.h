@@ -2,9 +2,13 @@
 // model's fingerprint, so that a resume can tell the initial model changed, and the command line less
 // the options a resume may change.
 #pragma once
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "model/config.h"
+#include "train/session.h"
 
 namespace mt::rl {
 
@@ -29,5 +33,14 @@ struct GrpoResumePoint {
 };
 GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& resume, const std::string& model_dir,
                                  bool model_given, bool from_file, bool ppo, const nlohmann::json& args);
+
+// Writes RUN_DIR/checkpoint-<step> (train/checkpoint.h's layout, committed by manifest and rename, then
+// keep-last): the policy's HF weights (gathered under FSDP) and routing bias, `tokenizer_json` when given (a
+// complete model directory), every rank's shard of the policy's training state, the critic's in critic/, and
+// train_state.json: `state` (the run's own fields) with the optimizer counters and the layout added. Called on
+// every rank; returns the checkpoint's directory.
+std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, TrainSession& policy, TrainSession* critic,
+                                 const ModelConfig& cfg, const std::string& tokenizer_json, nlohmann::json state,
+                                 int64_t keep_last);
 
 }  // namespace mt::rl

@@ -307,41 +307,11 @@ int grpo_main(const std::vector<std::string>& args) {
                      min_lr ? LrScheduleKind::kCosine : LrScheduleKind::kConstant};
   auto lr_at = [&lrp](int64_t step) { return mt::lr_at(lrp, step - 1); };
 
-  // A checkpoint: the HF weights (a model directory: config, safetensors, tokenizer.json), the policy's and
-  // the critic's training state and train_state.json, committed by manifest and rename.
+  // A checkpoint (rl/grpo_checkpoint.h): the weights and training state, and what this run needs to go on.
   auto save = [&](int64_t step) {
-    const auto t = std::chrono::steady_clock::now();
-    const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
-    if (lead) begin_checkpoint(dir);
-    if (dist.distributed()) dist.world()->barrier();  // the directory exists before any rank writes into it
-    if (session.fsdp())
-      save_sharded_hf_checkpoint(
-          dir, cfg, session.table(),
-          [&session](const ParamEntry& e) { return session.parallel().gather_param_host(e, false); }, lead);
-    else
-      save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
-    if (lead && fs::exists(tokenizer_path))
-      fs::copy_file(tokenizer_path, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
-    if (lead && session.model().router_bias().defined())  // the routing bias it ran with: a complete model
-      save_router_bias(dir, cfg, session.model().router_bias());
-    debug_kill_while_saving(step);
-    AdamW& opt = session.optimizer();
-    save_train_state_shard(dir, dist.rank(), session.master(), opt.exp_avg(), opt.exp_avg_sq(),
-                           session.parallel().pieces(session.table()));
-    const DeviceMesh& dm = dist.mesh();
-    const json layout = {{"world_size", dist.world_size()},
-                         {"dp_replicate", dm.size(Axis::DpReplicate)},
-                         {"dp_shard", dm.size(Axis::DpShard)},
-                         {"ep", dm.size(Axis::Ep)},
-                         {"tp", dm.size(Axis::Tp)}};
     json st;
     st["format"] = "moetrain-grpo-state-1";
     st["step"] = step;
-    st["session_steps"] = session.steps_done();
-    st["optimizer_steps"] = opt.steps_taken();
-    st["skipped_steps"] = opt.steps_skipped();
-    st["flat_numel"] = session.table().total();
-    st["layout"] = layout;
     st["mode"] = from_file ? "prompts" : baseline.empty() ? "task" : "sft-baseline";
     if (from_file) {
       st["prompt_position"] = sampler.position();
@@ -355,31 +325,9 @@ int grpo_main(const std::vector<std::string>& args) {
     st["model_dir"] = model_dir;
     st["model_fingerprint"] = fingerprint;
     if (has_eval) st["eval_before"] = before;
-    if (critic) {
-      const std::string cdir = (fs::path(dir) / "critic").string();
-      AdamW& copt = critic->optimizer();
-      save_train_state_shard(cdir, dist.rank(), critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
-                             critic->parallel().pieces(critic->table()));
-      if (lead)
-        write_file_atomic(
-            (fs::path(cdir) / kTrainStateFile).string(),
-            json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}
-                    .dump(2) +
-                "\n");
-      st["critic"] = {{"dir", "critic"},
-                      {"optimizer_steps", copt.steps_taken()},
-                      {"skipped_steps", copt.steps_skipped()},
-                      {"session_steps", critic->steps_done()}};
-    }
     st["args"] = recorded_args(args);
-    if (lead) write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
-    if (dist.distributed()) dist.world()->barrier();  // every shard is on disk
-    if (lead) {
-      commit_checkpoint(dir, final_dir);
-      for (const std::string& r : retain_checkpoints(run_dir, keep_last)) log_info("grpo: ", r);
-    }
-    log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
-             ", manifest) in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count(), " s");
+    rl::save_grpo_checkpoint(run_dir, step, session, critic.get(), cfg,
+                             fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), keep_last);
   };
 
   int64_t steps_done = stop;
