@@ -46,6 +46,7 @@
 #include "cli/options.h"
 #include "comm/dist_env.h"
 #include "core/cli_args.h"
+#include "core/clock.h"
 #include "core/determinism.h"
 #include "core/device_select.h"
 #include "core/error.h"
@@ -61,6 +62,7 @@
 #include "rl/grpo_checkpoint.h"
 #include "rl/grpo_sessions.h"
 #include "rl/prompt_file.h"
+#include "rl/prompt_source.h"
 #include "rl/rewards.h"
 #include "rollout/prompts.h"
 #include "train/checkpoint.h"
@@ -197,9 +199,6 @@ int grpo_main(const std::vector<std::string>& args) {
     o.stop_token_ids.insert(o.stop_token_ids.end(), prompt_run->stop_token_ids.begin(),
                             prompt_run->stop_token_ids.end());
   }
-  const PromptFile no_prompts;
-  const PromptFile& train_file = prompt_run ? prompt_run->train : no_prompts;
-  const PromptFile& eval_file = prompt_run ? prompt_run->eval : no_prompts;
 
   // The policy, the frozen reference and PPO's critic, on one distributed context; restored when resuming.
   SessionOptions so;
@@ -227,45 +226,23 @@ int grpo_main(const std::vector<std::string>& args) {
                        : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
              " restored in ", sessions.restore_s, " s");
 
+  // Where the prompts come from and how samples are scored: the built-in task or the prompt file.
+  std::unique_ptr<rl::PromptSource> source =
+      from_file ? rl::file_source(*prompt_run, uint64_t(seed), o.max_new_tokens, o.stop_token_ids)
+                : rl::addition_source(task, eval_n, uint64_t(seed), reward_kind);
+  if (resuming) source->restore(state);
   // The rollout engine, its KV cache sized for the larger of a step's rollouts and the evaluation.
-  int64_t longest_prompt = max_problem_tokens(task.hi), eval_count = eval_n;
-  if (from_file) {
-    longest_prompt = 1;
-    for (const PromptFile* f : {&train_file, &eval_file})
-      for (const Prompt& p : f->prompts) longest_prompt = std::max<int64_t>(longest_prompt, int64_t(p.ids.size()));
-    eval_count = std::max<int64_t>(1, std::min<int64_t>(int64_t(eval_file.prompts.size()), 256));
-  }
-  rl::GrpoEngine generator(session, o, per_step, longest_prompt, eval_count);
+  const int64_t eval_count = from_file ? std::max<int64_t>(1, std::min<int64_t>(source->eval_size(), 256)) : eval_n;
+  rl::GrpoEngine generator(session, o, per_step, source->longest_prompt(), eval_count);
   RolloutEngine& engine = generator.engine();
-  std::unique_ptr<rl::TpGenerator>& tp_copy = generator.tp_copy;
-
-  // Evaluation: greedy, on the held-out problems of the task or the --eval-prompts file.
-  const std::vector<Problem> eval = from_file ? std::vector<Problem>() : task.eval(eval_n, uint64_t(seed) + 7);
-  const bool file_accuracy = file_reward != FileReward::Program;
-  auto evaluate = [&]() -> double {
-    if (tp_copy) tp_copy->refresh();  // every rank evaluates every problem (the same collectives)
-    if (!from_file) return exact_match(engine, eval, task.hi);
-    std::vector<GenerateRequest> reqs;
-    std::vector<int64_t> which;
-    for (size_t k = 0; k < eval_file.prompts.size(); ++k) {
-      GenerateRequest r;
-      r.prompt = eval_file.prompts[k].ids;
-      r.sampling.temperature = 0;
-      r.max_new_tokens = o.max_new_tokens;
-      r.stop_token_ids = o.stop_token_ids;
-      reqs.push_back(std::move(r));
-      which.push_back(int64_t(k));
-    }
-    const std::vector<double> r = prompt_run->rewarder(eval_file, which, engine.generate(reqs));
-    double sum = 0;
-    for (double x : r) sum += file_accuracy ? (x >= 1.0 ? 1.0 : 0.0) : x;
-    return (file_accuracy ? 100.0 : 1.0) * sum / double(r.size());
+  auto evaluate = [&] {
+    if (generator.tp_copy) generator.tp_copy->refresh();  // every rank evaluates every prompt (the same collectives)
+    return source->evaluate(engine);
   };
-  const bool has_eval = !from_file || !eval_file.prompts.empty();
   double before = 0;
   if (resuming && state.contains("eval_before"))
     before = state["eval_before"].get<double>();  // of the initial model, measured when the run started
-  else if (has_eval) {
+  else if (source->has_eval()) {
     if (resuming)
       log_info(
           "grpo: resume: warning: the saved run recorded no evaluation before training; \"before\" is "
@@ -273,34 +250,11 @@ int grpo_main(const std::vector<std::string>& args) {
           start_step);
     before = evaluate();
   }
-  const std::string task_text = from_file ? prompts_path
-                                          : "addition, operands of " + std::to_string(task.lo) + ".." +
-                                                std::to_string(task.hi) + " digits" +
-                                                (task.longest ? ", at least one of " + std::to_string(task.hi) : "");
-  const std::string eval_name = !from_file                         ? "exact-match"
-                                : file_reward == FileReward::Exact ? "exact-match"
-                                : file_reward == FileReward::Math  ? "math"
-                                                                   : "program-reward";
-  auto shown = [&](double v) {
-    char b[64];
-    std::snprintf(b, sizeof b, !from_file || file_accuracy ? "%.1f%%" : "%.4f", v);
-    return std::string(b);
-  };
   std::filesystem::create_directories(run_dir);
   MetricsWriter metrics(run_dir + "/metrics.jsonl", lead, true,
                         resuming ? start_step : -1);  // and a TensorBoard event file beside it
-  Rng rng{uint64_t(seed)};
-  PromptSampler sampler(std::max<int64_t>(1, int64_t(train_file.prompts.size())), mix64(uint64_t(seed)));
-  int64_t problems_drawn = 0;  // the task's draws from rng: a resumed run replays them
-  if (resuming) {
-    if (from_file)
-      sampler.set_position(state.at("prompt_position").get<int64_t>());
-    else
-      for (const int64_t n = state.at("problems_drawn").get<int64_t>(); problems_drawn < n; ++problems_drawn)
-        task.train(rng);
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const auto t0 = Clock::now();
+  auto elapsed = [&] { return seconds_since(t0); };
   // train/lr_schedule.h's schedule (steps count from 1 here): a linear warm-up over steps 1..warmup, then
   // constant at --lr, or a cosine from --lr after the warm-up down to --min-lr at the last step.
   const LrParams lrp{o.lr, min_lr.value_or(o.lr), warmup, steps,
@@ -313,18 +267,13 @@ int grpo_main(const std::vector<std::string>& args) {
     st["format"] = "moetrain-grpo-state-1";
     st["step"] = step;
     st["mode"] = from_file ? "prompts" : baseline.empty() ? "task" : "sft-baseline";
-    if (from_file) {
-      st["prompt_position"] = sampler.position();
-      st["prompts"] = {{"file", prompts_path}, {"count", train_file.prompts.size()}};
-    } else {
-      st["problems_drawn"] = problems_drawn;
-    }
+    source->save(st);
     st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
     st["lr_schedule"] = {
         {"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr.value_or(o.lr)}, {"next_lr", lr_at(step + 1)}};
     st["model_dir"] = model_dir;
     st["model_fingerprint"] = fingerprint;
-    if (has_eval) st["eval_before"] = before;
+    if (source->has_eval()) st["eval_before"] = before;
     st["args"] = recorded_args(args);
     rl::save_grpo_checkpoint(run_dir, step, session, critic.get(), cfg,
                              fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), keep_last);
@@ -335,8 +284,9 @@ int grpo_main(const std::vector<std::string>& args) {
   if (!baseline.empty()) {
     // The comparison: SFT for the wall time of the GRPO run it is compared with.
     const double budget = sft_seconds;
-    log_info("grpo: baseline sft: ", model_dir, ", task: ", task_text, "; held-out exact match before: ", before,
+    log_info("grpo: baseline sft: ", model_dir, ", ", source->describe(), "; held-out exact match before: ", before,
              "%; supervised fine-tuning for ", budget, " s, ", per_step * o.n, " problems a step, lr ", o.lr);
+    Rng rng{uint64_t(seed)};
     int64_t step = 0;
     while (elapsed() < budget) {
       ++step;
@@ -352,9 +302,10 @@ int grpo_main(const std::vector<std::string>& args) {
     }
     steps_done = step;
   } else {
-    log_info("grpo: ", model_dir, ", ", from_file ? "prompts: " : "task: ", task_text,
-             has_eval ? "; held-out " + eval_name + " before: " + shown(before) : std::string("; no evaluation"), "; ",
-             resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
+    log_info("grpo: ", model_dir, ", ", source->describe(),
+             source->has_eval() ? "; held-out " + source->eval_name() + " before: " + source->shown(before)
+                                : std::string("; no evaluation"),
+             "; ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
              per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ", o.sampling.temperature,
              ", advantages: ",
              ppo            ? (process ? "GAE on per-token rewards" : "GAE on the outcome reward")
@@ -366,38 +317,13 @@ int grpo_main(const std::vector<std::string>& args) {
              critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                           ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
                     : std::string());
-    // One round's prompts at a time: the reward's answer key, by the round's prompt index.
-    std::vector<Problem> round_problems;
-    std::vector<int64_t> round_prompts;
-    const rl::PromptFn draw = [&](int64_t count) {
-      std::vector<std::vector<int32_t>> prompts;
-      round_problems.clear();
-      round_prompts.clear();
-      for (int64_t i = 0; i < count; ++i) {
-        if (from_file) {
-          round_prompts.push_back(sampler.next());
-          prompts.push_back(train_file.prompts[size_t(round_prompts.back())].ids);
-        } else {
-          round_problems.push_back(task.train(rng));
-          ++problems_drawn;
-          prompts.push_back(ids32(round_problems.back().prompt_ids));
-        }
-      }
-      return prompts;
-    };
+    const rl::PromptFn draw = [&](int64_t count) { return source->draw(count); };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-      if (from_file) return prompt_run->rewarder(train_file, round_prompts, g);
-      std::vector<double> r;
-      for (const GeneratedSample& x : g)
-        r.push_back(answer_reward(round_problems.at(size_t(x.prompt_index)), x.tokens, reward_kind));
-      return r;
+      return source->rewards(g);
     };
     if (process)
       o.token_reward = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
-        std::vector<std::vector<double>> r;
-        for (const GeneratedSample& x : g)
-          r.push_back(answer_token_rewards(round_problems.at(size_t(x.prompt_index)), x.tokens));
-        return r;
+        return source->token_rewards(g);
       };
     o.per_position = per_position;
     o.seed = uint64_t(seed);
@@ -433,17 +359,14 @@ int grpo_main(const std::vector<std::string>& args) {
     return 128 + stop_sig;
   }
   log_info("grpo: ", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT");
-  if (!has_eval) {
+  if (!source->has_eval()) {
     if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
     return 0;
   }
   const double after = evaluate();
   if (!lead) return 0;
-  if (from_file)
-    std::printf("grpo: %s %s -> %s on %lld held-out prompts\n", eval_name.c_str(), shown(before).c_str(),
-                shown(after).c_str(), (long long)eval_file.prompts.size());
-  else
-    std::printf("grpo: exact-match %.1f%% -> %.1f%% on %lld held-out problems\n", before, after, (long long)eval_n);
+  std::printf("grpo: %s %s -> %s on %lld held-out %s\n", source->eval_name().c_str(), source->shown(before).c_str(),
+              source->shown(after).c_str(), (long long)source->eval_size(), from_file ? "prompts" : "problems");
   return 0;
 }
 
