@@ -106,111 +106,78 @@ int grpo_main(const std::vector<std::string>& args) {
   install_stop_signals();
   if (ga.deterministic) set_deterministic(true);
   if (ga.dev.threads > 0) ops::set_cpu_threads(int(ga.dev.threads));
-  // The parsed fields by their short names, as the run below reads them.
-  auto& preset = ga.preset;
-  auto& model_dir = ga.model_dir;
-  auto& run_dir = ga.run_dir;
-  auto& baseline = ga.baseline;
-  auto& prompts_path = ga.prompts_path;
-  auto& eval_prompts_path = ga.eval_prompts_path;
-  auto& resume = ga.resume;
-  auto& steps = ga.steps;
-  auto& per_step = ga.per_step;
-  auto& eval_n = ga.eval_n;
-  auto& seed = ga.seed;
-  auto& warmup = ga.warmup;
-  auto& min_lr = ga.min_lr;
-  auto& save_every = ga.save_every;
-  auto& keep_last = ga.keep_last;
-  auto& max_steps = ga.max_steps;
-  auto& mesh = ga.mesh;
-  auto& sft_seconds = ga.sft_seconds;
-  auto& reward_timeout = ga.reward_timeout;
-  auto& comm_timeout_s = ga.comm_timeout_s;
-  auto& reward_stop = ga.reward_stop;
-  auto& task = ga.task;
-  auto& use_reference = ga.use_reference;
-  auto& reward_kind = ga.reward_kind;
-  auto& aggregation_name = ga.aggregation_name;
-  auto& process = ga.process;
-  auto& per_position = ga.per_position;
-  auto& ppo = ga.ppo;
-  auto& o = ga.o;
-  auto& device_name = ga.device_name;
-  auto& model_given = ga.model_given;
-  auto& from_file = ga.from_file;
-  auto& file_reward = ga.file_reward;
-  auto& program_cmd = ga.program_cmd;
-  const Device device = resolve_device(device_name);
+  const Device device = resolve_device(ga.device_name);
 
   // Resume: the newest checkpoint of the run dir that verifies, checked against this command line.
-  const rl::GrpoResumePoint rp = resume.empty() ? rl::GrpoResumePoint{}
-                                                : rl::find_grpo_resume(run_dir, resume, model_dir, model_given,
-                                                                       from_file, ppo, recorded_args(args));
-  if (!rp.dir.empty() && !model_given) model_dir = rp.model_dir;
+  const rl::GrpoResumePoint rp = ga.resume.empty()
+                                     ? rl::GrpoResumePoint{}
+                                     : rl::find_grpo_resume(ga.run_dir, ga.resume, ga.model_dir, ga.model_given,
+                                                            ga.from_file, ga.ppo, recorded_args(args));
+  if (!rp.dir.empty() && !ga.model_given) ga.model_dir = rp.model_dir;
   const std::string& resume_dir = rp.dir;
   const json& state = rp.state;
   const bool resuming = !resume_dir.empty();
   const int64_t start_step = resuming ? state.at("step").get<int64_t>() : 0;
-  const int64_t stop = max_steps > 0 ? max_steps : steps;
+  const int64_t stop = ga.max_steps > 0 ? ga.max_steps : ga.steps;
   if (start_step >= stop)
     MT_THROW("grpo: resume: checkpoint ", resume_dir, " is at step ", start_step,
-             ", which is not before the end of this run (", max_steps > 0 ? "--max-steps " : "--steps ", stop,
+             ", which is not before the end of this run (", ga.max_steps > 0 ? "--max-steps " : "--steps ", stop,
              "); raise --steps or --max-steps");
 
-  if (model_dir.empty()) {
-    model_dir = from_file ? std::string(kDemoModel) : ensure_task_start(preset, device_name);
+  if (ga.model_dir.empty()) {
+    ga.model_dir = ga.from_file ? std::string(kDemoModel) : ensure_task_start(ga.preset, ga.device_name);
   }
-  if (!fs::exists(model_dir + "/config.json")) MT_THROW("grpo: --model ", model_dir, " has no config.json");
+  if (!fs::exists(ga.model_dir + "/config.json")) MT_THROW("grpo: --model ", ga.model_dir, " has no config.json");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
-  const json fingerprint = resuming ? state.at("model_fingerprint") : model_fingerprint(model_dir);
+  const json fingerprint = resuming ? state.at("model_fingerprint") : model_fingerprint(ga.model_dir);
   if (resuming) {
-    const std::string why = fingerprint_change(fingerprint, model_fingerprint(model_dir));
+    const std::string why = fingerprint_change(fingerprint, model_fingerprint(ga.model_dir));
     if (!why.empty())
-      MT_THROW("grpo: resume: the initial model ", model_dir, " changed since the run started (", why,
+      MT_THROW("grpo: resume: the initial model ", ga.model_dir, " changed since the run started (", why,
                "); it is the reference and the start of the run, so it must stay as it was");
   }
-  const ModelConfig cfg = load_model_config(model_dir);
-  if (o.aux_loss_coef > 0 && !cfg.output_router_logits)
-    MT_THROW("grpo: --aux-loss-coef ", o.aux_loss_coef, " needs the load-balancing loss, which ", model_dir,
+  const ModelConfig cfg = load_model_config(ga.model_dir);
+  if (ga.o.aux_loss_coef > 0 && !cfg.output_router_logits)
+    MT_THROW("grpo: --aux-loss-coef ", ga.o.aux_loss_coef, " needs the load-balancing loss, which ", ga.model_dir,
              "/config.json turns off (output_router_logits false); set it true there or drop the option");
-  if (cfg.num_sparse_layers() == 0 && (o.freeze_router || o.router_z_loss_coef > 0))
-    MT_THROW("grpo: ",
-             o.freeze_router ? std::string("--freeze-router on") : str("--router-z-loss-coef ", o.router_z_loss_coef),
-             ": ", model_dir, " has no MoE layers, so no routers (num_experts ", cfg.num_experts, "); drop it");
-  if (!from_file && cfg.vocab_size < CharTokenizer().vocab_size())
-    MT_THROW("grpo: ", model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
+  if (cfg.num_sparse_layers() == 0 && (ga.o.freeze_router || ga.o.router_z_loss_coef > 0))
+    MT_THROW(
+        "grpo: ",
+        ga.o.freeze_router ? std::string("--freeze-router on") : str("--router-z-loss-coef ", ga.o.router_z_loss_coef),
+        ": ", ga.model_dir, " has no MoE layers, so no routers (num_experts ", cfg.num_experts, "); drop it");
+  if (!ga.from_file && cfg.vocab_size < CharTokenizer().vocab_size())
+    MT_THROW("grpo: ", ga.model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
              CharTokenizer().vocab_size());
   // Prompt files, their answers and the reward program: checked before any weight is read.
-  const std::string tokenizer_path = model_dir + "/tokenizer.json";
+  const std::string tokenizer_path = ga.model_dir + "/tokenizer.json";
   std::unique_ptr<rl::PromptRun> prompt_run;
-  if (from_file) {
+  if (ga.from_file) {
     RewardProgramOptions po;
-    po.command = program_cmd;
-    po.timeout_s = reward_timeout;
-    po.stop_on_error = reward_stop;
-    prompt_run =
-        rl::open_prompt_run(prompts_path, eval_prompts_path, model_dir, cfg, o.max_new_tokens, file_reward, po);
+    po.command = ga.program_cmd;
+    po.timeout_s = ga.reward_timeout;
+    po.stop_on_error = ga.reward_stop;
+    prompt_run = rl::open_prompt_run(ga.prompts_path, ga.eval_prompts_path, ga.model_dir, cfg, ga.o.max_new_tokens,
+                                     ga.file_reward, po);
     if (resuming && state.contains("prompts") &&
         state["prompts"].value("count", int64_t(-1)) != int64_t(prompt_run->train.prompts.size()))
-      log_info("grpo: resume: warning: ", prompts_path, " has ", prompt_run->train.prompts.size(),
+      log_info("grpo: resume: warning: ", ga.prompts_path, " has ", prompt_run->train.prompts.size(),
                " prompts, the saved run's file had ", state["prompts"].value("count", int64_t(-1)),
                ": the sampler's order from here differs from the run that stopped");
-    o.stop_token_ids.insert(o.stop_token_ids.end(), prompt_run->stop_token_ids.begin(),
-                            prompt_run->stop_token_ids.end());
+    ga.o.stop_token_ids.insert(ga.o.stop_token_ids.end(), prompt_run->stop_token_ids.begin(),
+                               prompt_run->stop_token_ids.end());
   }
 
   // The policy, the frozen reference and PPO's critic, on one distributed context; restored when resuming.
   SessionOptions so;
   so.device = device;
-  so.dist.mesh = mesh;
-  so.dist.comm.timeout = std::chrono::milliseconds(int64_t(comm_timeout_s * 1000));
+  so.dist.mesh = ga.mesh;
+  so.dist.comm.timeout = std::chrono::milliseconds(int64_t(ga.comm_timeout_s * 1000));
   rl::GrpoSessionPlan plan;
-  plan.model_dir = model_dir;
-  plan.prompts_per_step = per_step;
-  plan.reference = use_reference && baseline.empty();
-  plan.critic = ppo && baseline.empty();
-  plan.critic_seed = uint64_t(seed);
+  plan.model_dir = ga.model_dir;
+  plan.prompts_per_step = ga.per_step;
+  plan.reference = ga.use_reference && ga.baseline.empty();
+  plan.critic = ga.ppo && ga.baseline.empty();
+  plan.critic_seed = uint64_t(ga.seed);
   plan.resume_dir = resume_dir;
   plan.state = resuming ? &state : nullptr;
   rl::GrpoSessions sessions = rl::make_grpo_sessions(cfg, so, plan);
@@ -222,18 +189,19 @@ int grpo_main(const std::vector<std::string>& args) {
   if (resuming)
     log_info("grpo: resume: step ", start_step, " from ", resume_dir, "; policy", critic ? " and critic" : "",
              " weights, AdamW moments and counters, ",
-             from_file ? str("prompt sampler position ", state.at("prompt_position").get<int64_t>())
-                       : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
+             ga.from_file ? str("prompt sampler position ", state.at("prompt_position").get<int64_t>())
+                          : str(state.at("problems_drawn").get<int64_t>(), " task problems drawn"),
              " restored in ", sessions.restore_s, " s");
 
   // Where the prompts come from and how samples are scored: the built-in task or the prompt file.
   std::unique_ptr<rl::PromptSource> source =
-      from_file ? rl::file_source(*prompt_run, uint64_t(seed), o.max_new_tokens, o.stop_token_ids)
-                : rl::addition_source(task, eval_n, uint64_t(seed), reward_kind);
+      ga.from_file ? rl::file_source(*prompt_run, uint64_t(ga.seed), ga.o.max_new_tokens, ga.o.stop_token_ids)
+                   : rl::addition_source(ga.task, ga.eval_n, uint64_t(ga.seed), ga.reward_kind);
   if (resuming) source->restore(state);
   // The rollout engine, its KV cache sized for the larger of a step's rollouts and the evaluation.
-  const int64_t eval_count = from_file ? std::max<int64_t>(1, std::min<int64_t>(source->eval_size(), 256)) : eval_n;
-  rl::GrpoEngine generator(session, o, per_step, source->longest_prompt(), eval_count);
+  const int64_t eval_count =
+      ga.from_file ? std::max<int64_t>(1, std::min<int64_t>(source->eval_size(), 256)) : ga.eval_n;
+  rl::GrpoEngine generator(session, ga.o, ga.per_step, source->longest_prompt(), eval_count);
   RolloutEngine& engine = generator.engine();
   auto evaluate = [&] {
     if (generator.tp_copy) generator.tp_copy->refresh();  // every rank evaluates every prompt (the same collectives)
@@ -250,15 +218,15 @@ int grpo_main(const std::vector<std::string>& args) {
           start_step);
     before = evaluate();
   }
-  std::filesystem::create_directories(run_dir);
-  MetricsWriter metrics(run_dir + "/metrics.jsonl", lead, true,
+  std::filesystem::create_directories(ga.run_dir);
+  MetricsWriter metrics(ga.run_dir + "/metrics.jsonl", lead, true,
                         resuming ? start_step : -1);  // and a TensorBoard event file beside it
   const auto t0 = Clock::now();
   auto elapsed = [&] { return seconds_since(t0); };
   // train/lr_schedule.h's schedule (steps count from 1 here): a linear warm-up over steps 1..warmup, then
   // constant at --lr, or a cosine from --lr after the warm-up down to --min-lr at the last step.
-  const LrParams lrp{o.lr, min_lr.value_or(o.lr), warmup, steps,
-                     min_lr ? LrScheduleKind::kCosine : LrScheduleKind::kConstant};
+  const LrParams lrp{ga.o.lr, ga.min_lr.value_or(ga.o.lr), ga.warmup, ga.steps,
+                     ga.min_lr ? LrScheduleKind::kCosine : LrScheduleKind::kConstant};
   auto lr_at = [&lrp](int64_t step) { return mt::lr_at(lrp, step - 1); };
 
   // A checkpoint (rl/grpo_checkpoint.h): the weights and training state, and what this run needs to go on.
@@ -266,33 +234,35 @@ int grpo_main(const std::vector<std::string>& args) {
     json st;
     st["format"] = "moetrain-grpo-state-1";
     st["step"] = step;
-    st["mode"] = from_file ? "prompts" : baseline.empty() ? "task" : "sft-baseline";
+    st["mode"] = ga.from_file ? "prompts" : ga.baseline.empty() ? "task" : "sft-baseline";
     source->save(st);
     st["rng"] = "none besides: sampling seeds are functions of (seed, step, prompt index)";
-    st["lr_schedule"] = {
-        {"lr", o.lr}, {"warmup_steps", warmup}, {"min_lr", min_lr.value_or(o.lr)}, {"next_lr", lr_at(step + 1)}};
-    st["model_dir"] = model_dir;
+    st["lr_schedule"] = {{"lr", ga.o.lr},
+                         {"warmup_steps", ga.warmup},
+                         {"min_lr", ga.min_lr.value_or(ga.o.lr)},
+                         {"next_lr", lr_at(step + 1)}};
+    st["model_dir"] = ga.model_dir;
     st["model_fingerprint"] = fingerprint;
     if (source->has_eval()) st["eval_before"] = before;
     st["args"] = recorded_args(args);
-    rl::save_grpo_checkpoint(run_dir, step, session, critic.get(), cfg,
-                             fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), keep_last);
+    rl::save_grpo_checkpoint(ga.run_dir, step, session, critic.get(), cfg,
+                             fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), ga.keep_last);
   };
 
   int64_t steps_done = stop;
   int stop_sig = 0;  // a stop signal every rank agreed on after a step
-  if (!baseline.empty()) {
+  if (!ga.baseline.empty()) {
     // The comparison: SFT for the wall time of the GRPO run it is compared with.
-    const double budget = sft_seconds;
-    log_info("grpo: baseline sft: ", model_dir, ", ", source->describe(), "; held-out exact match before: ", before,
-             "%; supervised fine-tuning for ", budget, " s, ", per_step * o.n, " problems a step, lr ", o.lr);
-    Rng rng{uint64_t(seed)};
+    const double budget = ga.sft_seconds;
+    log_info("grpo: baseline sft: ", ga.model_dir, ", ", source->describe(), "; held-out exact match before: ", before,
+             "%; supervised fine-tuning for ", budget, " s, ", ga.per_step * ga.o.n, " problems a step, lr ", ga.o.lr);
+    Rng rng{uint64_t(ga.seed)};
     int64_t step = 0;
     while (elapsed() < budget) {
       ++step;
       StepOptions st;
       st.lr = lr_at(step);
-      const StepResult r = session.train_step({sft_batch(task, rng, per_step * o.n)}, st);
+      const StepResult r = session.train_step({sft_batch(ga.task, rng, ga.per_step * ga.o.n)}, st);
       nlohmann::json j = step_json(r, session.dist());
       j["step"] = step;
       j["lr"] = st.lr;
@@ -302,38 +272,38 @@ int grpo_main(const std::vector<std::string>& args) {
     }
     steps_done = step;
   } else {
-    log_info("grpo: ", model_dir, ", ", source->describe(),
+    log_info("grpo: ", ga.model_dir, ", ", source->describe(),
              source->has_eval() ? "; held-out " + source->eval_name() + " before: " + source->shown(before)
                                 : std::string("; no evaluation"),
-             "; ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), steps, " steps of ",
-             per_step, " prompts x ", o.n, " samples, lr ", o.lr, ", temperature ", o.sampling.temperature,
+             "; ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), ga.steps, " steps of ",
+             ga.per_step, " prompts x ", ga.o.n, " samples, lr ", ga.o.lr, ", temperature ", ga.o.sampling.temperature,
              ", advantages: ",
-             ppo            ? (process ? "GAE on per-token rewards" : "GAE on the outcome reward")
-             : !process     ? "outcome"
-             : per_position ? "position"
-                            : "process",
-             ", aggregation ", aggregation_name, o.dynamic_sampling ? ", dynamic sampling" : "",
+             ga.ppo            ? (ga.process ? "GAE on per-token rewards" : "GAE on the outcome reward")
+             : !ga.process     ? "outcome"
+             : ga.per_position ? "position"
+                               : "process",
+             ", aggregation ", ga.aggregation_name, ga.o.dynamic_sampling ? ", dynamic sampling" : "",
              reference ? ", reference model" : "",
-             critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
-                          ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
+             critic ? ", PPO: critic lr " + std::to_string(ga.o.critic_lr) + ", gamma " + std::to_string(ga.o.gamma) +
+                          ", lam " + std::to_string(ga.o.lam) + ", value clip " + std::to_string(ga.o.value_clip)
                     : std::string());
     const rl::PromptFn draw = [&](int64_t count) { return source->draw(count); };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
       return source->rewards(g);
     };
-    if (process)
-      o.token_reward = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
+    if (ga.process)
+      ga.o.token_reward = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
         return source->token_rewards(g);
       };
-    o.per_position = per_position;
-    o.seed = uint64_t(seed);
+    ga.o.per_position = ga.per_position;
+    ga.o.seed = uint64_t(ga.seed);
     for (int64_t step = start_step + 1; step <= stop; ++step) {
-      rl::GrpoOptions os = o;
+      rl::GrpoOptions os = ga.o;
       os.lr = lr_at(step);
       const rl::GrpoMetrics m =
-          rl::grpo_step(session, engine, draw, per_step, reward_fn, os, step, reference.get(), critic.get());
+          rl::grpo_step(session, engine, draw, ga.per_step, reward_fn, os, step, reference.get(), critic.get());
       const double eta = elapsed() / double(step - start_step) * double(stop - step);
-      log_info(rl::step_line(m, step, steps, reference != nullptr, critic != nullptr), " | ETA ", std::round(eta),
+      log_info(rl::step_line(m, step, ga.steps, reference != nullptr, critic != nullptr), " | ETA ", std::round(eta),
                " s");
       nlohmann::json rec = rl::to_json(m);
       rec["step"] = step;
@@ -341,7 +311,7 @@ int grpo_main(const std::vector<std::string>& args) {
       rec["elapsed_s"] = elapsed();
       metrics.write(rec);
       // The checkpoint first: whatever the evaluation meets, the weights are on disk.
-      if (save_every > 0 && step % save_every == 0 && step < stop) save(step);
+      if (ga.save_every > 0 && step % ga.save_every == 0 && step < stop) save(step);
       // Ctrl-C or SIGTERM (core/interrupt.h): this step is done; save it and stop, every rank here.
       if (const int sig = dist.agreed_stop_signal(device)) {
         stop_sig = sig;
@@ -354,11 +324,11 @@ int grpo_main(const std::vector<std::string>& args) {
   if (stop_sig != 0) {
     if (lead)
       log_info("grpo: stopped by ", stop_signal_name(stop_sig), " after step ", steps_done, "; saved ",
-               checkpoint_dir(run_dir, steps_done), "; resume with the same command and --resume",
+               checkpoint_dir(ga.run_dir, steps_done), "; resume with the same command and --resume",
                steps_done < stop ? "" : " (the final evaluation was skipped)");
     return 128 + stop_sig;
   }
-  log_info("grpo: ", std::round(elapsed()), " s of ", baseline.empty() ? "GRPO" : "SFT");
+  log_info("grpo: ", std::round(elapsed()), " s of ", ga.baseline.empty() ? "GRPO" : "SFT");
   if (!source->has_eval()) {
     if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
     return 0;
@@ -366,7 +336,7 @@ int grpo_main(const std::vector<std::string>& args) {
   const double after = evaluate();
   if (!lead) return 0;
   std::printf("grpo: %s %s -> %s on %lld held-out %s\n", source->eval_name().c_str(), source->shown(before).c_str(),
-              source->shown(after).c_str(), (long long)source->eval_size(), from_file ? "prompts" : "problems");
+              source->shown(after).c_str(), (long long)source->eval_size(), ga.from_file ? "prompts" : "problems");
   return 0;
 }
 
