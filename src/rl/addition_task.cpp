@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "comm/dist_env.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "train/checkpoint.h"
@@ -205,6 +208,26 @@ MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows) {
     }
   }
   return MicroBatch{ids, labels};
+}
+
+int64_t sft_baseline(TrainSession& session, const Task& task, uint64_t seed, int64_t rows, double budget_s,
+                     const std::function<double(int64_t)>& lr_at, MetricsWriter& metrics) {
+  const auto t0 = Clock::now();
+  Rng rng{seed};
+  int64_t step = 0;
+  while (seconds_since(t0) < budget_s) {
+    ++step;
+    StepOptions st;
+    st.lr = lr_at(step);
+    const StepResult r = session.train_step({sft_batch(task, rng, rows)}, st);
+    nlohmann::json j = step_json(r, session.dist());
+    j["step"] = step;
+    j["lr"] = st.lr;
+    j["elapsed_s"] = seconds_since(t0);
+    metrics.write(j);
+    if (step % 10 == 0) log_info("grpo: sft step ", step, " loss ", r.loss, " | ", std::round(seconds_since(t0)), " s");
+  }
+  return step;
 }
 
 }  // namespace mt::rl::addition

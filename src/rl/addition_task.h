@@ -4,6 +4,7 @@
 // the supervised batches of the SFT baseline. docs/rl.md "moetrain grpo" has the recipes and their numbers.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "data/synthetic.h"
 #include "model/micro_batch.h"
 #include "rollout/engine.h"
+#include "train/metrics.h"
+#include "train/session.h"
 
 namespace mt::rl::addition {
 
@@ -71,5 +74,11 @@ std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int
 MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows);
 
 std::vector<int32_t> ids32(const std::vector<int64_t>& v);
+
+// The SFT baseline (`grpo --baseline sft`): supervised steps of `rows` training problems (drawn from a
+// generator seeded by `seed`) at lr_at(step), for `budget_s` seconds of wall time, each step's record into
+// `metrics` and a log line every 10; returns the steps run.
+int64_t sft_baseline(TrainSession& session, const Task& task, uint64_t seed, int64_t rows, double budget_s,
+                     const std::function<double(int64_t)>& lr_at, MetricsWriter& metrics);
 
 }  // namespace mt::rl::addition

@@ -161,6 +161,10 @@ struct GrpoMetrics {
 // the critic's parts only when the run has them).
 nlohmann::json to_json(const GrpoMetrics& m);
 std::string step_line(const GrpoMetrics& m, int64_t step, int64_t steps, bool with_reference, bool with_critic);
+// The recipe in words for a run's first log line: lr, temperature, the advantages, the aggregation, dynamic
+// sampling, the reference, PPO's critic settings.
+std::string recipe_text(const GrpoOptions& o, bool ppo, bool process, bool per_position, const std::string& aggregation,
+                        bool with_reference, bool with_critic);
 
 // The rewards of every sample of one generate round, in the engine's order (prompt, then sample).
 using RewardFn =

@@ -189,4 +189,14 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
   return final_dir;
 }
 
+json initial_model_fingerprint(const std::string& model_dir, const json* saved_state) {
+  if (!saved_state) return model_fingerprint(model_dir);
+  const json saved = saved_state->at("model_fingerprint");
+  const std::string why = fingerprint_change(saved, model_fingerprint(model_dir));
+  if (!why.empty())
+    MT_THROW("grpo: resume: the initial model ", model_dir, " changed since the run started (", why,
+             "); it is the reference and the start of the run, so it must stay as it was");
+  return saved;
+}
+
 }  // namespace mt::rl

@@ -43,4 +43,9 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
                                  const ModelConfig& cfg, const std::string& tokenizer_json, nlohmann::json state,
                                  int64_t keep_last);
 
+// The initial model's fingerprint; when resuming (`saved_state` the checkpoint's train_state.json), the
+// recorded one, after checking the directory still matches it (an error says what changed: the initial model
+// is the run's reference and start, so it must stay as it was).
+nlohmann::json initial_model_fingerprint(const std::string& model_dir, const nlohmann::json* saved_state);
+
 }  // namespace mt::rl

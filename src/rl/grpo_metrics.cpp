@@ -87,4 +87,18 @@ std::string step_line(const GrpoMetrics& m, int64_t step, int64_t steps, bool wi
                   : std::string());
 }
 
+std::string recipe_text(const GrpoOptions& o, bool ppo, bool process, bool per_position, const std::string& aggregation,
+                        bool with_reference, bool with_critic) {
+  return str("lr ", o.lr, ", temperature ", o.sampling.temperature, ", advantages: ",
+             ppo            ? (process ? "GAE on per-token rewards" : "GAE on the outcome reward")
+             : !process     ? "outcome"
+             : per_position ? "position"
+                            : "process",
+             ", aggregation ", aggregation, o.dynamic_sampling ? ", dynamic sampling" : "",
+             with_reference ? ", reference model" : "",
+             with_critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
+                               ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
+                         : std::string());
+}
+
 }  // namespace mt::rl

@@ -7,10 +7,24 @@
 
 #include "core/clock.h"
 #include "core/error.h"
+#include "data/char_tokenizer.h"
 #include "rl/grpo.h"
 #include "train/checkpoint.h"
 
 namespace mt::rl {
+
+void check_grpo_model(const ModelConfig& cfg, const GrpoOptions& o, const std::string& model_dir, bool builtin_task) {
+  if (o.aux_loss_coef > 0 && !cfg.output_router_logits)
+    MT_THROW("grpo: --aux-loss-coef ", o.aux_loss_coef, " needs the load-balancing loss, which ", model_dir,
+             "/config.json turns off (output_router_logits false); set it true there or drop the option");
+  if (cfg.num_sparse_layers() == 0 && (o.freeze_router || o.router_z_loss_coef > 0))
+    MT_THROW("grpo: ",
+             o.freeze_router ? std::string("--freeze-router on") : str("--router-z-loss-coef ", o.router_z_loss_coef),
+             ": ", model_dir, " has no MoE layers, so no routers (num_experts ", cfg.num_experts, "); drop it");
+  if (builtin_task && cfg.vocab_size < CharTokenizer().vocab_size())
+    MT_THROW("grpo: ", model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
+             CharTokenizer().vocab_size());
+}
 
 GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const GrpoSessionPlan& plan) {
   GrpoSessions out;

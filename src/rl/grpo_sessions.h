@@ -22,6 +22,11 @@ struct GrpoSessionPlan {
   const nlohmann::json* state = nullptr;  // the checkpoint's train_state.json when resuming
 };
 
+// The options a model must support, checked before any weight is read: the load-balancing loss needs
+// output_router_logits in its config.json, router options need MoE layers, and the built-in task needs the
+// char tokenizer's vocabulary. Errors name the option and the model directory.
+void check_grpo_model(const ModelConfig& cfg, const GrpoOptions& o, const std::string& model_dir, bool builtin_task);
+
 struct GrpoSessions {
   std::unique_ptr<TrainSession> policy, reference, critic;  // reference and critic may be null
   double restore_s = 0;                                     // the resume's reading of the training state

@@ -79,15 +79,17 @@ std::optional<std::string> extract_final_answer(std::string_view r) {
     // An unclosed \boxed{: fall back to the last number.
   }
   // The last run of number characters that holds a digit.
-  auto is_num = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ',' || c == '/' || c == '-' || c == '+'; };
+  auto is_num = [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == ',' || c == '/' || c == '-' || c == '+';
+  };
   size_t end = r.size();
   while (end > 0) {
     while (end > 0 && !is_num(r[end - 1])) --end;
     size_t begin = end;
     while (begin > 0 && is_num(r[begin - 1])) --begin;
     std::string tok(r.substr(begin, end - begin));
-    while (!tok.empty() && (tok.back() == '.' || tok.back() == ',' || tok.back() == '-' || tok.back() == '+' ||
-                            tok.back() == '/'))
+    while (!tok.empty() &&
+           (tok.back() == '.' || tok.back() == ',' || tok.back() == '-' || tok.back() == '+' || tok.back() == '/'))
       tok.pop_back();  // the sentence's full stop, a trailing comma
     if (tok.find_first_of("0123456789") != std::string::npos) return tok;
     end = begin;
@@ -117,11 +119,11 @@ void check_executable(const std::string& command) {
   is >> prog;
   if (prog.empty()) MT_THROW("reward program: the command is empty");
   auto executable = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
   };
   if (prog.find('/') != std::string::npos) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(prog.c_str(), &st) != 0) MT_THROW("reward program '", prog, "' does not exist (command: ", command, ")");
     if (!executable(prog)) MT_THROW("reward program '", prog, "' is not an executable file (command: ", command, ")");
     return;
@@ -147,7 +149,9 @@ RewardProgram::RewardProgram(RewardProgramOptions opt) : opt_(std::move(opt)) {
   start();
 }
 
-RewardProgram::~RewardProgram() { stop(); }
+RewardProgram::~RewardProgram() {
+  stop();
+}
 
 void RewardProgram::start() {
   int in[2], out[2];
@@ -200,9 +204,9 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   std::string send;
   for (const RewardRequest& r : batch)
     send += nlohmann::json{{"prompt", r.prompt}, {"response", r.response}, {"metadata", r.metadata}}.dump() + "\n";
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(opt_.timeout_s));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
   size_t sent = 0, got = 0;
   std::string failure;  // why the rest of the batch has no reward
   auto take_line = [&](const std::string& line) {
@@ -227,8 +231,10 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
     if (rc < 0 && errno != EINTR) MT_THROW("reward program: poll failed: ", std::strerror(errno));
     if (sent < send.size() && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
       const ssize_t w = ::write(to_child_, send.data() + sent, send.size() - sent);
-      if (w > 0) sent += size_t(w);
-      else if (w < 0 && errno != EAGAIN && errno != EINTR) failure = "the reward program closed its input";
+      if (w > 0)
+        sent += size_t(w);
+      else if (w < 0 && errno != EAGAIN && errno != EINTR)
+        failure = "the reward program closed its input";
     }
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
       char buf[65536];
@@ -263,8 +269,9 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   if (out.failures > 0) {
     size_t first = 0;
     while (out.errors[first].empty()) ++first;
-    const std::string msg = str("reward program: ", out.failures, " of ", n, " samples without a reward; sample ", first,
-                                ": ", out.errors[first], " (response: '", batch[first].response.substr(0, 80), "')");
+    const std::string msg =
+        str("reward program: ", out.failures, " of ", n, " samples without a reward; sample ", first, ": ",
+            out.errors[first], " (response: '", batch[first].response.substr(0, 80), "')");
     if (opt_.stop_on_error) MT_THROW(msg);
     log_info("warning: ", msg, "; they get reward 0");
   }

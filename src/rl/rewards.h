@@ -33,8 +33,8 @@ struct RewardRequest {
 };
 
 struct RewardProgramOptions {
-  std::string command;     // run with /bin/sh -c; its first word must name an executable
-  double timeout_s = 60;   // per batch
+  std::string command;    // run with /bin/sh -c; its first word must name an executable
+  double timeout_s = 60;  // per batch
   bool stop_on_error = false;
 };
 

@@ -15,8 +15,8 @@ PackedRollouts pack_rollouts(const std::vector<RolloutSample>& samples, int64_t 
   for (size_t i = 0; i < samples.size(); ++i) {
     const RolloutSample& s = samples[i];
     if (s.prompt.empty() || s.response.empty())
-      MT_THROW("pack_rollouts: sample ", i, " has a prompt of ", s.prompt.size(), " and a response of ", s.response.size(),
-               " tokens; both must be non-empty");
+      MT_THROW("pack_rollouts: sample ", i, " has a prompt of ", s.prompt.size(), " and a response of ",
+               s.response.size(), " tokens; both must be non-empty");
     p.prompt_len.push_back(int64_t(s.prompt.size()));
     p.response_len.push_back(int64_t(s.response.size()));
     p.S = std::max(p.S, int64_t(s.prompt.size() + s.response.size()));
@@ -24,8 +24,8 @@ PackedRollouts pack_rollouts(const std::vector<RolloutSample>& samples, int64_t 
       ++with_routing;
       const int64_t want = int64_t(s.prompt.size() + s.response.size()) - 1;
       if (s.routing.tokens() != want)
-        MT_THROW("pack_rollouts: sample ", i, "'s routing record covers ", s.routing.tokens(), " tokens; its prompt and ",
-                 "response need ", want);
+        MT_THROW("pack_rollouts: sample ", i, "'s routing record covers ", s.routing.tokens(),
+                 " tokens; its prompt and ", "response need ", want);
     }
   }
   if (with_routing != 0 && with_routing != samples.size())

@@ -129,25 +129,9 @@ int grpo_main(const std::vector<std::string>& args) {
   }
   if (!fs::exists(ga.model_dir + "/config.json")) MT_THROW("grpo: --model ", ga.model_dir, " has no config.json");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
-  const json fingerprint = resuming ? state.at("model_fingerprint") : model_fingerprint(ga.model_dir);
-  if (resuming) {
-    const std::string why = fingerprint_change(fingerprint, model_fingerprint(ga.model_dir));
-    if (!why.empty())
-      MT_THROW("grpo: resume: the initial model ", ga.model_dir, " changed since the run started (", why,
-               "); it is the reference and the start of the run, so it must stay as it was");
-  }
+  const json fingerprint = rl::initial_model_fingerprint(ga.model_dir, resuming ? &state : nullptr);
   const ModelConfig cfg = load_model_config(ga.model_dir);
-  if (ga.o.aux_loss_coef > 0 && !cfg.output_router_logits)
-    MT_THROW("grpo: --aux-loss-coef ", ga.o.aux_loss_coef, " needs the load-balancing loss, which ", ga.model_dir,
-             "/config.json turns off (output_router_logits false); set it true there or drop the option");
-  if (cfg.num_sparse_layers() == 0 && (ga.o.freeze_router || ga.o.router_z_loss_coef > 0))
-    MT_THROW(
-        "grpo: ",
-        ga.o.freeze_router ? std::string("--freeze-router on") : str("--router-z-loss-coef ", ga.o.router_z_loss_coef),
-        ": ", ga.model_dir, " has no MoE layers, so no routers (num_experts ", cfg.num_experts, "); drop it");
-  if (!ga.from_file && cfg.vocab_size < CharTokenizer().vocab_size())
-    MT_THROW("grpo: ", ga.model_dir, " has a vocabulary of ", cfg.vocab_size, "; the addition task's tokenizer needs ",
-             CharTokenizer().vocab_size());
+  rl::check_grpo_model(cfg, ga.o, ga.model_dir, !ga.from_file);
   // Prompt files, their answers and the reward program: checked before any weight is read.
   const std::string tokenizer_path = ga.model_dir + "/tokenizer.json";
   std::unique_ptr<rl::PromptRun> prompt_run;
@@ -253,40 +237,19 @@ int grpo_main(const std::vector<std::string>& args) {
   int stop_sig = 0;  // a stop signal every rank agreed on after a step
   if (!ga.baseline.empty()) {
     // The comparison: SFT for the wall time of the GRPO run it is compared with.
-    const double budget = ga.sft_seconds;
     log_info("grpo: baseline sft: ", ga.model_dir, ", ", source->describe(), "; held-out exact match before: ", before,
-             "%; supervised fine-tuning for ", budget, " s, ", ga.per_step * ga.o.n, " problems a step, lr ", ga.o.lr);
-    Rng rng{uint64_t(ga.seed)};
-    int64_t step = 0;
-    while (elapsed() < budget) {
-      ++step;
-      StepOptions st;
-      st.lr = lr_at(step);
-      const StepResult r = session.train_step({sft_batch(ga.task, rng, ga.per_step * ga.o.n)}, st);
-      nlohmann::json j = step_json(r, session.dist());
-      j["step"] = step;
-      j["lr"] = st.lr;
-      j["elapsed_s"] = elapsed();
-      metrics.write(j);
-      if (step % 10 == 0) log_info("grpo: sft step ", step, " loss ", r.loss, " | ", std::round(elapsed()), " s");
-    }
-    steps_done = step;
+             "%; supervised fine-tuning for ", ga.sft_seconds, " s, ", ga.per_step * ga.o.n, " problems a step, lr ",
+             ga.o.lr);
+    steps_done = rl::addition::sft_baseline(session, ga.task, uint64_t(ga.seed), ga.per_step * ga.o.n, ga.sft_seconds,
+                                            lr_at, metrics);
   } else {
     log_info("grpo: ", ga.model_dir, ", ", source->describe(),
              source->has_eval() ? "; held-out " + source->eval_name() + " before: " + source->shown(before)
                                 : std::string("; no evaluation"),
              "; ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), ga.steps, " steps of ",
-             ga.per_step, " prompts x ", ga.o.n, " samples, lr ", ga.o.lr, ", temperature ", ga.o.sampling.temperature,
-             ", advantages: ",
-             ga.ppo            ? (ga.process ? "GAE on per-token rewards" : "GAE on the outcome reward")
-             : !ga.process     ? "outcome"
-             : ga.per_position ? "position"
-                               : "process",
-             ", aggregation ", ga.aggregation_name, ga.o.dynamic_sampling ? ", dynamic sampling" : "",
-             reference ? ", reference model" : "",
-             critic ? ", PPO: critic lr " + std::to_string(ga.o.critic_lr) + ", gamma " + std::to_string(ga.o.gamma) +
-                          ", lam " + std::to_string(ga.o.lam) + ", value clip " + std::to_string(ga.o.value_clip)
-                    : std::string());
+             ga.per_step, " prompts x ", ga.o.n, " samples, ",
+             rl::recipe_text(ga.o, ga.ppo, ga.process, ga.per_position, ga.aggregation_name, reference != nullptr,
+                             critic != nullptr));
     const rl::PromptFn draw = [&](int64_t count) { return source->draw(count); };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
       return source->rewards(g);
