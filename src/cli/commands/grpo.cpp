@@ -24,52 +24,28 @@
 // cli/options.h) and every prompt is checked before any work starts; under `moetrain launch` every rank runs it.
 #include "rl/grpo.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <set>
 
 #include "cli/commands.h"
 #include "cli/commands/grpo_args.h"
-#include "cli/common_options.h"
-#include "cli/options.h"
-#include "comm/dist_env.h"
-#include "core/cli_args.h"
 #include "core/clock.h"
 #include "core/determinism.h"
 #include "core/device_select.h"
-#include "core/error.h"
 #include "core/interrupt.h"
 #include "core/log.h"
-#include "data/char_tokenizer.h"
-#include "data/synthetic.h"
-#include "data/tokenizer.h"
-#include "io/manifest.h"
-#include "model/hf_checkpoint.h"
 #include "ops/threads.h"
 #include "rl/addition_task.h"
 #include "rl/grpo_checkpoint.h"
 #include "rl/grpo_sessions.h"
 #include "rl/prompt_file.h"
 #include "rl/prompt_source.h"
-#include "rl/rewards.h"
-#include "rollout/prompts.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
-#include "train/session.h"
-#include "train/trainer.h"
 
 namespace mt {
 
@@ -77,22 +53,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using rl::RewardProgramOptions;
-
-using rl::FileReward;
-using rl::PromptFile;
-using rl::PromptSampler;
-using rl::addition::answer_reward;
-using rl::addition::answer_token_rewards;
-using rl::addition::ensure_task_start;
-using rl::addition::exact_match;
-using rl::addition::ids32;
-using rl::addition::kDemoModel;
-using rl::addition::sft_batch;
-
-using rl::fingerprint_change;
-using rl::model_fingerprint;
-using rl::recorded_args;
 
 }  // namespace
 
@@ -112,7 +72,7 @@ int grpo_main(const std::vector<std::string>& args) {
   const rl::GrpoResumePoint rp = ga.resume.empty()
                                      ? rl::GrpoResumePoint{}
                                      : rl::find_grpo_resume(ga.run_dir, ga.resume, ga.model_dir, ga.model_given,
-                                                            ga.from_file, ga.ppo, recorded_args(args));
+                                                            ga.from_file, ga.ppo, rl::recorded_args(args));
   if (!rp.dir.empty() && !ga.model_given) ga.model_dir = rp.model_dir;
   const std::string& resume_dir = rp.dir;
   const json& state = rp.state;
@@ -125,7 +85,8 @@ int grpo_main(const std::vector<std::string>& args) {
              "); raise --steps or --max-steps");
 
   if (ga.model_dir.empty()) {
-    ga.model_dir = ga.from_file ? std::string(kDemoModel) : ensure_task_start(ga.preset, ga.device_name);
+    ga.model_dir = ga.from_file ? std::string(rl::addition::kDemoModel)
+                                : rl::addition::ensure_task_start(ga.preset, ga.device_name);
   }
   if (!fs::exists(ga.model_dir + "/config.json")) MT_THROW("grpo: --model ", ga.model_dir, " has no config.json");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
@@ -136,7 +97,7 @@ int grpo_main(const std::vector<std::string>& args) {
   const std::string tokenizer_path = ga.model_dir + "/tokenizer.json";
   std::unique_ptr<rl::PromptRun> prompt_run;
   if (ga.from_file) {
-    RewardProgramOptions po;
+    rl::RewardProgramOptions po;
     po.command = ga.program_cmd;
     po.timeout_s = ga.reward_timeout;
     po.stop_on_error = ga.reward_stop;
@@ -228,7 +189,7 @@ int grpo_main(const std::vector<std::string>& args) {
     st["model_dir"] = ga.model_dir;
     st["model_fingerprint"] = fingerprint;
     if (source->has_eval()) st["eval_before"] = before;
-    st["args"] = recorded_args(args);
+    st["args"] = rl::recorded_args(args);
     rl::save_grpo_checkpoint(ga.run_dir, step, session, critic.get(), cfg,
                              fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), ga.keep_last);
   };
