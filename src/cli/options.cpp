@@ -14,11 +14,6 @@ namespace mt::cli {
 
 namespace {
 
-std::string lower(std::string s) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 std::string number_text(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -74,9 +69,7 @@ std::vector<std::string> near_names(const std::string& key, const std::vector<st
 }
 
 bool parse_bool(const std::string& flag, const std::string& v) {
-  const std::string s = lower(v);
-  if (s == "on" || s == "true" || s == "1" || s == "yes") return true;
-  if (s == "off" || s == "false" || s == "0" || s == "no") return false;
+  if (const std::optional<bool> b = bool_word(v)) return *b;
   MT_THROW(flag, " '", v, "' is not on or off (on/off, true/false, 1/0, yes/no)");
 }
 
@@ -236,11 +229,7 @@ bool Options::parse(const std::vector<std::string>& args) {
     } else if (o.kind == Kind::Bool) {
       // Bare means on; a following word that reads as a boolean is its value.
       value = "on";
-      if (i + 1 < args.size()) {
-        const std::string n = lower(args[i + 1]);
-        if (n == "on" || n == "off" || n == "true" || n == "false" || n == "1" || n == "0" || n == "yes" || n == "no")
-          value = args[++i];
-      }
+      if (i + 1 < args.size() && bool_word(args[i + 1])) value = args[++i];
     } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
       value = args[++i];
     } else if (o.implicit) {
@@ -289,11 +278,11 @@ std::string Options::help() const {
   os << "Options take --key value or --key=value; on/off options also true/false, 1/0, or alone for on.\n";
   std::vector<std::string> groups;
   for (const Option& o : options_)
-    if (!o.hidden && std::find(groups.begin(), groups.end(), o.group) == groups.end()) groups.push_back(o.group);
+    if (std::find(groups.begin(), groups.end(), o.group) == groups.end()) groups.push_back(o.group);
   for (const std::string& g : groups) {
     os << "\n" << (g.empty() ? "options" : g) << ":\n";
     for (const Option& o : options_) {
-      if (o.hidden || o.group != g) continue;
+      if (o.group != g) continue;
       std::string head = "  " + o.flag();
       for (size_t k = 1; k < o.names.size(); ++k) head += ", --" + o.names[k];
       head += " " + (o.choices.empty() ? o.metavar : [&] {

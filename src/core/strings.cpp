@@ -2,6 +2,7 @@
 #include "core/strings.h"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 
 namespace mt {
@@ -38,6 +39,14 @@ std::vector<std::string> near_names(const std::string& key, const std::vector<st
     if (std::find(out.begin(), out.end(), h.second) == out.end()) out.push_back(h.second);
   if (out.size() > limit) out.resize(limit);
   return out;
+}
+
+std::optional<bool> bool_word(const std::string& v) {
+  std::string s = v;
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "on" || s == "true" || s == "yes" || s == "1") return true;
+  if (s == "off" || s == "false" || s == "no" || s == "0") return false;
+  return std::nullopt;
 }
 
 }  // namespace mt

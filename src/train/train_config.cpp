@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -49,13 +50,6 @@ std::string zero_or_one(int64_t v) {
 // or nothing (a bare --tensorboard is on), in a JSON file true/false, as every command's booleans do.
 bool is_switch(const std::string& key) {
   return key == "tensorboard" || key == "optimizer_overlap" || key == "deterministic" || key == "reshard_after_forward";
-}
-
-bool switch_word(std::string v, std::string* as_digit) {
-  for (char& ch : v) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  if (v == "on" || v == "true" || v == "yes" || v == "1") return *as_digit = "1", true;
-  if (v == "off" || v == "false" || v == "no" || v == "0") return *as_digit = "0", true;
-  return false;
 }
 
 std::string real_str(double v) {
@@ -335,12 +329,12 @@ void set_from_text(TrainConfig& c, const Field& f, const std::string& value, con
   if (auto m = std::get_if<StrMember>(&f.member)) {
     c.** m = value;
   } else if (auto m = std::get_if<IntMember>(&f.member)) {
-    std::string digit;
     if (is_switch(f.key)) {
-      if (!switch_word(value, &digit))
+      const std::optional<bool> on = bool_word(value);
+      if (!on)
         MT_THROW("train config (", origin, "): ", f.key, " = \"", value,
                  "\" is not on or off (on/off, true/false, 1/0, yes/no)");
-      c.** m = digit == "1";
+      c.** m = *on ? 1 : 0;
     } else if (!parse_int(value, &(c.**m)))
       MT_THROW("train config (", origin, "): ", f.key, " = \"", value, "\" is not an integer");
   } else {
