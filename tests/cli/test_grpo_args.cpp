@@ -9,6 +9,7 @@
 
 #include "cli/commands/grpo_args.h"
 #include "core/error.h"
+#include "test_util.h"
 
 using namespace mt;
 
@@ -21,15 +22,11 @@ GrpoArgs parsed(const std::vector<std::string>& args) {
   return a;
 }
 
+// The error parse_grpo_args throws for `args` (a test failure when it throws none).
 std::string error_of(const std::vector<std::string>& args) {
-  try {
-    GrpoArgs a;
-    std::string help;
-    parse_grpo_args(args, a, &help);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  GrpoArgs a;
+  std::string help;
+  return testutil::error_of([&] { parse_grpo_args(args, a, &help); });
 }
 
 }  // namespace

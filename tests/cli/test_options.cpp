@@ -13,20 +13,13 @@
 #include "cli/options.h"
 #include "core/error.h"
 #include "parallel/launch_test_util.h"
+#include "test_util.h"
 
 using namespace mt;
 using namespace mt::cli;
+using mt::testutil::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 struct Fields {
   int64_t steps = 100;
