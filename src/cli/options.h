@@ -35,7 +35,6 @@ struct Option {
   std::vector<std::string> choices;
   std::string note;                     // appended to the range in errors and help, e.g. "0: off"
   std::optional<std::string> implicit;  // a value-taking option given bare takes this (--resume: latest)
-  bool hidden = false;                  // parsed, not listed in the help
   bool needed = false;                  // check() refuses a command line without it
 
   // Fluent settings, for declarations that read as one line.
@@ -73,10 +72,6 @@ struct Option {
   }
   Option& var(std::string m) {
     metavar = std::move(m);
-    return *this;
-  }
-  Option& hide() {
-    hidden = true;
     return *this;
   }
   Option& required() {

@@ -397,30 +397,28 @@ struct UpdatePhases {
   }
 
   // 1. KL in the reward: each kept response token's k(old, ref) before the advantages; then -coef k_t joins
-  // the token's or the sample's reward.
+  // the token's or the sample's reward. Only with kl_reward_coef > 0.
   void kl_in_reward() {
-    if (o.kl_reward_coef > 0) {
-      const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
-      for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
-        std::vector<RolloutSample> ss;
-        std::vector<size_t> which;
-        for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
-          ss.push_back(kept[i].s);
-          which.push_back(i);
-        }
-        trainer_rows(pack_rollouts(ss, K), which);
+    const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : kept.size();
+    for (size_t c0 = 0; c0 < kept.size(); c0 += per) {
+      std::vector<RolloutSample> ss;
+      std::vector<size_t> which;
+      for (size_t i = c0; i < std::min(kept.size(), c0 + per); ++i) {
+        ss.push_back(kept[i].s);
+        which.push_back(i);
       }
-      double pen_sum = 0;
-      int64_t pen_tokens = 0;
-      for (size_t i = 0; i < kept.size(); ++i)
-        for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
-          const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
-          kl_pen[i].push_back(pen);
-          pen_sum += pen;
-          ++pen_tokens;
-        }
-      m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
+      trainer_rows(pack_rollouts(ss, K), which);
     }
+    double pen_sum = 0;
+    int64_t pen_tokens = 0;
+    for (size_t i = 0; i < kept.size(); ++i)
+      for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
+        const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
+        kl_pen[i].push_back(pen);
+        pen_sum += pen;
+        ++pen_tokens;
+      }
+    m.kl_reward = pen_tokens > 0 ? pen_sum / double(pen_tokens) : 0;
   }
 
   std::vector<double> with_kl(size_t i, std::vector<double> r) const {
