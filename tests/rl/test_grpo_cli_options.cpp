@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <filesystem>
 #include <string>
 
 #include "parallel/launch_test_util.h"
@@ -137,6 +138,7 @@ TEST(GrpoCliOptions, AMaskBandNeedsLowBelowHigh) {
 // recorded command line still held it, so such a resume warned that the options differed.
 TEST(GrpoCliOptions, AResumeWithoutModelDoesNotWarnOfChangedOptions) {
   const std::string dir = tmp_path("grpoclioptions", "resume");
+  std::filesystem::remove_all(dir);  // a reused process id may have left an earlier run's checkpoints here
   const std::string opts =
       " grpo --device cpu --steps 3 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
       "--dynamic-sampling off --run-dir " +

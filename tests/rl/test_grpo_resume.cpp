@@ -28,6 +28,7 @@ std::string read_bytes(const std::string& path) {
 // so the policy (and the critic) really move.
 std::string setup(const std::string& tag) {
   const std::string d = tmp_path("grporesume", tag);
+  fs::remove_all(d);  // a reused process id may have left an earlier run's directories here
   fs::create_directories(d);
   std::ofstream(d + "/p.jsonl") << "{\"prompt_ids\": [1, 2, 3]}\n{\"prompt_ids\": [5, 6, 7, 8]}\n"
                                    "{\"prompt_ids\": [9, 10]}\n{\"prompt_ids\": [11, 12, 13, 14, 15]}\n"
