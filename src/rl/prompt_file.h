@@ -10,7 +10,7 @@
 
 #include "data/tokenizer.h"
 #include "model/config.h"
-#include "rl/rewards.h"
+#include "rl/rewards/rewards.h"
 #include "rollout/engine.h"
 #include "rollout/prompts.h"
 

@@ -1,5 +1,5 @@
 // Where an RL run's prompts come from and how its samples are scored: the built-in addition task
-// (rl/addition_task.h) or a prompt file (rl/prompt_file.h), behind one interface the loop uses. Each
+// (rl/tasks/addition.h) or a prompt file (rl/prompt_file.h), behind one interface the loop uses. Each
 // draws a round's prompts, scores that round's samples (and, for the task, each response token), evaluates
 // greedily on its held-out set, and keeps its position in a checkpoint's state.
 #pragma once
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rl/addition_task.h"
+#include "rl/tasks/addition.h"
 #include "rl/prompt_file.h"
 #include "rollout/engine.h"
 

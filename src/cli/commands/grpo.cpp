@@ -2,7 +2,7 @@
 // (docs/rl.md "moetrain grpo", "Prompt files"), with checkpoints a run can resume from exactly
 // ("Checkpoints and resume").
 //
-// The built-in tasks (--task, rl/addition_task.h) each name a starting model, made when absent, and a recipe:
+// The built-in tasks (--task, rl/tasks/addition.h) each name a starting model, made when absent, and a recipe:
 // sharpen (the default) the demo's own problems from the demo stopped early, with the standard recipe (an
 // exact-answer reward, GRPO's outcome advantages); extend a fourth digit from the full demo, each answer
 // token rewarded and credited against the group's samples at the same position. Both evaluate greedy exact
@@ -38,7 +38,7 @@
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "ops/threads.h"
-#include "rl/addition_task.h"
+#include "rl/tasks/addition.h"
 #include "rl/grpo_checkpoint.h"
 #include "rl/grpo_sessions.h"
 #include "rl/prompt_file.h"

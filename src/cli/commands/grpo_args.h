@@ -8,7 +8,7 @@
 
 #include "cli/common_options.h"
 #include "parallel/mesh.h"
-#include "rl/addition_task.h"
+#include "rl/tasks/addition.h"
 #include "rl/grpo.h"
 #include "rl/prompt_file.h"
 

@@ -1,5 +1,5 @@
-// The built-in addition tasks of `moetrain grpo` (addition_task.h).
-#include "rl/addition_task.h"
+// The built-in addition tasks of `moetrain grpo` (tasks/addition.h).
+#include "rl/tasks/addition.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,5 +1,5 @@
 // Rewards (rewards.h): the built-in checkers and the external reward program.
-#include "rl/rewards.h"
+#include "rl/rewards/rewards.h"
 
 #include <fcntl.h>
 #include <poll.h>
