@@ -168,6 +168,66 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
 
 Qwen3MoeModel::~Qwen3MoeModel() = default;
 
+void Qwen3MoeModel::lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, int64_t col0) {
+  if (p.defined()) lora_fwd(x, p, lora_->scale(), y, col0, work_);
+}
+
+void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, LayerActs& a) {
+  const LoraPair& gu = lo[LoraTarget::ExpertsGateUp];
+  const LoraPair& dn = lo[LoraTarget::ExpertsDown];
+  const Tensor off = a.offsets.to(Device::CPU);
+  const int64_t* o = off.data<int64_t>();
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
+  const float s = lora_->scale();
+  if (gu.defined()) {  // gu gains its adapter rows, so hh and yp are formed again from it
+    for (int64_t e = 0; e < E; ++e)
+      if (o[e + 1] > o[e]) {
+        Tensor rows = a.gu.rows(o[e], o[e + 1] - o[e]);
+        lora_fwd(a.xp.rows(o[e], o[e + 1] - o[e]), gu.expert(e), s, rows, 0, work_);
+      }
+    ops::swiglu_fwd(a.gu, a.hh);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = o[e + 1] - o[e];
+    if (n == 0) continue;
+    Tensor hh = a.hh.rows(o[e], n), yp = a.yp.rows(o[e], n);
+    if (gu.defined()) ops::linear_fwd(hh, w.experts_down.rows(e, 1).view({D, F}), yp);
+    if (dn.defined()) lora_fwd(hh, dn.expert(e), s, yp, 0, work_);
+  }
+}
+
+void Qwen3MoeModel::lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, LayerActs& a,
+                                     const Tensor& dyp, Tensor& dxp) {
+  const LoraPair& gu = lo[LoraTarget::ExpertsGateUp];
+  const LoraPair& dn = lo[LoraTarget::ExpertsDown];
+  const Tensor off = a.offsets.to(Device::CPU);
+  const int64_t* o = off.data<int64_t>();
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size, R = a.xp.size(0);
+  const float s = lora_->scale();
+  Tensor dhh = work_.alloc({R, F}, act_), dgu = work_.alloc({R, 2 * F}, act_), frozen;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = o[e + 1] - o[e];
+    if (n == 0) continue;
+    Tensor dy = dyp.rows(o[e], n), hh = a.hh.rows(o[e], n), dh = dhh.rows(o[e], n);
+    ops::linear_bwd(dy, hh, w.experts_down.rows(e, 1).view({D, F}), &dh, false, frozen);
+    if (dn.defined()) lora_bwd(dy, 0, hh, dn.expert(e), lg[LoraTarget::ExpertsDown].expert(e), s, &dh, work_);
+  }
+  ops::swiglu_bwd(dhh, a.gu, dgu);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = o[e + 1] - o[e];
+    if (n == 0) continue;
+    Tensor dg = dgu.rows(o[e], n), xp = a.xp.rows(o[e], n), dx = dxp.rows(o[e], n);
+    ops::linear_bwd(dg, xp, w.experts_gate_up.rows(e, 1).view({2 * F, D}), &dx, false, frozen);
+    if (gu.defined()) lora_bwd(dg, 0, xp, gu.expert(e), lg[LoraTarget::ExpertsGateUp].expert(e), s, &dx, work_);
+  }
+}
+
+void Qwen3MoeModel::attach_lora(LoraAdapters* lora) {
+  if (lora && lora->params().device() != device_)
+    MT_THROW("LoRA adapters on ", device_name(lora->params().device()), " for a model on ", device_name(device_));
+  lora_ = lora;
+}
+
 void Qwen3MoeModel::attach(ModelWiring wiring) {
   if (attached_) MT_THROW("Qwen3MoeModel::attach: the model's parallel parts are already attached (once per model)");
   MT_CHECK(opt_.prefetch_depth >= 0, "prefetch_depth ", opt_.prefetch_depth, " must be >= 0");
@@ -212,7 +272,16 @@ void Qwen3MoeModel::acquire(int u) {
 
 void Qwen3MoeModel::release(int u) { src_->release_weights(u); }
 
-void Qwen3MoeModel::grads_for(int u) { bind_unit(u, src_->unit_grads(u), g_); }
+void Qwen3MoeModel::grads_for(int u) {
+  if (base_frozen()) {  // adapters on a frozen base: the base's gradients go nowhere (grad_sink_)
+    int64_t most = 0;
+    for (const ParamUnit& pu : plan_->units) most = std::max(most, pu.numel);
+    if (!grad_sink_.defined()) grad_sink_ = Tensor::empty({most}, DType::F32, device_);
+    bind_unit(u, grad_sink_.rows(0, plan_->units[size_t(u)].numel), g_);
+    return;
+  }
+  bind_unit(u, src_->unit_grads(u), g_);
+}
 
 std::vector<int> Qwen3MoeModel::block_units(int64_t l) const {
   std::vector<int> u{plan_->block[size_t(l)]};
@@ -322,6 +391,7 @@ LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) {
 void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in,
                                   Tensor* add_out) {
   const LayerWeights& w = w_.layers[size_t(l)];
+  const LayerLora* lo = lora_ ? &lora_->weights(l) : nullptr;  // adapters (lora.h): their paths beside the GEMMs
   // T: the micro-batch's rows (attention, q/k/v, MLP); Tl: this rank's rows (norms, residual, router).
   // They differ only under tensor parallelism.
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
@@ -360,6 +430,11 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     ops::linear_fwd(a.xg1, w.q, a.q);
     ops::linear_fwd(a.xg1, w.k, a.k);
     ops::linear_fwd(a.xg1, w.v, a.v);
+    if (lo) {
+      lora_fwd_if(a.xg1, (*lo)[LoraTarget::Q], a.q, 0);
+      lora_fwd_if(a.xg1, (*lo)[LoraTarget::K], a.k, 0);
+      lora_fwd_if(a.xg1, (*lo)[LoraTarget::V], a.v, 0);
+    }
     a.qr = A.alloc({T, H, Hd}, act_);
     a.kr = A.alloc({T, G, Hd}, act_);
     a.rstd_q = A.alloc({T * H});
@@ -405,6 +480,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     } else {
       ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
     }
+    if (lo) lora_fwd_if(a.att.view({T, H * Hd}), (*lo)[LoraTarget::O], a.h1, 0);
     if (opt_.fuse_gemm_add && !par_.tp) {
       ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
     } else if (opt_.fuse_norm_add) {
@@ -422,6 +498,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     if (!routing_known) {
       Tensor logits = work_.alloc({Tl, E});  // read by nothing after the routing decision
       ops::linear_fwd(a.xn2, w.router, logits);
+      if (lo) lora_fwd_if(a.xn2, (*lo)[LoraTarget::Router], logits, 0);
       a.probs = keep_.alloc({Tl, E});
       a.idx = keep_.alloc({Tl, K}, DType::I32);
       a.wts = keep_.alloc({Tl, K});
@@ -489,6 +566,8 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.hh = Af.alloc({R, F}, act_);
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
+      if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+        lora_experts_fwd(*lo, w, a);
       if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
@@ -498,6 +577,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     a.gu = Af.alloc({T, 2 * I}, act_);
     a.hh = Af.alloc({T, I}, act_);
     ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
+    if (lo) {
+      lora_fwd_if(a.xg2, (*lo)[LoraTarget::Gate], a.gu, 0);
+      lora_fwd_if(a.xg2, (*lo)[LoraTarget::Up], a.gu, I);
+    }
     ops::swiglu_fwd(a.gu, a.hh);
     if (ffn_only) return;  // the down projection's output is not read by the backward
     if (par_.tp) {
@@ -506,10 +589,12 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       if (need_out) tp_reduce_scatter(part, out);
     } else if (opt_.fuse_gemm_add) {  // out = h1 + down(hh): the residual add in the GEMM's epilogue
       ops::linear_fwd_add(a.hh, w.mlp_down, a.h1, out);
+      if (lo) lora_fwd_if(a.hh, (*lo)[LoraTarget::Down], out, 0);
       if (add_out) *add_out = Tensor();
       return;
     } else {
       ops::linear_fwd(a.hh, w.mlp_down, out);
+      if (lo) lora_fwd_if(a.hh, (*lo)[LoraTarget::Down], out, 0);
     }
   }
   if (ffn_only) return;  // recompute moe rebuilt what the backward reads; the output is not read
@@ -524,6 +609,11 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                                    moe::CombineBwdPending* early) {
   const LayerWeights& w = w_.layers[size_t(l)];
   LayerWeights& g = g_.layers[size_t(l)];
+  const LayerLora* lo = lora_ ? &lora_->weights(l) : nullptr;
+  const LayerLora* lg = lora_ ? &lora_->grads(l) : nullptr;
+  auto lora_bwd_if = [&](const Tensor& dy, int64_t col0, const Tensor& x, LoraTarget t, Tensor* dxt) {
+    if (lo && (*lo)[t].defined()) lora_bwd(dy, col0, x, (*lo)[t], (*lg)[t], lora_->scale(), dxt, work_);
+  };
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
   const float theta = float(cfg_.rope_theta);
@@ -577,9 +667,13 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
         ops::permute_weighted_fwd(dout_e, a.row_of_assign, ones_TK(Tr), dyp);
       else
         ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
-      side_dw = opt_.wgrad_stream && device_ == Device::CUDA;
+      const bool lora_experts =
+          lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined());
+      side_dw = opt_.wgrad_stream && device_ == Device::CUDA && !lora_experts;
       if (side_dw) wgrad_done_.resize(1, device_, opt_.wgrad_priority);
-      {
+      if (lora_experts) {
+        lora_experts_bwd(*lo, *lg, w, a, dyp, dxp);
+      } else {
         const streams::WgradScope place({side_dw, opt_.wgrad_sms, opt_.wgrad_priority});
         ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
                          g.experts_gate_up, g.experts_down, acc);
@@ -614,11 +708,13 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
         ops::router_z_loss_bwd(a.zlse.rows(r0, n), a.probs.rows(r0, n), float(pass_.z_loss_scale), d);
       });
     ops::linear_bwd(dlogits, a.xn2, w.router, &dxn2, true, g.router, acc);
+    lora_bwd_if(dlogits, 0, a.xn2, LoraTarget::Router, &dxn2);
   } else {
     const int64_t I = cfg_.intermediate_size;
     Tensor dout_g = tp_gather(dout, W);
     Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
     ops::linear_bwd(dout_g, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
+    lora_bwd_if(dout_g, 0, a.hh, LoraTarget::Down, &dhh);
     ops::swiglu_bwd(dhh, a.gu, dgu);
     if (par_.tp) {  // partial input gradients of this rank's columns, summed into the local rows
       Tensor dxg = W.alloc({T, D}, act_), part = W.alloc({Tl, D}, act_);
@@ -627,6 +723,8 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       ops::add_(dxn2, part);
     } else {
       ops::linear_bwd(dgu, a.xn2, w.mlp_gate_up, &dxn2, true, g.mlp_gate_up, acc);
+      lora_bwd_if(dgu, 0, a.xn2, LoraTarget::Gate, &dxn2);
+      lora_bwd_if(dgu, I, a.xn2, LoraTarget::Up, &dxn2);
     }
   }
   Tensor dh1 = W.alloc({Tl, D}, DType::F32);  // dout + norm2's input gradient
@@ -641,6 +739,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor dh1_g = tp_gather(dh1, W);
   Tensor datt = W.alloc({T, H * Hd}, act_);
   ops::linear_bwd(dh1_g, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
+  lora_bwd_if(dh1_g, 0, a.att.view({T, H * Hd}), LoraTarget::O, &datt);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   if (sp_) {
     const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
@@ -663,6 +762,9 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   ops::linear_bwd(dq.view({T, H * Hd}), a.xg1, w.q, &dxg1, false, g.q, acc);
   ops::linear_bwd(dk.view({T, G * Hd}), a.xg1, w.k, &dxg1, true, g.k, acc);
   ops::linear_bwd(dv.view({T, G * Hd}), a.xg1, w.v, &dxg1, true, g.v, acc);
+  lora_bwd_if(dq.view({T, H * Hd}), 0, a.xg1, LoraTarget::Q, &dxg1);
+  lora_bwd_if(dk.view({T, G * Hd}), 0, a.xg1, LoraTarget::K, &dxg1);
+  lora_bwd_if(dv.view({T, G * Hd}), 0, a.xg1, LoraTarget::V, &dxg1);
   Tensor dxn1 = dxg1;
   if (par_.tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
     Tensor part = W.alloc({T, D}, act_);
@@ -697,8 +799,12 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
              par_.ulysses ? par_.ulysses->size() : 0, ")");
   const bool has_labels = plan.shifted_labels.defined();
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
-  if (backward && !src_->trainable())
+  if (backward && !src_->trainable() && !lora_)
     MT_THROW("forward_backward on frozen weights (Weights::Frozen, no gradients): a frozen model runs forward only");
+  if (lora_ && (par_.tp || par_.dispatcher))
+    MT_THROW("LoRA adapters under ", par_.tp ? "tensor" : "expert", " parallelism are not supported; run them on one "
+             "process, under FSDP or with sequence parallelism");
+  if (backward && lora_ && opt.overwrite_grads) lora_->grads().zero_();  // the step's first micro-batch: =, as any
   if (opt.objective && opt.ce_scale != 0)
     MT_THROW("PassOptions: ce_scale ", opt.ce_scale, " and a per-token objective given; use one (the objective path "
              "takes CrossEntropyObjective for cross-entropy)");
@@ -946,7 +1052,7 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   ops::rms_norm_bwd(dhn, h, w_.norm, rstd_f, dA, g_.norm, acc);
   release(head);
   if (tied) release(embed);
-  src_->grads_done(head);
+  if (!base_frozen()) src_->grads_done(head);
   for (int64_t l = L - 1; l >= 0; --l) {
     LayerActs& a = acts_[size_t(l)];
     work_.reset();
@@ -977,12 +1083,15 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
     a = LayerActs{};
     a.idx = idx;
     for (int u : us) release(u);
-    for (int u : us) src_->grads_done(u);
+    if (!base_frozen())
+      for (int u : us) src_->grads_done(u);
     std::swap(dA, dB);
   }
-  grads_for(embed);
-  ops::embedding_bwd(ids_T, dA, g_.embed, acc || cfg_.tie_word_embeddings);
-  src_->grads_done(embed);
+  if (!base_frozen()) {  // adapters leave the embedding as it is
+    grads_for(embed);
+    ops::embedding_bwd(ids_T, dA, g_.embed, acc || cfg_.tie_word_embeddings);
+    src_->grads_done(embed);
+  }
   device_mem::synchronize(device_);
   backward_s_ = std::chrono::duration<double>(Clock::now() - t1).count();
   return out;

@@ -25,6 +25,7 @@
 #include "core/arena.h"
 #include "core/streams.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/param_source.h"
 #include "model/params.h"
 #include "model/micro_batch.h"
@@ -216,6 +217,13 @@ class Qwen3MoeModel {
   const ModelOptions& options() const { return opt_; }
   // Once, before the first pass (ParallelModel::attach).
   void attach(ModelWiring wiring);
+  // Low-rank adapters (model/lora.h) on the model's GEMMs, from then on. The base weights are frozen: a
+  // backward computes the adapters' gradients (into lora->grads(), written on a step's first micro-batch as
+  // any gradient) and none of the base's, so the model's source may be frozen (Weights::Frozen). One
+  // process, or sequence parallelism; expert and tensor parallelism are refused (the pass says so). The
+  // adapters must outlive the model's calls; null detaches them.
+  void attach_lora(LoraAdapters* lora);
+  LoraAdapters* lora() const { return lora_; }
   const ModelWiring& wiring() const { return par_; }
   // The full buffers of a model that holds its own parameters (no external ParamSource).
   LocalParams& local();
@@ -319,6 +327,13 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in = Tensor(),
                      Tensor* add_out = nullptr);
   bool keeps_exchanges(const LayerActs& a) const;
+  // The adapters' forward beside one GEMM (p undefined: that weight is not adapted), and the routed experts'
+  // path with adapters on the local dispatch: the base's grouped GEMMs, then per expert the adapters' rows,
+  // the SwiGLU and down projection again (lora.h; the weights' gradients of the base are not computed).
+  void lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, int64_t col0);
+  void lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, LayerActs& a);
+  void lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, LayerActs& a,
+                        const Tensor& dyp, Tensor& dxp);
   // early: the combine's backward already started (its all-to-all travelling during the recompute).
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
                       moe::CombineBwdPending* early = nullptr);
@@ -339,6 +354,11 @@ class Qwen3MoeModel {
   Device device_;
   DType act_;  // activations: f32 on the CPU, bf16 on CUDA (the residual stream is f32 on both)
   ParamTable table_;
+  LoraAdapters* lora_ = nullptr;
+  // With adapters on a frozen base: where the base's weight gradients would go (the fused ops that compute
+  // them beside an input gradient write here and nothing reads it), f32 of the largest unit.
+  Tensor grad_sink_;
+  bool base_frozen() const { return lora_ != nullptr; }
   std::unique_ptr<LocalParams> local_;  // when the model holds its own parameters
   ParamSource* src_ = nullptr;           // local_ or the external source
   const UnitPlan* plan_ = nullptr;  // src_->plan()

@@ -382,4 +382,23 @@ void check_sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, const T
   check_shape(logprobs_R, {R}, "sample_tokens logprobs_R");
 }
 
+namespace {
+void check_cols(const char* op, const Tensor& wide, const Tensor& narrow, int64_t col0) {
+  if (wide.dim() != 2 || narrow.dim() != 2)
+    MT_THROW(op, ": both tensors must be 2-D, got ", wide.desc(), " and ", narrow.desc());
+  if (wide.size(0) != narrow.size(0))
+    MT_THROW(op, ": the tensors have ", wide.size(0), " and ", narrow.size(0), " rows (", wide.desc(), ", ",
+             narrow.desc(), ")");
+  if (col0 < 0 || col0 + narrow.size(1) > wide.size(1))
+    MT_THROW(op, ": columns [", col0, ", ", col0 + narrow.size(1), ") do not lie in the ", wide.size(1),
+             " columns of ", wide.desc());
+}
+}  // namespace
+
+void check_add_cols_(const Tensor& y_TO, const Tensor& x_TC, int64_t col0, float /*alpha: any value*/) {
+  check_cols("add_cols_", y_TO, x_TC, col0);
+}
+
+void check_copy_cols(const Tensor& x_TO, int64_t col0, const Tensor& y_TC) { check_cols("copy_cols", x_TO, y_TC, col0); }
+
 }  // namespace mt::ops

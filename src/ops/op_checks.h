@@ -105,4 +105,9 @@ void check_paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, c
 void check_sample_tokens(const Tensor& logits_RV, const Tensor& rows_R5, const Tensor& tokens_R,
                          const Tensor& logprobs_R);
 
+// ---- column blocks ----
+// y_TO and x_TC 2-D with the same rows; 0 <= col0 and col0 + C <= O.
+void check_add_cols_(const Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha);
+void check_copy_cols(const Tensor& x_TO, int64_t col0, const Tensor& y_TC);
+
 }  // namespace mt::ops

@@ -450,4 +450,20 @@ void copy_cast(const Tensor& src, Tensor& dst) {
   return cpu::copy_cast(src, dst);
 }
 
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha) {
+  const bool cuda = on_cuda("add_cols_", {&y_TO, &x_TC});
+  OpScope scope("add_cols_", cuda);
+  check_add_cols_(y_TO, x_TC, col0, alpha);
+  if (cuda) return cuda::add_cols_(y_TO, x_TC, col0, alpha);
+  return cpu::add_cols_(y_TO, x_TC, col0, alpha);
+}
+
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC) {
+  const bool cuda = on_cuda("copy_cols", {&x_TO, &y_TC});
+  OpScope scope("copy_cols", cuda);
+  check_copy_cols(x_TO, col0, y_TC);
+  if (cuda) return cuda::copy_cols(x_TO, col0, y_TC);
+  return cpu::copy_cols(x_TO, col0, y_TC);
+}
+
 }  // namespace mt::ops

@@ -41,7 +41,7 @@ void linear_fwd(const Tensor& x_TI, const Tensor& w_OI, Tensor& y_TO);
 // beta = 1 with C = r and D = y: the f32 accumulator plus r, rounded once).
 void linear_fwd_add(const Tensor& x_TI, const Tensor& w_OI, const Tensor& r_TO, Tensor& y_TO);
 // dx_TI = (or += when accumulate_dx) dy_TO @ w_OI; dw_OI += (or = unless accumulate_dw) dy_TO^T @ x_TI.
-// dx may be null. CUDA: dw f32; a bf16 w: x bf16, dy bf16|f32 (an f32 dy is rounded to bf16 for the
+// dx may be null; an undefined dw (a frozen weight's, Tensor()) skips the weight gradient. CUDA: dw f32; a bf16 w: x bf16, dy bf16|f32 (an f32 dy is rounded to bf16 for the
 // GEMM), dx bf16|f32 (f32 when several GEMMs sum into it); an f32 w: fp32 GEMMs, dy and x bf16|f32,
 // dx f32.
 void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Tensor* dx_TI, bool accumulate_dx,
@@ -257,5 +257,11 @@ void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);  // y += alpha * x
 bool all_finite(const Tensor& x);
 // dst = src converted (f32 <-> bf16, or a plain copy when the dtypes match); same shape and device.
 void copy_cast(const Tensor& src, Tensor& dst);
+// Column blocks of row-major matrices (the low-rank adapters' outputs that land in part of a fused GEMM's
+// columns, e.g. the gate half of a dense MLP's gate_up): y_TO[:, col0 : col0 + C] += alpha * x_TC, and
+// y_TC = x_TO[:, col0 : col0 + C]. 0 <= col0 and col0 + C <= O. CPU: f32; CUDA: each of x and y bf16|f32,
+// the sum in f32 and rounded once.
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha);
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC);
 
 }  // namespace mt::ops

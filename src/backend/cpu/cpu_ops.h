@@ -79,5 +79,7 @@ void scale_(Tensor& x, float s);
 void add_(Tensor& y, const Tensor& x, float alpha = 1.0f);
 bool all_finite(const Tensor& x);
 void copy_cast(const Tensor& src, Tensor& dst);
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha);
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC);
 
 }  // namespace mt::cpu

@@ -48,14 +48,17 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
   check_shape(w_OI, {O, I}, "linear_bwd w_OI");
   check_shape(dy_TO, {T, O}, "linear_bwd dy_TO");
   check_dtype(dy_TO, DType::F32, "linear_bwd dy_TO");
-  check_shape(dw_OI, {O, I}, "linear_bwd dw_OI");
-  check_dtype(dw_OI, DType::F32, "linear_bwd dw_OI");
+  if (dw_OI.defined()) {
+    check_shape(dw_OI, {O, I}, "linear_bwd dw_OI");
+    check_dtype(dw_OI, DType::F32, "linear_bwd dw_OI");
+  }
   if (dx_TI) {
     check_shape(*dx_TI, {T, I}, "linear_bwd dx_TI");
     check_dtype(*dx_TI, DType::F32, "linear_bwd dx_TI");
     sgemm(false, false, T, I, O, 1.0f, dy_TO.data<float>(), O, w_OI.data<float>(), I, accumulate_dx ? 1.0f : 0.0f,
           dx_TI->data<float>(), I);
   }
+  if (!dw_OI.defined()) return;  // a frozen weight
   sgemm(true, false, O, I, T, 1.0f, dy_TO.data<float>(), O, x_TI.data<float>(), I, accumulate_dw ? 1.0f : 0.0f,
         dw_OI.data<float>(), I);
 }

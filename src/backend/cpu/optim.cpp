@@ -89,4 +89,24 @@ bool all_finite(const Tensor& x) {
   return true;
 }
 
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha) {
+  check_f32(y_TO, "add_cols_ y_TO");
+  check_f32(x_TC, "add_cols_ x_TC");
+  const int64_t T = y_TO.size(0), O = y_TO.size(1), C = x_TC.size(1);
+  float* py = y_TO.data<float>();
+  const float* px = x_TC.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) py[t * O + col0 + c] += alpha * px[t * C + c];
+}
+
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC) {
+  check_f32(x_TO, "copy_cols x_TO");
+  check_f32(y_TC, "copy_cols y_TC");
+  const int64_t T = x_TO.size(0), O = x_TO.size(1), C = y_TC.size(1);
+  const float* px = x_TO.data<float>();
+  float* py = y_TC.data<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) py[t * C + c] = px[t * O + col0 + c];
+}
+
 }  // namespace mt::cpu

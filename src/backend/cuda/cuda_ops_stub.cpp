@@ -177,5 +177,11 @@ bool all_finite(const Tensor& x) {
 void copy_cast(const Tensor& src, Tensor& dst) {
   no_cuda("copy_cast");
 }
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha) {
+  no_cuda("add_cols_");
+}
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC) {
+  no_cuda("copy_cols");
+}
 
 }  // namespace mt::cuda

@@ -104,7 +104,7 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
   const int64_t T = x_TI.size(0), I = x_TI.size(1), O = w_OI.size(0);
   check_shape(w_OI, {O, I}, "linear_bwd w_OI");
   check_cuda_bf16_or_f32(dy_TO, {T, O}, "linear_bwd dy_TO");
-  check_cuda(dw_OI, DType::F32, {O, I}, "linear_bwd dw_OI");
+  if (dw_OI.defined()) check_cuda(dw_OI, DType::F32, {O, I}, "linear_bwd dw_OI");
   if (dx_TI) {
     check_cuda_bf16_or_f32(*dx_TI, {T, I}, "linear_bwd dx_TI");
   }
@@ -117,6 +117,7 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
     if (dx_TI)
       gemm("linear_bwd dx (fp32)", false, false, T, I, O, dy, O, w_OI.data<float>(), I, accumulate_dx ? 1.0f : 0.0f,
            dx_TI->raw(), DType::F32, I);
+    if (!dw_OI.defined()) return;  // a frozen weight
     gemm("linear_bwd dw (fp32)", true, false, O, I, T, dy, O, as_f32(x_TI, x32, "linear_bwd"), I,
          accumulate_dw ? 1.0f : 0.0f, dw_OI.raw(), DType::F32, I);
     return;
@@ -127,6 +128,7 @@ void linear_bwd(const Tensor& dy_TO, const Tensor& x_TI, const Tensor& w_OI, Ten
   if (dx_TI)
     gemm("linear_bwd dx", false, false, T, I, O, dy, O, bf16_ptr(w_OI), I, accumulate_dx ? 1.0f : 0.0f, dx_TI->raw(),
          dx_TI->dtype(), I);
+  if (!dw_OI.defined()) return;  // a frozen weight
   gemm("linear_bwd dw", true, false, O, I, T, dy, O, bf16_ptr(x_TI), I, accumulate_dw ? 1.0f : 0.0f, dw_OI.raw(),
        DType::F32, I);
 }

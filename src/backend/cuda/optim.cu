@@ -389,4 +389,54 @@ void copy_cast(const Tensor& src, Tensor& dst) {
   MT_CUDA_LAUNCH_CHECK("copy_cast");
 }
 
+// Column blocks: one thread per element of the narrow [T, C] side.
+template <class TY, class TX>
+__global__ void add_cols_kernel(TY* y, const TX* x, int64_t T, int64_t O, int64_t C, int64_t col0, float alpha) {
+  const int64_t n = T * C, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t t = i / C, c = i % C;
+    TY& d = y[t * O + col0 + c];
+    d = from_f32<TY>(__fadd_rn(to_f32(d), __fmul_rn(alpha, to_f32(x[i]))));
+  }
+}
+
+template <class TY, class TX>
+__global__ void copy_cols_kernel(const TX* x, TY* y, int64_t T, int64_t O, int64_t C, int64_t col0) {
+  const int64_t n = T * C, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    y[i] = from_f32<TY>(to_f32(x[(i / C) * O + col0 + i % C]));
+}
+
+void add_cols_(Tensor& y_TO, const Tensor& x_TC, int64_t col0, float alpha) {
+  check_cuda_bf16_or_f32(y_TO, "add_cols_ y_TO");
+  check_cuda_bf16_or_f32(x_TC, "add_cols_ x_TC");
+  const int64_t T = y_TO.size(0), O = y_TO.size(1), C = x_TC.size(1);
+  if (T * C == 0) return;
+  dispatch_float(y_TO.dtype(), [&](auto y_tag) {
+    dispatch_float(x_TC.dtype(), [&](auto x_tag) {
+      using TY = decltype(y_tag);
+      using TX = decltype(x_tag);
+      add_cols_kernel<TY, TX><<<grid_for(T * C), kThreads, 0, stream()>>>(
+          static_cast<TY*>(y_TO.raw()), static_cast<const TX*>(x_TC.raw()), T, O, C, col0, alpha);
+    });
+  });
+  MT_CUDA_LAUNCH_CHECK("add_cols_");
+}
+
+void copy_cols(const Tensor& x_TO, int64_t col0, Tensor& y_TC) {
+  check_cuda_bf16_or_f32(x_TO, "copy_cols x_TO");
+  check_cuda_bf16_or_f32(y_TC, "copy_cols y_TC");
+  const int64_t T = x_TO.size(0), O = x_TO.size(1), C = y_TC.size(1);
+  if (T * C == 0) return;
+  dispatch_float(y_TC.dtype(), [&](auto y_tag) {
+    dispatch_float(x_TO.dtype(), [&](auto x_tag) {
+      using TY = decltype(y_tag);
+      using TX = decltype(x_tag);
+      copy_cols_kernel<TY, TX><<<grid_for(T * C), kThreads, 0, stream()>>>(
+          static_cast<const TX*>(x_TO.raw()), static_cast<TY*>(y_TC.raw()), T, O, C, col0);
+    });
+  });
+  MT_CUDA_LAUNCH_CHECK("copy_cols");
+}
+
 }  // namespace mt::cuda
