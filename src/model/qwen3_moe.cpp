@@ -172,10 +172,20 @@ void Qwen3MoeModel::lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, i
   if (p.defined()) lora_fwd(x, p, lora_->scale(), y, col0, work_);
 }
 
-void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, LayerActs& a) {
+bool Qwen3MoeModel::lora_on_experts() const {
+  return lora_ && lora_->spec().targets_any({LoraTarget::ExpertsGateUp, LoraTarget::ExpertsDown}) &&
+         cfg_.num_sparse_layers() > 0;
+}
+
+void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets,
+                                     const Tensor& xp, Tensor& gu_out, Tensor& hh_out, Tensor& yp_out) {
   const LoraPair& gu = lo[LoraTarget::ExpertsGateUp];
   const LoraPair& dn = lo[LoraTarget::ExpertsDown];
-  const Tensor off = a.offsets.to(Device::CPU);
+  struct {
+    const Tensor& xp;
+    Tensor &gu, &hh, &yp;
+  } a{xp, gu_out, hh_out, yp_out};
+  const Tensor off = offsets.to(Device::CPU);
   const int64_t* o = off.data<int64_t>();
   const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
   const float s = lora_->scale();
@@ -567,7 +577,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
       if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
-        lora_experts_fwd(*lo, w, a);
+        lora_experts_fwd(*lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp);
       if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);

@@ -280,7 +280,10 @@ class Qwen3MoeModel {
     work_.reset();
   }
   // CUDA, one process's weights (no expert parallelism, whose exchange plans live on the host).
-  bool capturable_cached() const { return device_ == Device::CUDA && !par_.dispatcher && !par_.tp && !par_.ulysses; }
+  // Adapters on the routed experts run per expert on host offsets (a synchronisation): not capturable yet.
+  bool capturable_cached() const {
+    return device_ == Device::CUDA && !par_.dispatcher && !par_.tp && !par_.ulysses && !lora_on_experts();
+  }
   // The inference layout: every unit's compute weights acquired (under FSDP: all-gathered once, the
   // experts over their expert-shard group; with ep > 1 each rank keeps its own experts) and the fp32
   // gains refreshed, held until end_inference(). A rollout phase's weight sync: call it after each
@@ -331,7 +334,9 @@ class Qwen3MoeModel {
   // path with adapters on the local dispatch: the base's grouped GEMMs, then per expert the adapters' rows,
   // the SwiGLU and down projection again (lora.h; the weights' gradients of the base are not computed).
   void lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, int64_t col0);
-  void lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, LayerActs& a);
+  void lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets, const Tensor& xp, Tensor& gu,
+                        Tensor& hh, Tensor& yp);
+  bool lora_on_experts() const;  // adapters on some routed expert weights
   void lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, LayerActs& a,
                         const Tensor& dyp, Tensor& dxp);
   // early: the combine's backward already started (its all-to-all travelling during the recompute).

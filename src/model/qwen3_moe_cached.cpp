@@ -77,6 +77,9 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
                                 std::vector<Tensor>* routing_out, bool routing_into) {
   if (par_.tp || par_.ulysses)
     MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
+  if (lora_ && par_.dispatcher)
+    MT_THROW("forward_cached: LoRA adapters under expert parallelism are not supported; generate on one process "
+             "or under FSDP");
   if (!inference_) MT_THROW("forward_cached outside begin_inference() / end_inference()");
   if (cfg_.value_head)
     MT_THROW("forward_cached: a value-head model (score.weight [1, D], the RL critic) has no next-token logits to "
@@ -104,12 +107,18 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
     work_.reset();
     for (int u : block_units(l)) acquire(u);
     const LayerWeights& w = w_.layers[size_t(l)];
+    const LayerLora* lo = lora_ ? &lora_->weights(l) : nullptr;  // adapters beside the GEMMs (lora.h)
     Tensor xn = work_.alloc({N, D}, act_), rstd = work_.alloc({N});
     ops::rms_norm_fwd(x, w.in_norm, eps, xn, rstd);
     Tensor q = work_.alloc({N, H * Hd}, act_), k = work_.alloc({N, G * Hd}, act_), v = work_.alloc({N, G * Hd}, act_);
     ops::linear_fwd(xn, w.q, q);
     ops::linear_fwd(xn, w.k, k);
     ops::linear_fwd(xn, w.v, v);
+    if (lo) {
+      lora_fwd_if(xn, (*lo)[LoraTarget::Q], q, 0);
+      lora_fwd_if(xn, (*lo)[LoraTarget::K], k, 0);
+      lora_fwd_if(xn, (*lo)[LoraTarget::V], v, 0);
+    }
     Tensor qr = work_.alloc({N, H, Hd}, act_), kr = work_.alloc({N, G, Hd}, act_);
     Tensor qr_rows = qr.view({N * H, Hd}), kr_rows = kr.view({N * G, Hd});
     Tensor rq = work_.alloc({N * H}), rk = work_.alloc({N * G});
@@ -121,6 +130,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
     Tensor att = work_.alloc({N, H, Hd}, act_);
     ops::paged_attention_fwd(qr, cache.k[size_t(l)], cache.v[size_t(l)], table, cache.block_size, seq, pos, att);
     ops::linear_fwd(att.view({N, H * Hd}), w.o, h1);
+    if (lo) lora_fwd_if(att.view({N, H * Hd}), (*lo)[LoraTarget::O], h1, 0);
     ops::add_(h1, x);
     Tensor xn2 = work_.alloc({N, D}, act_), rstd2 = work_.alloc({N});
     ops::rms_norm_fwd(h1, w.post_norm, eps, xn2, rstd2);
@@ -130,6 +140,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
       Tensor logits = work_.alloc({N, E}), probs = work_.alloc({N, E});
       Tensor idx = work_.alloc({N, K}, DType::I32), wts = work_.alloc({N, K});
       ops::linear_fwd(xn2, w.router, logits);
+      if (lo) lora_fwd_if(xn2, (*lo)[LoraTarget::Router], logits, 0);
       Tensor bias_E;
       if (router_bias_LE_.defined()) bias_E = router_bias_LE_.rows(sparse_index(l), 1).view({E});
       ops::router_fwd(logits, K, cfg_.norm_topk_prob, probs, idx, wts, bias_E.defined() ? &bias_E : nullptr);
@@ -160,14 +171,21 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
         if (cfg_.score_before_experts) ops::permute_weighted_fwd(xn2, row_of, wts, xp);
         else ops::permute_fwd(xn2, assign, K, xp);
         ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
+        if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+          lora_experts_fwd(*lo, w, offsets, xp, gu, hh, yp);
         ops::unpermute_fwd(yp, row_of, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       }
     } else {
       const int64_t I = cfg_.intermediate_size;
       Tensor gu = work_.alloc({N, 2 * I}, act_), hh = work_.alloc({N, I}, act_);
       ops::linear_fwd(xn2, w.mlp_gate_up, gu);
+      if (lo) {
+        lora_fwd_if(xn2, (*lo)[LoraTarget::Gate], gu, 0);
+        lora_fwd_if(xn2, (*lo)[LoraTarget::Up], gu, I);
+      }
       ops::swiglu_fwd(gu, hh);
       ops::linear_fwd(hh, w.mlp_down, out);
+      if (lo) lora_fwd_if(hh, (*lo)[LoraTarget::Down], out, 0);
     }
     ops::add_(out, h1);
     for (int u : block_units(l)) release(u);

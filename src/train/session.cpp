@@ -51,18 +51,31 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
       own_dist_(opt.shared_dist ? nullptr : DistContext::create(opt.device, opt.dist)),
       dist_(opt.shared_dist ? opt.shared_dist : own_dist_.get()),
       table_(global),
-      pm_(make_parallel_model(*dist_, global, table_, opt.device, with_weights(opt.fsdp, opt.weights),
+      pm_(make_parallel_model(*dist_, global, table_, opt.device,
+                              with_weights(opt.fsdp, opt.lora.rank > 0 ? Weights::Frozen : opt.weights),
                               opt.moe_capacity_factor)) {
+  if (opt.lora.rank > 0 && dist_->world_size() > 1)
+    MT_THROW("LoRA adapters run on one process for now; this run has ", dist_->world_size(),
+             " ranks (start it without `moetrain launch`, or train the whole model)");
+  const Weights base = opt.lora.rank > 0 ? Weights::Frozen : opt.weights;
   // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
   model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(),
-                                           pm_.fsdp ? Weights::Trainable : opt.weights, opt.model);
+                                           pm_.fsdp ? Weights::Trainable : base, opt.model);
   pm_.attach(*model_, *dist_);
+  if (opt.lora.rank > 0) {
+    lora_ = std::make_unique<LoraAdapters>(model_->config(), opt.lora, opt.device, opt.lora_seed);
+    model_->attach_lora(lora_.get());
+  }
   grad_sync_ = opt.fsdp.grad_sync;
   n_sparse_ = global.num_sparse_layers();
 }
 
 void TrainSession::make_optimizer(const AdamWConfig& oc, bool overlap) {
   if (opt_) MT_THROW("TrainSession::make_optimizer: the session already has an optimizer");
+  if (lora_) {  // the adapters: small, updated in line
+    opt_ = std::make_unique<AdamW>(lora_->params().numel(), device_, oc);
+    return;
+  }
   if (!model_->param_source().trainable())
     MT_THROW("TrainSession::make_optimizer: the session's weights are frozen (SessionOptions::weights)");
   opt_ = std::make_unique<AdamW>(master().numel(), device_, oc);
@@ -101,7 +114,10 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   const int64_t n = int64_t(local.size());
   if (so.zero_grads && !fs) {
     opt.join();  // the last overlapped update still reads the gradients
-    model.zero_grads();
+    if (lora_)
+      lora_->grads().zero_();
+    else
+      model.zero_grads();
   }
   if (fs) fs->zero_grads();  // the local shards: the reduced unit gradients are added into them
   PassOptions po;
@@ -135,7 +151,7 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", rank, step)) {
     Tensor inf = Tensor::empty({1});
     inf.data<float>()[0] = INFINITY;
-    grads().rows(0, 1).copy_from(inf.to(device_));
+    trainable_grads().rows(0, 1).copy_from(inf.to(device_));
   }
   // Frozen parameters: this rank's pieces of them, gradients zeroed, values kept across the update.
   struct Kept {
@@ -143,7 +159,7 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
     Tensor saved;
   };
   std::vector<Kept> kept;
-  if (so.frozen) {
+  if (so.frozen && !lora_) {  // (with adapters the whole base is frozen; the adapters named train)
     const std::vector<FlatRange> pieces = pm_.pieces(table_);
     for (const ParamEntry& e : table_.entries()) {
       if (!so.frozen(e.name)) continue;
@@ -156,7 +172,8 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
       }
     }
   }
-  r.opt = opt.step(master(), grads(), so.lr, compute(), pm_.global_grad_sq());
+  r.opt = lora_ ? opt.step(lora_->params(), lora_->grads(), so.lr)
+                : opt.step(master(), grads(), so.lr, compute(), pm_.global_grad_sq());
   if (!kept.empty()) device_mem::synchronize(device_);  // an overlapped step's side stream done too
   for (Kept& k : kept) {
     master().rows(k.begin, k.n).copy_from(k.saved);

@@ -40,6 +40,11 @@ struct SessionOptions {
   // instead of creating one: a second model in the same ranks (RL's reference and critic), since a process
   // rendezvouses once. That session must outlive this one; every rank creates its sessions in one order.
   DistContext* shared_dist = nullptr;
+  // Low-rank adapters (model/lora.h; rank 0: none): the base is then frozen whatever `weights` says, the
+  // adapters (initialised from lora_seed) are what trains (trainable_params), and the optimizer, clipping
+  // and checkpoints' training state cover them only. One process for now (more ranks: an error).
+  LoraSpec lora;
+  uint64_t lora_seed = 0;
 };
 
 class TokenObjective;  // model/objective.h
@@ -112,6 +117,7 @@ class TrainSession {
   Recompute recompute() const { return recompute_; }
 
   // This rank's parameter buffers (see ParallelModel): f32 masters, f32 gradients, the compute copy.
+  // (With adapters these are the frozen base's; master() is what loading and init write.)
   Tensor& master() { return pm_.master(*model_); }
   Tensor& grads() { return pm_.grads(*model_); }
   Tensor* compute() { return pm_.compute(*model_); }
@@ -130,6 +136,10 @@ class TrainSession {
   // Collective over the world when distributed; a model without sparse layers has none (false, no collective).
   bool load_router_bias(const std::string& dir);
   void refresh_compute_weights() { pm_.refresh_compute_weights(*model_); }
+  // What the optimizer updates: the adapters' f32 values and gradients with LoRA, else master() and grads().
+  LoraAdapters* lora() { return lora_.get(); }
+  Tensor& trainable_params() { return lora_ ? lora_->params() : master(); }
+  Tensor& trainable_grads() { return lora_ ? lora_->grads() : grads(); }
 
   // This rank's part of a global micro-batch of whole sequences [B, S] (the same on every rank): its
   // data-parallel rows, planned (model/micro_batch.h): under sequence parallelism its chunk of every
@@ -158,6 +168,7 @@ class TrainSession {
   ParamTable table_;
   ParallelModel pm_;
   std::unique_ptr<Qwen3MoeModel> model_;
+  std::unique_ptr<LoraAdapters> lora_;
   GradSync grad_sync_;
   std::unique_ptr<AdamW> opt_;
   int64_t steps_ = 0;
