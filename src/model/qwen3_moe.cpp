@@ -401,7 +401,7 @@ LossParts Qwen3MoeModel::forward(const MicroBatch& mb, Tensor* logits_out) {
 void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in,
                                   Tensor* add_out) {
   const LayerWeights& w = w_.layers[size_t(l)];
-  const LayerLora* lo = lora_ ? &lora_->weights(l) : nullptr;  // adapters (lora.h): their paths beside the GEMMs
+  const LayerLora* lo = pass_lora_ ? &pass_lora_->weights(l) : nullptr;  // adapters (lora.h) beside the GEMMs
   // T: the micro-batch's rows (attention, q/k/v, MLP); Tl: this rank's rows (norms, residual, router).
   // They differ only under tensor parallelism.
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
@@ -619,8 +619,8 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                                    moe::CombineBwdPending* early) {
   const LayerWeights& w = w_.layers[size_t(l)];
   LayerWeights& g = g_.layers[size_t(l)];
-  const LayerLora* lo = lora_ ? &lora_->weights(l) : nullptr;
-  const LayerLora* lg = lora_ ? &lora_->grads(l) : nullptr;
+  const LayerLora* lo = pass_lora_ ? &pass_lora_->weights(l) : nullptr;
+  const LayerLora* lg = pass_lora_ ? &pass_lora_->grads(l) : nullptr;
   auto lora_bwd_if = [&](const Tensor& dy, int64_t col0, const Tensor& x, LoraTarget t, Tensor* dxt) {
     if (lo && (*lo)[t].defined()) lora_bwd(dy, col0, x, (*lo)[t], (*lg)[t], lora_->scale(), dxt, work_);
   };
@@ -814,6 +814,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   if (lora_ && (par_.tp || par_.dispatcher))
     MT_THROW("LoRA adapters under ", par_.tp ? "tensor" : "expert", " parallelism are not supported; run them on one "
              "process, under FSDP or with sequence parallelism");
+  pass_lora_ = opt.adapters ? lora_ : nullptr;
+  if (backward && lora_ && !opt.adapters)
+    MT_THROW("forward_backward with PassOptions::adapters off: the base is frozen, nothing would train");
   if (backward && lora_ && opt.overwrite_grads) lora_->grads().zero_();  // the step's first micro-batch: =, as any
   if (opt.objective && opt.ce_scale != 0)
     MT_THROW("PassOptions: ce_scale ", opt.ce_scale, " and a per-token objective given; use one (the objective path "

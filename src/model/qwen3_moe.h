@@ -201,6 +201,9 @@ struct PassOptions {
   // logits are linear in the final normed hidden state, so the head reads hn / T (one scale of [T, D],
   // and of its gradient in the backward); 1 leaves the pass unchanged. Must be > 0 and finite.
   double temperature = 1.0;
+  // With adapters attached (attach_lora): false runs this forward on the base alone (the RL reference of a
+  // LoRA policy is its frozen base: no second copy of the model). A backward needs them.
+  bool adapters = true;
 };
 
 class Qwen3MoeModel {
@@ -360,6 +363,7 @@ class Qwen3MoeModel {
   DType act_;  // activations: f32 on the CPU, bf16 on CUDA (the residual stream is f32 on both)
   ParamTable table_;
   LoraAdapters* lora_ = nullptr;
+  LoraAdapters* pass_lora_ = nullptr;  // the current pass's: lora_, or null when PassOptions::adapters is off
   // With adapters on a frozen base: where the base's weight gradients would go (the fused ops that compute
   // them beside an input gradient write here and nothing reads it), f32 of the largest unit.
   Tensor grad_sink_;

@@ -77,6 +77,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
                                 std::vector<Tensor>* routing_out, bool routing_into) {
   if (par_.tp || par_.ulysses)
     MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
+  pass_lora_ = lora_;
   if (lora_ && par_.dispatcher)
     MT_THROW("forward_cached: LoRA adapters under expert parallelism are not supported; generate on one process "
              "or under FSDP");

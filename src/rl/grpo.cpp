@@ -382,7 +382,9 @@ struct UpdatePhases {
     std::vector<std::vector<float>> ref;
     if (reference) {
       t = Clock::now();
-      ref = response_values(p, forward_rows(*reference, p.mb, ref_po).logp);
+      PassOptions base_po = ref_po;
+      base_po.adapters = false;  // a LoRA policy is its own reference: its frozen base, adapters off
+      ref = response_values(p, forward_rows(*reference, p.mb, base_po).logp);
       m.ref_logprob_s += seconds_since(t);
       ref_tokens += sequence_tokens(p);
     }
