@@ -1,5 +1,5 @@
 // The commands of the `moetrain` binary (apps/moetrain.cpp dispatches to them), one file each under
-// src/cli/commands/: each parses its options (cli/options.h), composes the library's pieces and
+// src/cli/commands/: each parses its options (core/options.h), composes the library's pieces and
 // returns the process's exit code.
 #pragma once
 #include <string>

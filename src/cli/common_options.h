@@ -1,11 +1,11 @@
-// Option groups that several commands share, declared once (cli/options.h): the device and CPU threads,
+// Option groups that several commands share, declared once (core/options.h): the device and CPU threads,
 // the parallel layout under `moetrain launch`, the sampler, the seed. A command adds the groups it takes;
 // the names, ranges and help are then the same everywhere.
 #pragma once
 #include <cstdint>
 #include <string>
 
-#include "cli/options.h"
+#include "core/options.h"
 #include "ops/sampling.h"
 #include "parallel/mesh.h"
 

@@ -1,10 +1,11 @@
-// The option declarations and the one parser (cli/options.h).
-#include "cli/options.h"
+// The option declarations and the one parser (core/options.h).
+#include "core/options.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -14,10 +15,16 @@ namespace mt::cli {
 
 namespace {
 
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
+// A number as people write it (%g: 0.0007, 2e-05, 1e+09) when that reads back to the same number, else the
+// shortest text that does: the help shows the default as it is, and a config written from get() loses no bits.
+template <typename T>
+std::string number_text(T v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%g", double(v));
+  T back{};
+  const auto r = std::from_chars(buf, buf + std::strlen(buf), back);
+  if (r.ec == std::errc() && back == v) return buf;
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
 }
 
 std::vector<std::string> split_names(const std::string& names) {
@@ -89,6 +96,18 @@ std::string Option::allowed() const {
   }
   if (!note.empty()) s += s.empty() ? note : "; " + note;
   return s;
+}
+
+std::string Option::refusal(const std::string& value) const {
+  if (!choices.empty() && std::find(choices.begin(), choices.end(), value) == choices.end())
+    return "allowed: " + allowed();
+  if (nonempty && value.empty()) return "must not be empty";
+  if ((kind == Kind::Int || kind == Kind::Real) && (lo || hi)) {
+    const double x = kind == Kind::Int ? double(parse_int(flag(), value)) : parse_real(flag(), value);
+    const bool ok = (!lo || (lo_open ? x > *lo : x >= *lo)) && (!hi || (hi_open ? x < *hi : x <= *hi));
+    if (!ok) return "need " + allowed();
+  }
+  return "";
 }
 
 Options::Options(std::string command, std::string synopsis, std::string summary)
@@ -184,6 +203,12 @@ const Option* Options::find(const std::string& name) const {
   return nullptr;
 }
 
+Option& Options::at(const std::string& name) {
+  const Option* o = find(name);
+  if (!o) MT_THROW("Options::at: ", command_, " has no option --", canonical_key(name));
+  return options_[size_t(o - options_.data())];
+}
+
 bool Options::given(const std::string& name) const {
   const Option* o = find(name);
   if (!o) MT_THROW("Options::given: ", command_, " has no option --", canonical_key(name));
@@ -238,24 +263,28 @@ bool Options::parse(const std::vector<std::string>& args) {
       const std::string what = o.allowed();
       MT_THROW(command_, ": ", o.flag(), " needs a value (", o.metavar, what.empty() ? "" : ": " + what, ")");
     }
-    try {
-      if (!o.choices.empty() && std::find(o.choices.begin(), o.choices.end(), value) == o.choices.end())
-        MT_THROW(o.flag(), " '", value, "'; allowed: ", o.allowed());
-      if ((o.kind == Kind::Int || o.kind == Kind::Real) && (o.lo || o.hi)) {
-        const double x = o.kind == Kind::Int ? double(parse_int(o.flag(), value)) : parse_real(o.flag(), value);
-        const bool ok =
-            (!o.lo || (o.lo_open ? x > *o.lo : x >= *o.lo)) && (!o.hi || (o.hi_open ? x < *o.hi : x <= *o.hi));
-        if (!ok) MT_THROW(o.flag(), " ", value, "; need ", o.allowed());
-      }
-      o.set(value);
-    } catch (const Error& e) {  // every error of a value says whose command it is
-      const std::string msg = e.what();
-      if (msg.rfind(command_ + ":", 0) == 0) throw;
-      MT_THROW(command_, ": ", msg);
-    }
-    given_.push_back(o.names.front());
+    assign(o, value);
   }
   return true;
+}
+
+void Options::set(const std::string& name, const std::string& value) {
+  const Option* found = find(name);
+  if (!found) unknown("--" + canonical_key(name));
+  assign(options_[size_t(found - options_.data())], value);
+}
+
+void Options::assign(Option& o, const std::string& value) {
+  try {
+    if (const std::string why = o.refusal(value); !why.empty())
+      MT_THROW(o.flag(), " ", o.kind == Kind::Int || o.kind == Kind::Real ? value : "'" + value + "'", "; ", why);
+    o.set(value);
+  } catch (const Error& e) {  // every error of a value says whose command it is
+    const std::string msg = e.what();
+    if (msg.rfind(command_ + ":", 0) == 0) throw;
+    MT_THROW(command_, ": ", msg);
+  }
+  if (std::find(given_.begin(), given_.end(), o.names.front()) == given_.end()) given_.push_back(o.names.front());
 }
 
 void Options::check() const {

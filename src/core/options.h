@@ -11,6 +11,8 @@
 // Values are checked as they are parsed (the error names the option, the value and what is allowed);
 // rules over several options are declared beside them (rule()) and run by check(), so a command's whole
 // option surface can be tested without starting it.
+// It lives in core (it needs nothing above it) so that a library's settings can be declared with it too:
+// TrainConfig's (train/train_config.h) are, and its JSON file goes through the same declarations (set()).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,7 +30,7 @@ struct Option {
   Kind kind = Kind::Text;
   // Parses and assigns a value given as text (after the range and choice checks).
   std::function<void(const std::string&)> set;
-  std::function<std::string()> get;  // the field's value as text (the default, in the help)
+  std::function<std::string()> get;  // the field's value as text (the default, in the help); reads back exactly
   // Numbers: the allowed range; text: the allowed values (empty: any).
   std::optional<double> lo, hi;
   bool lo_open = false, hi_open = false;
@@ -36,6 +38,7 @@ struct Option {
   std::string note;                     // appended to the range in errors and help, e.g. "0: off"
   std::optional<std::string> implicit;  // a value-taking option given bare takes this (--resume: latest)
   bool needed = false;                  // check() refuses a command line without it
+  bool nonempty = false;                // text: "" is refused
 
   // Fluent settings, for declarations that read as one line.
   Option& at_least(double v) {
@@ -78,10 +81,17 @@ struct Option {
     needed = true;
     return *this;
   }
+  Option& not_empty() {
+    nonempty = true;
+    return *this;
+  }
 
   std::string flag() const { return "--" + names.front(); }
   // What the range or choices allow, in words ("> 0", "0..1", "one of a, b"); "" when anything goes.
   std::string allowed() const;
+  // Why the choices, the range or not_empty() refuse `value` ("need > 0", "allowed: one of a, b", "must not
+  // be empty"); "" when they allow it. A number that does not parse throws (naming the flag), as set does.
+  std::string refusal(const std::string& value) const;
 };
 
 // "on", "true", "1", "yes" -> true; "off", "false", "0", "no" -> false; else an error naming the flag.
@@ -115,13 +125,18 @@ class Options {
   // Parses args into the fields. Returns false when help was asked for (nothing else is parsed then).
   // Positional arguments are refused unless allow_positional(); after "--" everything is positional.
   bool parse(const std::vector<std::string>& args);
+  // Sets one option from its text as the command line would: checked (refusal), set, and counted as given.
+  // `name` is any of its names or spellings; an unknown one is parse's error. (A config file's values go
+  // through here.)
+  void set(const std::string& name, const std::string& value);
   void allow_positional(const std::string& what) { positional_what_ = what; }
   const std::vector<std::string>& positional() const { return positional_; }
   void check() const;  // the required options, then the rules
 
-  // Whether the option (any of its names) appeared on the command line.
+  // Whether the option (any of its names) appeared on the command line or was set().
   bool given(const std::string& name) const;
   const Option* find(const std::string& name) const;  // by any name or spelling; null if none
+  Option& at(const std::string& name);                // the same, to amend (e.g. required()); throws if none
   const std::vector<Option>& options() const { return options_; }
 
   std::string usage() const;  // one line plus where the long help is
@@ -130,6 +145,7 @@ class Options {
  private:
   Option& declare(const std::string& names, Kind kind, const std::string& help);
   [[noreturn]] void unknown(const std::string& arg) const;
+  void assign(Option& o, const std::string& value);  // set's work, on a found option
   std::string command_, synopsis_, summary_, group_, positional_what_;
   std::vector<Option> options_;
   std::vector<std::function<void()>> rules_;

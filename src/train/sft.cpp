@@ -5,8 +5,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/interrupt.h"
@@ -44,39 +42,29 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
+cli::Options sft_options(TrainConfig& c) {
+  cli::Options o("sft", "--model DIR --data FILE.jsonl [--tokenizer FILE] [--config FILE.json] [--key value ...]",
+                 "Fine-tunes a Hugging Face model directory on chat data: {\"messages\": [...]} per line, rendered "
+                 "with the\nQwen3 chat template, loss on the assistant turns only, documents packed with boundaries "
+                 "(docs/data.md).\n--model may also be a preset with --tokenizer (random init, for demonstrations). "
+                 "The options are\nmoetrain train's, with sft's defaults.");
+  declare_train_command(o, c);
+  o.at("model").required();
+  o.at("data").required();
+  o.rule([&c] {
+    if (!ends_with(c.data, ".jsonl"))
+      MT_THROW("sft: --data '", c.data,
+               "' is not a .jsonl file; sft reads JSONL lines of {\"messages\": [...]} (or "
+               "{\"text\": ...} with --data-format auto|text)");
+  });
+  return o;
+}
+
 TrainConfig sft_config_from_args(const std::vector<std::string>& args) {
   TrainConfig c = sft_defaults();
-  std::vector<std::string> rest;
-  std::string config_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--config" || args[i].rfind("--config=", 0) == 0) {
-      const std::string path = args[i] == "--config" ? (i + 1 < args.size() ? args[++i] : "") : args[i].substr(9);
-      if (path.empty()) MT_THROW("sft: --config needs a file name");
-      if (!config_path.empty()) MT_THROW("sft: --config given twice ('", config_path, "' and '", path, "')");
-      config_path = path;
-      std::ifstream f(path);
-      if (!f) MT_THROW("sft: cannot read --config file '", path, "'");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      apply_json(c, ss.str(), path);
-      continue;
-    }
-    rest.push_back(args[i]);
-  }
-  // The defaults leave model and data empty on purpose: both must be given.
-  TrainConfig probe = c;
-  if (probe.model.empty()) probe.model = "?";
-  if (probe.data.empty()) probe.data = "?";
-  apply_overrides(probe, rest);
-  if (probe.model == "?")
-    MT_THROW("sft: --model DIR is required (a Hugging Face model directory, or a preset with --tokenizer)");
-  if (probe.data == "?")
-    MT_THROW("sft: --data FILE.jsonl is required (one {\"messages\": [...]} conversation per line)");
-  if (!ends_with(probe.data, ".jsonl"))
-    MT_THROW("sft: --data '", probe.data,
-             "' is not a .jsonl file; sft reads JSONL lines of {\"messages\": [...]} (or "
-             "{\"text\": ...} with --data-format auto|text)");
-  return probe;
+  cli::Options o = sft_options(c);
+  if (!parse_train_args(o, c, args)) MT_THROW("sft: -h/--help asks for the help, which the command prints");
+  return c;
 }
 
 TrainConfig prepare_sft(const TrainConfig& in) {

@@ -18,9 +18,11 @@
 
 namespace mt {
 
-// The train config of an sft command line: SFT defaults (out_dir runs/sft, lr 2e-5, no addition eval,
-// ...), then --config FILE, then the --key value arguments. --data must name a .jsonl file; errors
-// name the argument.
+// moetrain sft's options over `c` (sft_defaults()): train's (declare_train_command), with --model and
+// --data required and --data a .jsonl file.
+cli::Options sft_options(TrainConfig& c);
+// The train config of an sft command line (parse_train_args over sft_options): SFT defaults (out_dir
+// runs/sft, lr 2e-5, no addition eval, ...), then --config FILE, then the --key value arguments.
 TrainConfig sft_config_from_args(const std::vector<std::string>& args);
 // The SFT defaults (what `moetrain sft --help` shows).
 TrainConfig sft_defaults();

@@ -1,4 +1,4 @@
-// The option declarations and the one parser (cli/options.h), without starting a command: both
+// The option declarations and the one parser (core/options.h), without starting a command: both
 // spellings, booleans, bare flags, ranges and choices, "did you mean", required options, rules, the
 // help showing each default as the field holds it; and every command of the binary taking --key=value
 // and naming the nearest option for a typo.
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "cli/common_options.h"
-#include "cli/options.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "parallel/launch_test_util.h"
 #include "test_util.h"
 
@@ -153,6 +153,37 @@ TEST(CliOptions, HelpShowsEachDefaultAsTheFieldHoldsItAndRequiredOptionsAreCheck
   EXPECT_EQ(error_of([&] { r.check(); }),
             "cmd: --model is required\nusage: moetrain cmd --model DIR\n(moetrain cmd --help lists every option)");
   EXPECT_NE(r.help().find("the model (required)"), std::string::npos);
+}
+
+// set() is one value as the command line gives it (a config file's values come through it): checked, set,
+// counted as given; refusal() is the check alone; get() reads back to the same number.
+TEST(CliOptions, SetChecksOneValueAsTheCommandLineDoesAndGetReadsBackExactly) {
+  Fields f;
+  Options o = declare(f);
+  o.set("min_lr", "1e-5");
+  ASSERT_TRUE(f.min_lr.has_value());
+  EXPECT_DOUBLE_EQ(*f.min_lr, 1e-5);
+  EXPECT_TRUE(o.given("min-lr"));
+  EXPECT_EQ(error_of([&] { o.set("lr", "0"); }), "demo: --lr 0; need > 0");
+  EXPECT_EQ(error_of([&] { o.set("stpes", "3"); }),
+            "demo: unknown option --stpes; did you mean --steps? (moetrain demo --help lists every option)");
+  EXPECT_EQ(o.find("lr")->refusal("0"), "need > 0");
+  EXPECT_EQ(o.find("lr")->refusal("1"), "");
+  EXPECT_EQ(o.find("device")->refusal("tpu"), "allowed: one of auto, cpu, cuda");
+  EXPECT_EQ(o.find("lr")->get(), "0.0002") << "%g where it is exact";
+  f.lr = 0.1 + 0.2;
+  EXPECT_EQ(o.find("lr")->get(), "0.30000000000000004") << "else the shortest text that is";
+  EXPECT_EQ(o.find("temperature")->get(), "1");
+  o.at("run-dir").not_empty();
+  EXPECT_EQ(error_of([&] { o.parse({"--out-dir="}); }), "demo: --run-dir ''; must not be empty");
+  EXPECT_EQ(o.find("run-dir")->refusal("x"), "");
+  o.at("device").required();
+  Fields g;
+  Options p = declare(g);
+  p.at("device").required();
+  ASSERT_TRUE(p.parse({}));
+  EXPECT_NE(error_of([&] { p.check(); }).find("demo: --device is required"), std::string::npos);
+  EXPECT_NE(error_of([&] { p.at("nope"); }).find("no option --nope"), std::string::npos);
 }
 
 TEST(CliOptions, PositionalArgumentsAndTheRestAfterADoubleDash) {

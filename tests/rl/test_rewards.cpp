@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "parallel/launch_test_util.h"
-#include "rl/rewards.h"
+#include "rl/rewards/rewards.h"
 
 using namespace mt;
 using namespace mt::rl;

@@ -50,25 +50,32 @@ TEST(ConvertCli, AGivenTokenizerFileIsTheOneExported) {
 // `sft --help` listed every option with moetrain train's defaults (steps 2500, eval-problems 200, out-dir
 // runs/demo, ...) under a summary line giving sft's own: each option's line now shows what sft uses.
 TEST(SftCli, HelpShowsSftsOwnDefaults) {
+  // The option's entry in a help text, its wrapped lines joined.
+  auto entry_of = [](const std::string& help, const std::string& flag) {
+    size_t b = help.find("\n  " + flag + " ");
+    if (b == std::string::npos) b = help.find("\n  " + flag + ", ");  // an option with an alias
+    if (b == std::string::npos) return std::string();
+    std::string entry;
+    for (char ch : help.substr(b + 1, help.find("\n  --", b + 1) - b - 1))
+      if ((ch != ' ' && ch != '\n') || (!entry.empty() && entry.back() != ' ')) entry += ch == '\n' ? ' ' : ch;
+    return entry;
+  };
   const ShellRun r = sh(kMoetrainBin + " sft --help");
   ASSERT_EQ(r.code, 0) << r.out;
-  auto line_of = [&](const std::string& flag) {
-    const size_t b = r.out.find("\n  " + flag + "  ");  // the option's line, not the prose
-    return b == std::string::npos ? std::string() : r.out.substr(b + 1, r.out.find('\n', b + 1) - b - 1);
-  };
-  for (const auto& [flag, want] : {std::pair<std::string, std::string>{"--steps", "(default 100)"},
-                                   {"--eval-problems", "(default 0)"},
-                                   {"--eval-every", "(default 0)"},
-                                   {"--out-dir", "(default \"runs/sft\")"},
-                                   {"--lr", "(default 2e-05)"},
-                                   {"--data-format", "(default \"messages\")"},
-                                   {"--model", "(default \"\")"}}) {
-    const std::string line = line_of(flag);
+  for (const auto& [flag, want] : {std::pair<std::string, std::string>{"--steps", "(default 100;"},
+                                   {"--eval-problems", "(default 0;"},
+                                   {"--eval-every", "(default 0;"},
+                                   {"--out-dir", "(default runs/sft)"},
+                                   {"--lr", "(default 2e-05;"},
+                                   {"--data-format", "(default messages)"},
+                                   {"--model", "(required)"}}) {
+    const std::string line = entry_of(r.out, flag);
     EXPECT_NE(line.find(want), std::string::npos) << flag << ": '" << line << "' in\n" << r.out;
   }
   // moetrain train's help keeps train's.
   const ShellRun t = sh(kMoetrainBin + " train --help");
-  EXPECT_NE(t.out.find("(default 2500)"), std::string::npos) << t.out;
+  EXPECT_NE(entry_of(t.out, "--steps").find("(default 2500;"), std::string::npos) << t.out;
+  EXPECT_NE(entry_of(t.out, "--model").find("(default demo)"), std::string::npos) << t.out;
 }
 
 // convert's help says the default --max-shard-size is 5GB, and the option reads GB as 10^9 bytes (as
@@ -110,7 +117,8 @@ TEST(TrainCli, SyntheticDataTakesNoTokenizer) {
                            " --steps 1 --warmup-steps 0 --eval-problems 0 --tensorboard 0 --out-dir ";
   ShellRun r = sh(base + tmp_path("clioptions", "synth_tok") + " --tokenizer " + model + "/tokenizer.json");
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("tokenizer = \"" + model + "/tokenizer.json\" is not allowed with data = "
+  EXPECT_NE(r.out.find("tokenizer = \"" + model +
+                       "/tokenizer.json\" is not allowed with data = "
                        "\"synthetic:addition\""),
             std::string::npos)
       << r.out;
@@ -129,7 +137,8 @@ TEST(SftCli, ConfigGivenTwiceIsAnError) {
   std::ofstream(b) << "{\"steps\": 5}";
   const ShellRun r = sh(kMoetrainBin + " sft --model x --data y.jsonl --config " + a + " --config=" + b);
   EXPECT_NE(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("moetrain sft: error: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("moetrain sft: error: --config given twice ('" + a + "' and '" + b + "')"), std::string::npos)
+      << r.out;
 }
 
 // grads: a policy-loss value that is not a number names its flag (std::stod threw 'stod', or read "0.2abc" as

@@ -16,20 +16,20 @@ using namespace mt;
 using mt::testutil::error_of;
 
 TEST(Deterministic, BareFlagValueAndRefusal) {
-  EXPECT_EQ(TrainConfig{}.deterministic, 0);
-  EXPECT_EQ(train_config_from_args({"--deterministic"}).deterministic, 1);
+  EXPECT_FALSE(TrainConfig{}.deterministic);
+  EXPECT_TRUE(train_config_from_args({"--deterministic"}).deterministic);
   // A bare flag followed by another key takes no value from it.
   TrainConfig c = train_config_from_args({"--deterministic", "--steps", "700"});
-  EXPECT_EQ(c.deterministic, 1);
+  EXPECT_TRUE(c.deterministic);
   EXPECT_EQ(c.steps, 700);
-  EXPECT_EQ(train_config_from_args({"--deterministic", "0"}).deterministic, 0);
-  EXPECT_EQ(train_config_from_args({"--deterministic=1"}).deterministic, 1);
-  const std::string msg = error_of([] { train_config_from_args({"--deterministic", "2"}); });
-  EXPECT_NE(msg.find("deterministic = \"2\" is not on or off"), std::string::npos) << msg;
+  EXPECT_FALSE(train_config_from_args({"--deterministic", "0"}).deterministic);
+  EXPECT_TRUE(train_config_from_args({"--deterministic=1"}).deterministic);
+  const std::string msg = error_of([] { train_config_from_args({"--deterministic=2"}); });
+  EXPECT_NE(msg.find("--deterministic '2' is not on or off"), std::string::npos) << msg;
   EXPECT_NE(train_config_help().find("--deterministic"), std::string::npos);
   // It changes bits, not the arithmetic: a resume may turn it on or off without a warning.
   TrainConfig on;
-  on.deterministic = 1;
+  on.deterministic = true;
   EXPECT_EQ(train_config_changes(nlohmann::json::parse(to_json(TrainConfig{})), on), "");
 }
 

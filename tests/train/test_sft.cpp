@@ -65,11 +65,11 @@ TEST(Sft, TinyModelLearnsTheExampleChats) {
 TEST(Sft, ArgumentErrorsNameWhatIsMissing) {
   EXPECT_NE(testutil::error_of([] {
               sft_config_from_args({"--data", "x.jsonl"});
-            }).find("--model DIR is required"),
+            }).find("sft: --model is required\nusage: moetrain sft --model DIR --data FILE.jsonl"),
             std::string::npos);
   EXPECT_NE(testutil::error_of([] {
               sft_config_from_args({"--model", "tiny"});
-            }).find("--data FILE.jsonl is required"),
+            }).find("sft: --data is required\nusage: moetrain sft"),
             std::string::npos);
   EXPECT_NE(testutil::error_of([] {
               sft_config_from_args({"--model", "tiny", "--data", "x.bin"});

@@ -18,11 +18,11 @@
 
 #include "cli/commands.h"
 #include "cli/common_options.h"
-#include "cli/options.h"
 #include "comm/gather_words.h"
 #include "core/cli_args.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/options.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model/hf_checkpoint.h"

@@ -8,9 +8,9 @@
 
 #include "cli/commands.h"
 #include "cli/common_options.h"
-#include "cli/options.h"
 #include "comm/dist_env.h"
 #include "core/error.h"
+#include "core/options.h"
 
 namespace mt {
 

@@ -21,7 +21,7 @@
 // prompt sampler's position or the task's draw count, the reference model's directory and fingerprint,
 // the evaluation before training), under a manifest; `--resume` continues from the newest one that
 // verifies, and on the CPU equals the run that never stopped, bit for bit. Every option (declared once:
-// cli/options.h) and every prompt is checked before any work starts; under `moetrain launch` every rank runs it.
+// core/options.h) and every prompt is checked before any work starts; under `moetrain launch` every rank runs it.
 #include "rl/grpo.h"
 
 #include <cmath>
@@ -190,7 +190,7 @@ int grpo_main(const std::vector<std::string>& args) {
     st["model_fingerprint"] = fingerprint;
     if (source->has_eval()) st["eval_before"] = before;
     st["args"] = rl::recorded_args(args);
-    rl::save_grpo_checkpoint(ga.run_dir, step, session, critic.get(), cfg,
+    rl::save_grpo_checkpoint(ga.run_dir, step, session, critic.get(),
                              fs::exists(tokenizer_path) ? tokenizer_path : std::string(), std::move(st), ga.keep_last);
   };
 

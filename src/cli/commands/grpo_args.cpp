@@ -3,9 +3,9 @@
 
 #include <cstdio>
 
-#include "cli/options.h"
 #include "core/cli_args.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "data/synthetic.h"
 #include "rl/policy_loss.h"
 

@@ -1,4 +1,4 @@
-// `moetrain grpo`'s command line (cli/options.h): every option declared once into GrpoArgs, the task
+// `moetrain grpo`'s command line (core/options.h): every option declared once into GrpoArgs, the task
 // preset's values as their defaults, and every rule over several options; parse_grpo_args runs them all
 // and touches nothing else (no file, no device), so the whole option surface is testable without a run.
 #pragma once

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "core/error.h"
+#include "core/options.h"
 
 namespace mt {
 

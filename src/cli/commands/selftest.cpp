@@ -7,8 +7,8 @@
 
 #include "cli/commands.h"
 #include "cli/common_options.h"
-#include "cli/options.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "rl/rl_selftest.h"
 #include "selftest/comm_selftest.h"
 #include "selftest/dist_selftest.h"

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/options.h"
 #include "core/cli_args.h"
 #include "core/error.h"
+#include "core/options.h"
 #include "data/documents.h"
 #include "data/tokenize_lines.h"
 #include "data/tokenizer.h"
