@@ -62,6 +62,13 @@ std::vector<std::string> strings_of(const nlohmann::json& j, const std::string& 
 
 }  // namespace
 
+std::string find_adapter_dir(const std::string& path) {
+  if (fs::exists(fs::path(path) / "adapter_config.json")) return path;
+  if (fs::exists(fs::path(path) / "adapter" / "adapter_config.json")) return (fs::path(path) / "adapter").string();
+  MT_THROW("LoRA adapter: ", path, " holds no adapter_config.json, nor adapter/adapter_config.json (a PEFT adapter "
+           "directory, or a checkpoint-N of a run with --lora-rank)");
+}
+
 LoraSpec read_peft_config(const std::string& dir) {
   const std::string path = dir + "/adapter_config.json";
   std::ifstream f(path);

@@ -20,6 +20,10 @@
 
 namespace mt {
 
+// The adapter directory `path` names: itself when it holds adapter_config.json, else its adapter/ (a LoRA
+// run's checkpoint-N); an error that says what was looked for otherwise.
+std::string find_adapter_dir(const std::string& path);
+
 // The spec of an adapter directory's adapter_config.json: r, lora_alpha, use_rslora, the targets. Settings
 // we do not implement (dropout > 0 is fine to read: it only matters in training; DoRA, bias, per-module
 // ranks, fan_in_fan_out, modules_to_save) are errors that name the setting.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
+#include "io/safetensors.h"
 #include "model/hf_checkpoint.h"
 #include "model/params.h"
 #include "model/qwen3_moe.h"
@@ -161,4 +162,47 @@ TEST(GenerateCli, TextAndChatPromptsWithTheModelDirectorysTokenizer) {
       if (t < int64_t(tok.vocab_size())) known.push_back(uint32_t(t));
     EXPECT_EQ(line["text"], tok.decode(known, true));
   }
+}
+
+// --adapter: a PEFT adapter (the LoRA golden's, tools/make_peft_goldens.py) on the base. The first greedy token
+// after a prefix of the golden's batch is PEFT's argmax there, with PEFT's log-prob; merged into the weights
+// (the default) and beside them (--merge-adapter off) give the same samples.
+TEST(GenerateCli, AdapterGivesPeftsNextTokenMergedOrNot) {
+  const std::string lora = kGoldens + "/lora/moe";
+  SafetensorsFile batch(lora + "/batch.safetensors"), exp(lora + "/expected.safetensors");
+  const Tensor ids = batch.read_f32("input_ids"), logits = exp.read_f32("logits");
+  const int64_t P = 8, V = logits.size(2);
+  nlohmann::json prompt = nlohmann::json::array();
+  for (int64_t i = 0; i < P; ++i) prompt.push_back(int64_t(ids.data<float>()[i]));
+  const std::string prompts = tmp_path("genlora", "prompts.jsonl");
+  std::ofstream(prompts) << nlohmann::json{{"prompt_ids", prompt}}.dump() << "\n";
+  // PEFT's next token and its log-prob from row 0, position P - 1.
+  const float* row = logits.data<float>() + (P - 1) * V;
+  int64_t best = 0;
+  double lse = 0, mx = row[0];
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(row[v]));
+  for (int64_t v = 0; v < V; ++v) {
+    lse += std::exp(double(row[v]) - mx);
+    if (row[v] > row[best]) best = v;
+  }
+  const double want_lp = double(row[best]) - mx - std::log(lse);
+  std::vector<std::vector<nlohmann::json>> outs;
+  for (const char* merge : {"on", "off"}) {
+    const std::string out = tmp_path("genlora", std::string("out_") + merge + ".jsonl");
+    const ShellRun r = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --adapter " + lora +
+                          "/adapter --merge-adapter " + merge + " --prompts " + prompts + " --out " + out +
+                          " --max-new-tokens 6 --temperature 0");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("LoRA adapters from"), std::string::npos) << r.out;
+    outs.push_back(read_json_lines(out));
+    ASSERT_EQ(outs.back().size(), 1u);
+    EXPECT_EQ(outs.back()[0]["token_ids"][0].get<int64_t>(), best) << merge;
+    EXPECT_NEAR(outs.back()[0]["logprobs"][0].get<double>(), want_lp, 1e-4) << merge;
+  }
+  expect_same_samples(outs[0], outs[1], "merged vs beside the weights");
+  // A directory that is no adapter is named.
+  const ShellRun bad = sh(kMoetrainBin + " generate --device cpu --model " + kGoldens + "/tiny --adapter " + kGoldens +
+                          "/tiny --prompts " + prompts + " --out " + tmp_path("genlora", "bad.jsonl"));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("holds no adapter_config.json"), std::string::npos) << bad.out;
 }

@@ -26,6 +26,7 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_peft.h"
 #include "model/qwen3_moe.h"
 #include "parallel/dist.h"
 #include "rollout/engine.h"
@@ -91,7 +92,8 @@ std::vector<GeneratedSample> gather_samples(const std::vector<GeneratedSample>& 
 }  // namespace
 
 int generate_main(const std::vector<std::string>& args) {
-  std::string model_dir, prompts_path, out_path;
+  std::string model_dir, prompts_path, out_path, adapter;
+  bool merge_adapter = true;
   GenerateRequest base;
   base.max_new_tokens = 16;
   base.sampling.seed = uint64_t(cli::kDefaultSeed);
@@ -106,6 +108,13 @@ int generate_main(const std::vector<std::string>& args) {
                        std::string(kPromptLines));
   opt.group("input and output");
   opt.add("model", &model_dir, "the Hugging Face model directory").var("DIR").required();
+  opt.add("adapter", &adapter,
+          "LoRA adapters on the model: a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) or "
+          "a checkpoint-N of a run trained with --lora-rank")
+      .var("DIR");
+  opt.add("merge-adapter", &merge_adapter,
+          "add the adapters into the weights once at load (the fastest generation); off: run them beside the base "
+          "weights as RL does (one process or --dp-shard)");
   opt.add("prompts", &prompts_path, "one prompt per line (JSON)").var("FILE.jsonl").required();
   opt.add("out", &out_path, "one JSON line per sample (prompt_index, sample_index, token_ids, logprobs, ...)")
       .var("FILE.jsonl")
@@ -167,6 +176,26 @@ int generate_main(const std::vector<std::string>& args) {
   const int rank = dist.rank(), world = dist.world_size();
   const LoadReport rep = session.load(model_dir);
   Qwen3MoeModel& model = session.model();
+  std::unique_ptr<LoraAdapters> lora;
+  if (!adapter.empty()) {
+    const std::string adir = find_adapter_dir(adapter);
+    const LoraSpec spec = read_peft_config(adir);
+    const Tensor values = read_peft_adapter(adir, cfg, spec);
+    if (merge_adapter) {
+      if (world > 1)
+        MT_THROW("generate --adapter with --merge-adapter on runs on one process (each rank holds a shard of the "
+                 "weights); add --merge-adapter off to run the adapters beside the sharded weights");
+      merge_lora(cfg, spec, values, session.table(), session.master());
+      session.refresh_compute_weights();
+    } else {
+      lora = std::make_unique<LoraAdapters>(model.config(), spec, device, 0);
+      lora->load(values);
+      model.attach_lora(lora.get());
+    }
+    if (rank == 0)
+      log_info("generate: LoRA adapters from ", adir, " (rank ", spec.rank, ", ", lora_targets_text(spec), "), ",
+               merge_adapter ? "merged into the weights" : "beside the base weights");
+  }
   std::vector<Prompt> prompts;  // this rank's: i % world == rank
   std::vector<int64_t> prompt_index;
   for (size_t i = 0; i < all_prompts.size(); ++i)
