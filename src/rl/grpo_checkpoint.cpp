@@ -10,12 +10,10 @@
 #include <map>
 #include <set>
 
-#include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "io/manifest.h"
-#include "model/hf_checkpoint.h"
 #include "train/checkpoint.h"
+#include "train/run_dir.h"
 
 namespace mt::rl {
 
@@ -86,18 +84,9 @@ json recorded_args(const std::vector<std::string>& args) {
 GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& resume, const std::string& model_dir,
                                  bool model_given, bool from_file, bool ppo, const nlohmann::json& args) {
   GrpoResumePoint out;
-  const ResumePoint rp = find_resume_checkpoint(run_dir, resume);
-  for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
-  if (rp.dir.empty() && !rp.rejected.empty()) {
-    std::string all;
-    for (const std::string& r : rp.rejected) all += "; " + r;
-    MT_THROW("grpo: resume: no checkpoint in ", run_dir, " can be resumed from", all,
-             " (remove them or drop --resume to start over)");
-  }
-  if (rp.dir.empty())
-    log_info("grpo: resume: no checkpoint in ", run_dir, " yet; starting from step 0");
-  else {
-    out.dir = rp.dir;
+  // Before any session (each process reads the run directory itself): the resume point of this process.
+  out.dir = resume_checkpoint(run_dir, resume, nullptr, "grpo: ");
+  if (!out.dir.empty()) {
     out.state = read_train_state(out.dir);
     if (out.state.value("format", std::string()) != "moetrain-grpo-state-1")
       MT_THROW("grpo: resume: ", out.dir, " holds a '", out.state.value("format", std::string("?")),
@@ -129,64 +118,38 @@ GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& 
 }
 
 std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, TrainSession& session, TrainSession* critic,
-                                 const ModelConfig& cfg, const std::string& tokenizer_json, json st,
-                                 int64_t keep_last) {
-  const auto t = Clock::now();
+                                 const std::string& tokenizer_json, json st, int64_t keep_last) {
   DistContext& dist = session.dist();
-  const bool lead = dist.rank() == 0;
-  const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
-  if (lead) begin_checkpoint(dir);
-  if (dist.distributed()) dist.world()->barrier();  // the directory exists before any rank writes into it
-  if (session.fsdp())
-    save_sharded_hf_checkpoint(
-        dir, cfg, session.table(),
-        [&session](const ParamEntry& e) { return session.parallel().gather_param_host(e, false); }, lead);
-  else
-    save_hf_checkpoint(dir, cfg, session.table(), session.model().params());
-  if (lead && !tokenizer_json.empty())
-    fs::copy_file(tokenizer_json, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
-  if (lead && session.model().router_bias().defined())  // the routing bias it ran with: a complete model
-    save_router_bias(dir, cfg, session.model().router_bias());
-  debug_kill_while_saving(step);
-  AdamW& opt = session.optimizer();
-  save_train_state_shard(dir, dist.rank(), session.master(), opt.exp_avg(), opt.exp_avg_sq(),
-                         session.parallel().pieces(session.table()));
   const DeviceMesh& dm = dist.mesh();
   const json layout = {{"world_size", dist.world_size()},
                        {"dp_replicate", dm.size(Axis::DpReplicate)},
                        {"dp_shard", dm.size(Axis::DpShard)},
                        {"ep", dm.size(Axis::Ep)},
                        {"tp", dm.size(Axis::Tp)}};
+  AdamW& opt = session.optimizer();
   st["session_steps"] = session.steps_done();
   st["optimizer_steps"] = opt.steps_taken();
   st["skipped_steps"] = opt.steps_skipped();
   st["flat_numel"] = session.table().total();
   st["layout"] = layout;
   if (critic) {
-    const std::string cdir = (fs::path(dir) / "critic").string();
     AdamW& copt = critic->optimizer();
-    save_train_state_shard(cdir, dist.rank(), critic->master(), copt.exp_avg(), copt.exp_avg_sq(),
-                           critic->parallel().pieces(critic->table()));
-    if (lead)
-      write_file_atomic(
-          (fs::path(cdir) / kTrainStateFile).string(),
-          json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}}.dump(
-              2) +
-              "\n");
     st["critic"] = {{"dir", "critic"},
                     {"optimizer_steps", copt.steps_taken()},
                     {"skipped_steps", copt.steps_skipped()},
                     {"session_steps", critic->steps_done()}};
   }
-  if (lead) write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
-  if (dist.distributed()) dist.world()->barrier();  // every shard is on disk
-  if (lead) {
-    commit_checkpoint(dir, final_dir);
-    for (const std::string& r : retain_checkpoints(run_dir, keep_last)) log_info("grpo: ", r);
-  }
-  log_info("grpo: saved checkpoint ", final_dir, " (HF weights + training state", critic ? " + critic" : "",
-           ", manifest) in ", seconds_since(t), " s");
-  return final_dir;
+  // The run's state, then the critic's in critic/; their train_state.json keep the keys in name order (a json
+  // object's), as grpo checkpoints always had them.
+  std::vector<CheckpointState> states = {checkpoint_state(session, "", nlohmann::ordered_json(st))};
+  if (critic)
+    states.push_back(checkpoint_state(
+        *critic, "critic",
+        nlohmann::ordered_json(
+            json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}})));
+  CheckpointWeights weights = checkpoint_weights(session);
+  weights.tokenizer_json = tokenizer_json;
+  return save_checkpoint(run_dir, step, weights, states, keep_last, dist, "grpo: ");
 }
 
 json initial_model_fingerprint(const std::string& model_dir, const json* saved_state) {

@@ -1,13 +1,12 @@
-// What a grpo run's checkpoint records beside the training state (train/checkpoint.h): the reference
-// model's fingerprint, so that a resume can tell the initial model changed, and the command line less
-// the options a resume may change.
+// A grpo run's checkpoints: written and found as every training command's (train/run_dir.h), with what a
+// grpo run records beside the training state: the critic's state, the reference model's fingerprint, so that
+// a resume can tell the initial model changed, and the command line less the options a resume may change.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "model/config.h"
 #include "train/session.h"
 
 namespace mt::rl {
@@ -22,7 +21,8 @@ std::string fingerprint_change(const nlohmann::json& saved, const nlohmann::json
 nlohmann::json recorded_args(const std::vector<std::string>& args);
 
 // Where a grpo run resumes (--resume latest or a checkpoint directory): the newest checkpoint of run_dir
-// whose manifest verifies (train/checkpoint.h), or none (dir "": a fresh run, said in the log); an error
+// whose manifest verifies (train/run_dir.h's resume_checkpoint, in each process: no session exists yet), or
+// none (dir "": a fresh run, said in the log); an error
 // when every checkpoint there is unusable, or the one found is not a grpo run's, started from another
 // --model (when given), on the other kind of prompts (task / prompt file), or with(out) a critic other
 // than --algorithm says. Other differences of the command line (`args`: recorded_args) are a warning.
@@ -34,14 +34,13 @@ struct GrpoResumePoint {
 GrpoResumePoint find_grpo_resume(const std::string& run_dir, const std::string& resume, const std::string& model_dir,
                                  bool model_given, bool from_file, bool ppo, const nlohmann::json& args);
 
-// Writes RUN_DIR/checkpoint-<step> (train/checkpoint.h's layout, committed by manifest and rename, then
-// keep-last): the policy's HF weights (gathered under FSDP) and routing bias, `tokenizer_json` when given (a
-// complete model directory), every rank's shard of the policy's training state, the critic's in critic/, and
+// Writes RUN_DIR/checkpoint-<step> with train/run_dir.h's save_checkpoint (committed by manifest and rename, then
+// keep-last): the policy's HF weights and routing bias, `tokenizer_json` when given (a complete model directory),
+// every rank's shard of the policy's training state, the critic's in critic/ (with its own train_state.json), and
 // train_state.json: `state` (the run's own fields) with the optimizer counters and the layout added. Called on
 // every rank; returns the checkpoint's directory.
 std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, TrainSession& policy, TrainSession* critic,
-                                 const ModelConfig& cfg, const std::string& tokenizer_json, nlohmann::json state,
-                                 int64_t keep_last);
+                                 const std::string& tokenizer_json, nlohmann::json state, int64_t keep_last);
 
 // The initial model's fingerprint; when resuming (`saved_state` the checkpoint's train_state.json), the
 // recorded one, after checking the directory still matches it (an error says what changed: the initial model

@@ -1,4 +1,6 @@
-// Training checkpoints that a run can continue from exactly, whatever layout it resumes under.
+// Training checkpoints that a run can continue from exactly, whatever layout it resumes under: the pieces
+// (the shards of a training state, the commit, retention, the search for the newest good checkpoint).
+// train/run_dir.h puts them together: the one writer of checkpoint-N and the resume point every rank takes.
 //
 // RUN_DIR/checkpoint-N/ holds
 //   config.json, model*.safetensors (+ index), router_bias.safetensors, tokenizer.json   the HF weights,
@@ -76,7 +78,7 @@ ResumePoint find_resume_checkpoint(const std::string& run_dir, const std::string
 // leftover checkpoint-N.tmp directories of other steps. Returns the directories removed.
 std::vector<std::string> prune_checkpoints(const std::string& run_dir, int64_t keep_last);
 
-// What a run keeps after a new checkpoint committed (rank 0 only; the trainer's --keep-last, and grpo's):
+// What a run keeps after a new checkpoint committed (rank 0 only; save_checkpoint's keep_last, train/run_dir.h):
 //   keep_last > 0:  prune_checkpoints: the newest keep_last complete checkpoints stay whole, the older ones
 //                   (and leftover .tmp directories) are deleted;
 //   keep_last <= 0: every checkpoint stays, but only the newest keep_full complete ones with their training

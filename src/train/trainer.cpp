@@ -16,7 +16,6 @@
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "data/batch.h"
-#include "io/manifest.h"
 #include "model/hf_checkpoint.h"
 #include "ops/ops.h"
 #include "ops/threads.h"
@@ -29,6 +28,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/run_dir.h"
 #include "train/session.h"
 
 namespace mt {
@@ -129,9 +129,6 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   Qwen3MoeModel& model = session.model();
   if (cfg.router_bias_update_rate > 0) model.enable_router_bias();
   Tensor& master = session.master();
-  auto all_ranks_agree = [&](double v) {  // rank 0's value on every rank (and a barrier)
-    return dist->distributed() ? comm::all_gather_doubles(*dist->world(), {v})[0] : v;
-  };
   // A rank that cannot see init_from (load_mode broadcast) read no score_before_experts from it: every rank
   // must build the same model, so a rank that differs from rank 0 stops them all.
   if (dist->distributed()) {
@@ -142,31 +139,9 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
                  " (it cannot read ", cfg.init_from.empty() ? cfg.model : cfg.init_from,
                  "/config.json?); every rank must see the model's config.json");
   }
-  // Resume (train/checkpoint.h): rank 0 picks the newest checkpoint whose manifest verifies; every rank
-  // then reads its own pieces of the saved state, whatever layout saved it.
-  std::string resume_dir;
-  if (!cfg.resume.empty()) {
-    ResumePoint rp;
-    std::string why_none;
-    if (lead) {
-      rp = find_resume_checkpoint(cfg.out_dir, cfg.resume);
-      for (const std::string& r : rp.rejected) log_info("resume: not using ", r);
-    }
-    // rank 0's verdict: the step found, -1 (no checkpoint at all) or -2 (none usable)
-    const double mine = rp.dir.empty() ? (rp.rejected.empty() ? -1.0 : -2.0) : double(rp.step);
-    const int64_t found = int64_t(all_ranks_agree(mine));
-    if (found == -2) {
-      if (!lead) MT_THROW("resume: no usable checkpoint in ", cfg.out_dir, " (rank 0 logs why)");
-      std::string all;
-      for (const std::string& r : rp.rejected) all += "; " + r;
-      MT_THROW("resume: no checkpoint in ", cfg.out_dir, " can be resumed from", all,
-               " (remove them or drop --resume to start over)");
-    }
-    if (found >= 0)
-      resume_dir = cfg.resume == "latest" ? checkpoint_dir(cfg.out_dir, found) : cfg.resume;
-    else if (lead)
-      log_info("resume: no checkpoint in ", cfg.out_dir, " yet; starting from step 0");
-  }
+  // Resume (train/run_dir.h): rank 0 picks the newest checkpoint whose manifest verifies and every rank takes
+  // its choice; every rank then reads its own pieces of the saved state, whatever layout saved it.
+  const std::string resume_dir = cfg.resume.empty() ? std::string() : resume_checkpoint(cfg.out_dir, cfg.resume, dist);
   const bool resuming = !resume_dir.empty();
   if (resuming) {
     // The run's checkpoints state the model they hold; a resume must run the same one.
@@ -333,57 +308,35 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
         {"event", "eval"}, {"step", step}, {"exact_match", sum.eval.exact_match()}, {"problems", sum.eval.problems}};
     metrics.write(j);
   };
-  // A checkpoint (train/checkpoint.h): the HF weights, every rank's shard of the training state and
-  // train_state.json go into checkpoint-N.tmp; rank 0 writes the manifest last and renames the directory.
+  // A checkpoint (train/run_dir.h): the HF weights with the tokenizer, every rank's shard of the training state
+  // and train_state.json, committed by manifest and rename, then keep_last.
   auto save = [&](int64_t step) {
     opt.join();  // the checkpoint reads the weights the last overlapped update writes
-    const std::string final_dir = checkpoint_dir(cfg.out_dir, step), dir = final_dir + ".tmp";
-    auto t = Clock::now();
-    if (lead) begin_checkpoint(dir);
-    all_ranks_agree(0);  // the directory exists before any rank writes into it
-    if (fsdp)
-      save_sharded_hf_checkpoint(
-          dir, mc, table, [&pm](const ParamEntry& e) { return pm.gather_param_host(e, false); }, lead);
-    else {
-      save_hf_checkpoint(dir, mc, table, model.params());
-      // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
-      if (device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
-    }
-    // The bias the model routes with, learned or read (a checkpoint without it would route differently).
-    if (lead && model.router_bias().defined()) save_router_bias(dir, mc, model.router_bias());
-    if (lead && !data_opt.tokenizer.empty())  // a complete HF directory: the next run (sft, generate) reads it
-      fs::copy_file(data_opt.tokenizer, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
-    debug_kill_while_saving(step);
-    save_train_state_shard(dir, dist->rank(), master, opt.exp_avg(), opt.exp_avg_sq(), pm.pieces(table));
-    if (lead) {
-      nlohmann::ordered_json st;
-      st["format"] = "moetrain-train-state-1";
-      st["step"] = step;
-      st["optimizer_steps"] = opt.steps_taken();
-      st["skipped_steps"] = opt.steps_skipped();
-      st["data_position"] = data->position();
-      st["lr_schedule"] = {{"kind", cfg.lr_schedule},          {"lr", cfg.lr},       {"min_lr", cfg.min_lr},
-                           {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
-      st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
-      st["flat_numel"] = table.total();
-      const DeviceMesh& mesh = dist->mesh();
-      st["layout"] = {{"world_size", dist->world_size()},
-                      {"dp_replicate", mesh.size(Axis::DpReplicate)},
-                      {"dp_shard", mesh.size(Axis::DpShard)},
-                      {"ep", mesh.size(Axis::Ep)},
-                      {"tp", mesh.size(Axis::Tp)},
-                      {"etp", mesh.size(Axis::Etp)},
-                      {"sp", mesh.size(Axis::Sp)}};
-      st["config"] = nlohmann::ordered_json::parse(to_json(cfg));
-      write_file_atomic((fs::path(dir) / kTrainStateFile).string(), st.dump(2) + "\n");
-    }
-    all_ranks_agree(0);  // every shard is on disk
-    if (lead) {
-      commit_checkpoint(dir, final_dir);
-      for (const std::string& r : retain_checkpoints(cfg.out_dir, cfg.keep_last)) log_info(r);
-    }
-    sum.checkpoint_dir = final_dir;
-    log0("saved checkpoint ", final_dir, " (HF weights + training state, manifest) in ", seconds_since(t), " s");
+    nlohmann::ordered_json st;
+    st["format"] = "moetrain-train-state-1";
+    st["step"] = step;
+    st["optimizer_steps"] = opt.steps_taken();
+    st["skipped_steps"] = opt.steps_skipped();
+    st["data_position"] = data->position();
+    st["lr_schedule"] = {{"kind", cfg.lr_schedule},          {"lr", cfg.lr},       {"min_lr", cfg.min_lr},
+                         {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
+    st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
+    st["flat_numel"] = table.total();
+    const DeviceMesh& mesh = dist->mesh();
+    st["layout"] = {{"world_size", dist->world_size()},
+                    {"dp_replicate", mesh.size(Axis::DpReplicate)},
+                    {"dp_shard", mesh.size(Axis::DpShard)},
+                    {"ep", mesh.size(Axis::Ep)},
+                    {"tp", mesh.size(Axis::Tp)},
+                    {"etp", mesh.size(Axis::Etp)},
+                    {"sp", mesh.size(Axis::Sp)}};
+    st["config"] = nlohmann::ordered_json::parse(to_json(cfg));
+    CheckpointWeights weights = checkpoint_weights(session);
+    weights.tokenizer_json = data_opt.tokenizer;
+    sum.checkpoint_dir = save_checkpoint(cfg.out_dir, step, weights, {checkpoint_state(session, "", std::move(st))},
+                                         cfg.keep_last, *dist);
+    // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
+    if (!fsdp && device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
   };
 
   // A stop signal (core/interrupt.h) ends the run after the step in progress. Every rank must leave the
