@@ -130,7 +130,12 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
   st["session_steps"] = session.steps_done();
   st["optimizer_steps"] = opt.steps_taken();
   st["skipped_steps"] = opt.steps_skipped();
-  st["flat_numel"] = session.table().total();
+  LoraAdapters* lora = session.lora();
+  st["flat_numel"] = lora ? lora->table().total() : session.table().total();
+  if (lora)
+    st["lora"] = {{"rank", lora->spec().rank},
+                  {"alpha", lora->spec().effective_alpha()},
+                  {"targets", lora_targets_text(lora->spec())}};
   st["layout"] = layout;
   if (critic) {
     AdamW& copt = critic->optimizer();
@@ -149,6 +154,7 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
             json{{"format", "moetrain-grpo-critic-1"}, {"flat_numel", critic->table().total()}, {"layout", layout}})));
   CheckpointWeights weights = checkpoint_weights(session);
   weights.tokenizer_json = tokenizer_json;
+  if (st.contains("model_dir")) weights.lora_base = st["model_dir"].get<std::string>();
   return save_checkpoint(run_dir, step, weights, states, keep_last, dist, "grpo: ");
 }
 

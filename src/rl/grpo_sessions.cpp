@@ -10,6 +10,7 @@
 #include "data/char_tokenizer.h"
 #include "rl/grpo.h"
 #include "train/checkpoint.h"
+#include "train/run_dir.h"
 
 namespace mt::rl {
 
@@ -41,12 +42,15 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
   const bool resuming = plan.state != nullptr;
   // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
   // the fingerprint holds its file unchanged).
-  if (!resuming)
+  LoraAdapters* lora = session.lora();
+  if (!resuming || lora)  // (a LoRA run's state is its adapters': the base is read again)
     session.load(plan.model_dir);
   else
     session.load_router_bias(plan.model_dir);
   session.make_optimizer(ac, false);
-  if (plan.reference) {
+  if (lora && plan.critic) MT_THROW("grpo: LoRA with PPO's critic is not supported; use grpo or dr-grpo");
+  out.lora_reference = lora && plan.reference;
+  if (plan.reference && !lora) {
     SessionOptions ro = so;
     ro.weights = Weights::Frozen;
     out.reference = std::make_unique<TrainSession>(cfg, ro);
@@ -71,9 +75,14 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
     const nlohmann::json& state = *plan.state;
     const int64_t step = state.at("step").get<int64_t>();
     AdamW& opt = session.optimizer();
-    load_train_state_shards(plan.resume_dir, session.table().total(), session.parallel().pieces(session.table()),
-                            session.master(), opt.exp_avg(), opt.exp_avg_sq());
-    session.refresh_compute_weights();
+    if (state.contains("lora") != (lora != nullptr))
+      MT_THROW("grpo: resume: ", plan.resume_dir,
+               lora ? " is not a LoRA run's checkpoint; drop --lora-rank to resume it"
+                    : " holds LoRA adapters; give --lora-rank and the run's other LoRA options to resume it");
+    const CheckpointState mine = checkpoint_state(session, "", {});
+    load_train_state_shards(plan.resume_dir, lora ? lora->table().total() : session.table().total(), mine.pieces,
+                            session.trainable_params(), opt.exp_avg(), opt.exp_avg_sq());
+    if (!lora) session.refresh_compute_weights();
     opt.set_state(state.at("optimizer_steps").get<int64_t>(), state.at("skipped_steps").get<int64_t>());
     session.set_steps_done(state.value("session_steps", step));
     if (TrainSession* critic = out.critic.get()) {

@@ -1,6 +1,8 @@
 // The models of a GRPO / PPO run: the policy (with its AdamW, no weight decay), the frozen reference and PPO's
 // critic (the policy's architecture with a scalar head, started from the policy's body), on one distributed
 // context laid out alike; for a resume, the policy's and the critic's masters, moments and counters restored.
+// A LoRA policy (SessionOptions::lora) trains adapters on its frozen base and is its own reference (the base
+// with the adapters off): no second model.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +32,9 @@ void check_grpo_model(const ModelConfig& cfg, const GrpoOptions& o, const std::s
 struct GrpoSessions {
   std::unique_ptr<TrainSession> policy, reference, critic;  // reference and critic may be null
   double restore_s = 0;                                     // the resume's reading of the training state
+  bool lora_reference = false;  // a LoRA policy (SessionOptions::lora) is its own reference: its base
+  // The session the reference's log-probs come from: the frozen copy, the LoRA policy itself, or null.
+  TrainSession* reference_session() const { return reference ? reference.get() : lora_reference ? policy.get() : nullptr; }
 };
 
 GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const GrpoSessionPlan& plan);

@@ -53,7 +53,11 @@ std::string unusable(const std::string& dir) {
 
 // The files reduce_to_weights drops (paths relative to the checkpoint, '/'-separated): the training state's
 // file and everything below a subdirectory (train_state/, a grpo run's critic/).
+// A LoRA run's weights: its adapters, a PEFT directory (train/run_dir.h), which a reduced checkpoint keeps.
+constexpr const char* kAdapterDir = "adapter";
+
 bool training_file(const std::string& rel) {
+  if (rel.rfind(std::string(kAdapterDir) + "/", 0) == 0) return false;
   return rel == kTrainStateFile || rel.find('/') != std::string::npos;
 }
 
@@ -61,7 +65,8 @@ bool training_file(const std::string& rel) {
 bool has_training_files(const std::string& dir) {
   std::error_code ec;
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-    if (it->is_directory() || it->path().filename() == kTrainStateFile) return true;
+    if ((it->is_directory() && it->path().filename() != kAdapterDir) || it->path().filename() == kTrainStateFile)
+      return true;
   return false;
 }
 
@@ -334,7 +339,8 @@ void reduce_to_weights(const std::string& ckpt_dir) {
   std::vector<fs::path> drop;
   std::error_code ec;
   for (auto it = fs::directory_iterator(ckpt_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-    if (it->is_directory() || it->path().filename() == kTrainStateFile) drop.push_back(it->path());
+    if ((it->is_directory() && it->path().filename() != kAdapterDir) || it->path().filename() == kTrainStateFile)
+      drop.push_back(it->path());
   if (ec) MT_THROW("cannot list '", ckpt_dir, "': ", ec.message());
   for (const fs::path& p : drop) {
     fs::remove_all(p, ec);

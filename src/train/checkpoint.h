@@ -11,7 +11,7 @@
 //                                    "pieces" (i64 [n, 3]: global flat begin, end, offset in the shard)
 //   manifest.json                    every other file with its size and CRC32C, written last
 // An older checkpoint may be reduced to its weights (retain_checkpoints): train_state.json and every
-// subdirectory go, the top-level files (the HF model) stay, and the manifest is rewritten to list what
+// subdirectory but adapter/ (a LoRA run's weights) go, the top-level files (the HF model) stay, and the manifest is rewritten to list what
 // is left and say "weights_only": true, so that it still verifies and a resume names why it is skipped.
 // A checkpoint is written into checkpoint-N.tmp/ and renamed to checkpoint-N once its manifest is on
 // disk (io/manifest.h), so a run killed while saving leaves no directory that looks complete; a

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "io/manifest.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_peft.h"
 #include "parallel/dist.h"
 #include "parallel/fsdp.h"
 #include "train/checkpoint.h"
@@ -33,6 +34,11 @@ CheckpointWeights checkpoint_weights(TrainSession& session) {
   CheckpointWeights w;
   w.config = &session.config();
   w.table = &session.table();
+  if (LoraAdapters* l = session.lora()) {
+    w.lora = &l->spec();
+    w.lora_flat = l->params();
+    return w;
+  }
   if (session.fsdp())
     w.gather = [&session](const ParamEntry& e) { return session.parallel().gather_param_host(e, false); };
   else
@@ -43,6 +49,9 @@ CheckpointWeights checkpoint_weights(TrainSession& session) {
 
 CheckpointState checkpoint_state(TrainSession& session, std::string subdir, nlohmann::ordered_json train_state) {
   AdamW& opt = session.optimizer();
+  if (LoraAdapters* l = session.lora())
+    return {std::move(subdir), l->params(), opt.exp_avg(), opt.exp_avg_sq(),
+            {FlatRange{0, l->table().total(), 0}}, std::move(train_state)};
   return {std::move(subdir),
           session.master(),
           opt.exp_avg(),
@@ -62,12 +71,18 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   const std::string final_dir = checkpoint_dir(run_dir, step), dir = final_dir + ".tmp";
   if (lead) begin_checkpoint(dir);
   barrier(dist);  // the directory exists before any rank writes into it
-  if (weights.gather)
+  if (weights.lora) {
+    if (lead)
+      write_peft_adapter((fs::path(dir) / "adapter").string(), *weights.config, *weights.lora, weights.lora_flat,
+                         weights.lora_base);
+  } else if (weights.gather) {
     save_sharded_hf_checkpoint(dir, *weights.config, *weights.table, weights.gather, lead);
-  else
+  } else {
     save_hf_checkpoint(dir, *weights.config, *weights.table, weights.flat);
+  }
   // The bias the model routes with, learned or read (a checkpoint without it would route differently).
-  if (lead && weights.router_bias.defined()) save_router_bias(dir, *weights.config, weights.router_bias);
+  if (lead && weights.router_bias.defined() && !weights.lora)
+    save_router_bias(dir, *weights.config, weights.router_bias);
   if (lead && !weights.tokenizer_json.empty())  // a complete HF directory: the next run (sft, generate) reads it
     fs::copy_file(weights.tokenizer_json, fs::path(dir) / "tokenizer.json", fs::copy_options::overwrite_existing);
   debug_kill_while_saving(step);
@@ -82,8 +97,8 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Chec
   if (lead) {
     commit_checkpoint(dir, final_dir);
     for (const std::string& r : retain_checkpoints(run_dir, keep_last)) log_info(log_prefix, r);
-    log_info(log_prefix, "saved checkpoint ", final_dir, " (HF weights + training state", held, ", manifest) in ",
-             seconds_since(t), " s");
+    log_info(log_prefix, "saved checkpoint ", final_dir, weights.lora ? " (LoRA adapters" : " (HF weights",
+             " + training state", held, ", manifest) in ", seconds_since(t), " s");
   }
   return final_dir;
 }

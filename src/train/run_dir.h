@@ -6,7 +6,8 @@
 // save_checkpoint, called on every rank, writes checkpoint-N.tmp/ and commits it:
 //   1. rank 0 creates checkpoint-N.tmp/ (removing the leftovers of a killed save); a barrier
 //   2. the HF weights: config.json and the safetensors, gathered one parameter at a time and streamed by
-//      rank 0 under FSDP, else written from the flat parameter buffer of the one process
+//      rank 0 under FSDP, else written from the flat parameter buffer of the one process; a LoRA run's
+//      instead: its adapters as a PEFT directory, adapter/ (the base is unchanged and stays where it is)
 //   3. rank 0: router_bias.safetensors (when the model routes with a bias) and tokenizer.json (when given),
 //      so that the directory is a complete model
 //   4. MOETRAIN_DEBUG_SAVE_KILL=N kills the process here (debug_kill_while_saving)
@@ -25,6 +26,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/params.h"
 
 namespace mt {
@@ -42,6 +44,11 @@ struct CheckpointWeights {
   Tensor flat;
   Tensor router_bias;          // f32 [sparse layers, E], any device; undefined: the model routes without one
   std::string tokenizer_json;  // a tokenizer.json copied into the checkpoint; "": none
+  // LoRA (model/lora.h): the adapters, written as adapter/ (a PEFT directory naming lora_base as its base) in
+  // place of the HF weights and router bias, which are the frozen base's. Null: a full model.
+  const LoraSpec* lora = nullptr;
+  Tensor lora_flat;
+  std::string lora_base;
 };
 
 // One training state of a checkpoint: this rank's shard of it and, from rank 0, its train_state.json.
@@ -53,9 +60,10 @@ struct CheckpointState {
 };
 
 // A session's weights as a checkpoint holds them: its global config and table, gathered under FSDP, its
-// routing bias when it has one; no tokenizer.
+// routing bias when it has one; no tokenizer. A LoRA session's: its adapters (lora_base: the caller's).
 CheckpointWeights checkpoint_weights(TrainSession& session);
-// A session's training state: its master weights and AdamW moments with their flat ranges.
+// A session's training state: its master weights and AdamW moments with their flat ranges (a LoRA session's:
+// its adapters', the whole adapter table on the one process).
 CheckpointState checkpoint_state(TrainSession& session, std::string subdir, nlohmann::ordered_json train_state);
 
 // Writes RUN_DIR/checkpoint-<step> (the file comment's steps) and returns its directory. `states` holds the

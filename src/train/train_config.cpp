@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "data/synthetic.h"
+#include "model/lora.h"
 
 namespace mt {
 
@@ -30,6 +31,7 @@ constexpr const char* kEval = "evaluation and logging";
 constexpr const char* kNumerics = "numerics and memory";
 constexpr const char* kMoe = "MoE routing and balancing";
 constexpr const char* kLayout = "parallel layout (under moetrain launch)";
+constexpr const char* kLora = "LoRA adapters";
 
 std::string real_str(double v) {
   return nlohmann::json(v).dump();
@@ -69,6 +71,13 @@ void declare_rules(cli::Options& o, const TrainConfig& c) {
       MT_THROW("train config: seq_len = ", c.seq_len, " is not allowed with data = \"", c.data,
                "\" and max_digits = ", c.max_digits, ": a problem takes up to ", max_problem_tokens(int(c.max_digits)),
                " tokens, so seq_len must be >= ", max_problem_tokens(int(c.max_digits)));
+    if (c.lora_rank > 0) {
+      try {
+        parse_lora_targets(c.lora_targets);
+      } catch (const Error& e) {
+        MT_THROW("train config: lora_targets = \"", c.lora_targets, "\" is not allowed: ", e.what());
+      }
+    }
   });
 }
 
@@ -349,6 +358,17 @@ void declare_train_options(cli::Options& o, TrainConfig& c) {
   o.add("schedule-check", &c.schedule_check, "collective-schedule check (per_op: for debugging)")
       .one_of({"off", "periodic", "per_op"});
   o.add("schedule-check-every", &c.schedule_check_every, "steps between periodic schedule checks").at_least(1);
+  o.group(kLora);
+  o.add("lora-rank", &c.lora_rank,
+        "train low-rank adapters of this rank on the frozen base (docs/lora.md); checkpoints then hold the adapters "
+        "(a PEFT adapter directory) and their optimizer state")
+      .at_least(0)
+      .says("0: train every weight");
+  o.add("lora-alpha", &c.lora_alpha, "the adapters' scale is alpha / rank").at_least(0).says("0: 2 × rank");
+  o.add("lora-targets", &c.lora_targets,
+        "what gets adapters: attn, mlp (dense layers), experts (each routed expert), router, or single names "
+        "(q_proj, ..., experts.gate_up_proj)")
+      .var("LIST");
   declare_rules(o, c);
 }
 
@@ -460,6 +480,8 @@ std::string to_json(const TrainConfig& c) {
   Declared d(copy);
   nlohmann::ordered_json j;
   for (const cli::Option& opt : d.o.options()) {
+    // The LoRA settings only in a LoRA run's config: every other run's saved config stays as it was.
+    if (c.lora_rank == 0 && opt.group == kLora) continue;
     const std::string text = opt.get();  // exact: a number reads back to the same bits
     switch (opt.kind) {
       case Kind::Text:

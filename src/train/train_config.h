@@ -84,6 +84,10 @@ struct TrainConfig {
   int64_t comm_timeout_s = 300;  // a collective or rendezvous that takes longer is an error (watchdog)
   std::string schedule_check = "periodic";  // collective-schedule check: off | periodic | per_op (debug)
   int64_t schedule_check_every = 100;       // steps between periodic schedule checks
+  // LoRA (docs/lora.md): rank > 0 trains low-rank adapters on the frozen base of init_from (or the model).
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;                            // 0: 2 × rank
+  std::string lora_targets = "attn,mlp,experts";  // groups and names (model/lora.h)
 
   // Not a setting: the keys a config file or the command line set (in their JSON spelling, e.g.
   // "warmup_steps"), so that a message can tell the user's value from a default. to_json leaves it out.

@@ -116,7 +116,14 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   sess.fsdp.reshard_after_forward = cfg.reshard_after_forward != 0;
   sess.moe_capacity_factor = cfg.moe_capacity_factor;
   sess.recompute = parse_recompute(cfg.recompute);
+  if (cfg.lora_rank > 0) {  // adapters on the frozen base (docs/lora.md)
+    sess.lora.rank = cfg.lora_rank;
+    sess.lora.alpha = cfg.lora_alpha;
+    sess.lora.targets = parse_lora_targets(cfg.lora_targets);
+    sess.lora_seed = uint64_t(cfg.seed) ^ 0x4c6f5241ull;
+  }
   TrainSession session(mc, sess);
+  LoraAdapters* lora = session.lora();
   DistContext* dist = &session.dist();
   const bool lead = dist->rank() == 0;
   const int dp_size = dist->dp_size();
@@ -154,8 +161,8 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   }
   auto t_init = Clock::now();
   bool fsdp_broadcast_load = false;
-  if (resuming) {
-    // The weights come with the training state below.
+  if (resuming && !lora) {
+    // The weights come with the training state below (a LoRA run's base is read again: the state is its adapters').
   } else if (cfg.init_from.empty()) {
     session.init_weights(uint64_t(cfg.seed));
     if (dist->distributed())
@@ -188,8 +195,9 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   // The balancing bias is part of the model's routing: it comes with the weights (init_from, or the resumed
   // checkpoint), whatever the rate; with rate 0 it stays as read. (session.load above read it already; the
   // broadcast load and a resume read it here.)
-  const std::string bias_from = resuming ? resume_dir : cfg.init_from;
-  if (!bias_from.empty() && (resuming || fsdp_broadcast_load) && session.load_router_bias(bias_from) && lead)
+  const std::string bias_from = resuming && !lora ? resume_dir : cfg.init_from;
+  if (!bias_from.empty() && ((resuming && !lora) || fsdp_broadcast_load) && session.load_router_bias(bias_from) &&
+      lead)
     log_info("router bias: read ", kRouterBiasFile, " from ", bias_from,
              dist->distributed() ? " (rank 0, broadcast to every rank)" : "",
              cfg.router_bias_update_rate > 0 ? "" : "; frozen (router_bias_update_rate 0)");
@@ -231,9 +239,14 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   if (resuming) {
     auto t = Clock::now();
     const nlohmann::json st = read_train_state(resume_dir);
-    ReshardReport rr =
-        load_train_state_shards(resume_dir, table.total(), pm.pieces(table), master, opt.exp_avg(), opt.exp_avg_sq());
-    session.refresh_compute_weights();
+    if (st.contains("lora") != (lora != nullptr))
+      MT_THROW("resume: ", resume_dir, lora ? " is not a LoRA run's checkpoint; drop --lora-rank to resume it"
+                                            : str(" holds LoRA adapters (rank ", st["lora"].value("rank", 0),
+                                                  "); give --lora-rank and the run's other LoRA options to resume it"));
+    const CheckpointState mine = checkpoint_state(session, "", {});
+    ReshardReport rr = load_train_state_shards(resume_dir, lora ? lora->table().total() : table.total(), mine.pieces,
+                                               session.trainable_params(), opt.exp_avg(), opt.exp_avg_sq());
+    if (!lora) session.refresh_compute_weights();
     start_step = st.at("step").get<int64_t>();
     opt.set_state(st.at("optimizer_steps").get<int64_t>(), st.at("skipped_steps").get<int64_t>());
     session.set_steps_done(start_step);
@@ -273,6 +286,10 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   log0("model ", mc.architecture, ": ", mc.num_parameters() / 1e6, " M parameters (", model.table().total(),
        " in the flat buffer), ", mc.num_hidden_layers, " layers, ", mc.num_experts, " experts top-",
        mc.num_experts_per_tok, ", device ", device_name(device), ", recompute ", cfg.recompute);
+  if (lora)
+    log0("LoRA: rank ", lora->spec().rank, ", alpha ", lora->spec().effective_alpha(), " (scale ", lora->scale(),
+         ") on ", lora_targets_text(lora->spec()), ": ", lora->table().total(), " adapter parameters train (",
+         100.0 * double(lora->table().total()) / double(mc.num_parameters()), "% of the model's), the base is frozen");
   if (const std::string note = warmup_clamp_note(cfg); !note.empty()) log0(run.command, ": ", note);
   log0("data: ", data->describe());
   log0("training ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), cfg.steps,
@@ -321,7 +338,13 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     st["lr_schedule"] = {{"kind", cfg.lr_schedule},          {"lr", cfg.lr},       {"min_lr", cfg.min_lr},
                          {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
     st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
-    st["flat_numel"] = table.total();
+    st["flat_numel"] = lora ? lora->table().total() : table.total();
+    if (lora)
+      st["lora"] = {{"rank", lora->spec().rank},
+                    {"alpha", lora->spec().effective_alpha()},
+                    {"targets", lora_targets_text(lora->spec())},
+                    {"base", cfg.init_from.empty() ? cfg.model : cfg.init_from},
+                    {"base_seed", cfg.init_from.empty() ? nlohmann::json(cfg.seed) : nlohmann::json(nullptr)}};
     const DeviceMesh& mesh = dist->mesh();
     st["layout"] = {{"world_size", dist->world_size()},
                     {"dp_replicate", mesh.size(Axis::DpReplicate)},
@@ -333,10 +356,11 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
     st["config"] = nlohmann::ordered_json::parse(to_json(cfg));
     CheckpointWeights weights = checkpoint_weights(session);
     weights.tokenizer_json = data_opt.tokenizer;
+    weights.lora_base = cfg.init_from.empty() ? cfg.model : cfg.init_from;
     sum.checkpoint_dir = save_checkpoint(cfg.out_dir, step, weights, {checkpoint_state(session, "", std::move(st))},
                                          cfg.keep_last, *dist);
     // On the CPU the weights are already host memory; on a GPU the digest would cost a second copy.
-    if (!fsdp && device == Device::CPU) sum.checkpoint_digest = shard_digest(model.params());
+    if (!fsdp && device == Device::CPU) sum.checkpoint_digest = shard_digest(lora ? lora->params() : model.params());
   };
 
   // A stop signal (core/interrupt.h) ends the run after the step in progress. Every rank must leave the

@@ -59,7 +59,7 @@ TEST(TrainConfig, DefaultsAreValid) {
   EXPECT_EQ(metrics_path(c), "runs/demo/metrics.jsonl");
   c.metrics_file = "m.jsonl";
   EXPECT_EQ(metrics_path(c), "m.jsonl");
-  EXPECT_EQ(train_config_keys().size(), 54u);
+  EXPECT_EQ(train_config_keys().size(), 57u);
   EXPECT_EQ(c.stop_at_exact_match, 0.0);  // off: a run ends at steps (or max_steps)
   std::string help = train_config_help();
   EXPECT_NE(help.find("--micro-batch-size"), std::string::npos);

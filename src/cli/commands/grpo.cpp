@@ -117,6 +117,8 @@ int grpo_main(const std::vector<std::string>& args) {
   so.device = device;
   so.dist.mesh = ga.mesh;
   so.dist.comm.timeout = std::chrono::milliseconds(int64_t(ga.comm_timeout_s * 1000));
+  so.lora = ga.lora;
+  so.lora_seed = uint64_t(ga.seed);
   rl::GrpoSessionPlan plan;
   plan.model_dir = ga.model_dir;
   plan.prompts_per_step = ga.per_step;
@@ -127,7 +129,7 @@ int grpo_main(const std::vector<std::string>& args) {
   plan.state = resuming ? &state : nullptr;
   rl::GrpoSessions sessions = rl::make_grpo_sessions(cfg, so, plan);
   TrainSession& session = *sessions.policy;
-  std::unique_ptr<TrainSession>& reference = sessions.reference;
+  TrainSession* reference = sessions.reference_session();
   std::unique_ptr<TrainSession>& critic = sessions.critic;
   DistContext& dist = session.dist();
   const bool lead = dist.rank() == 0;
@@ -225,7 +227,7 @@ int grpo_main(const std::vector<std::string>& args) {
       rl::GrpoOptions os = ga.o;
       os.lr = lr_at(step);
       const rl::GrpoMetrics m =
-          rl::grpo_step(session, engine, draw, ga.per_step, reward_fn, os, step, reference.get(), critic.get());
+          rl::grpo_step(session, engine, draw, ga.per_step, reward_fn, os, step, reference, critic.get());
       const double eta = elapsed() / double(step - start_step) * double(stop - step);
       log_info(rl::step_line(m, step, ga.steps, reference != nullptr, critic != nullptr), " | ETA ", std::round(eta),
                " s");

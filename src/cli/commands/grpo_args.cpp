@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/options.h"
 #include "data/synthetic.h"
+#include "model/lora.h"
 #include "rl/policy_loss.h"
 
 namespace mt {
@@ -253,6 +254,24 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
            [] { return std::string("off"); })
         .var("LOW,HIGH");
   }
+
+  opt.group("LoRA adapters");
+  std::string lora_targets = kDefaultLoraTargets;
+  opt.add("lora-rank", &a.lora.rank,
+          "train low-rank adapters of this rank on the frozen initial model, which is then the reference too "
+          "(docs/lora.md); checkpoints hold the adapters (a PEFT adapter directory) and their optimizer state")
+      .at_least(0)
+      .says("0: train every weight");
+  opt.add("lora-alpha", &a.lora.alpha, "the adapters' scale is alpha / rank").at_least(0).says("0: 2 × rank");
+  opt.add("lora-targets", &lora_targets,
+          "what gets adapters: attn, mlp (dense layers), experts (each routed expert), router, or single names "
+          "(q_proj, ..., experts.gate_up_proj)")
+      .var("LIST");
+  opt.rule([&] {
+    if (a.lora.rank == 0) return;
+    a.lora.targets = parse_lora_targets(lora_targets);
+    if (ppo) MT_THROW("grpo: --lora-rank with --algorithm ppo: the critic has no LoRA form; use grpo or dr-grpo");
+  });
 
   opt.group("comparison");
   opt.add("baseline", &baseline, "instead of GRPO, --sft-seconds of SFT on the task's problems").one_of({"sft"});
