@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/hf_checkpoint.h"
+#include "model/lora_peft.h"
 #include "model/params.h"
 #include "train/checkpoint.h"
 #include "train/load_balance.h"
@@ -74,6 +76,11 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
   if (opt.dtype != DType::BF16 && opt.dtype != DType::F32)
     MT_THROW("convert: dtype ", dtype_name(opt.dtype), " is not supported; allowed: bf16, f32");
   if (!fs::is_directory(opt.from)) MT_THROW("convert: --from '", opt.from, "' is not a directory");
+  if (!fs::exists(fs::path(opt.from) / "config.json") &&
+      (fs::exists(fs::path(opt.from) / "adapter" / "adapter_config.json") ||
+       fs::exists(fs::path(opt.from) / "adapter_config.json")))
+    MT_THROW("convert: '", opt.from, "' holds LoRA adapters, not a model; give --adapter (the PEFT adapter) or "
+             "--merge (the base with the adapters added)");
   std::error_code ec;
   if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
     MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
@@ -170,6 +177,83 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
              " (aux-loss-free balancing); transformers' Qwen3-MoE routes without a bias, so the exported model "
              "routes as the checkpoint's weights alone say");
   return rep;
+}
+
+ConvertReport convert_lora(const ConvertOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.adapter == opt.merge) MT_THROW("convert: give one of --adapter (the PEFT adapter) and --merge (merged weights)");
+  std::error_code ec;
+  if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
+    MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
+  if (fs::exists(fs::path(opt.from) / kManifestFile)) {
+    const std::string why = verify_manifest(opt.from);
+    if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
+  }
+  const std::string adir = find_adapter_dir(opt.from);
+  // The base: --base, else what the run's train_state.json or the adapter's config names.
+  std::string base = opt.base;
+  int64_t base_seed = -1;
+  const fs::path state = fs::path(opt.from) / "train_state.json";
+  nlohmann::json lora_state;
+  if (fs::exists(state)) {
+    std::ifstream f(state);
+    const nlohmann::json st = nlohmann::json::parse(f);
+    if (st.contains("lora")) lora_state = st["lora"];
+  }
+  if (base.empty() && lora_state.is_object()) base = lora_state.value("base", std::string());
+  if (base.empty() && lora_state.is_null() && fs::exists(state)) {
+    std::ifstream f(state);
+    base = nlohmann::json::parse(f).value("model_dir", std::string());  // a grpo run's initial model
+  }
+  if (base.empty()) {
+    std::ifstream f(fs::path(adir) / "adapter_config.json");
+    base = nlohmann::json::parse(f).value("base_model_name_or_path", std::string());
+  }
+  if (lora_state.is_object() && lora_state.contains("base_seed") && lora_state["base_seed"].is_number_integer())
+    base_seed = lora_state["base_seed"].get<int64_t>();
+  if (base.empty())
+    MT_THROW("convert: ", opt.from, " does not say which model its adapters belong to; give --base DIR");
+  const bool preset = !fs::is_directory(base);
+  if (preset && opt.merge && base_seed < 0)
+    MT_THROW("convert --merge: the base '", base, "' is not a directory and the run records no seed to make it "
+             "from; give --base DIR");
+  const ModelConfig c = preset ? preset_model_config(base) : load_model_config(base);
+  const LoraSpec spec = read_peft_config(adir);
+  const Tensor values = read_peft_adapter(adir, c, spec);  // checks every tensor against the base's shapes
+  ConvertReport r;
+  if (opt.adapter) {
+    const std::string tmp = opt.to + ".tmp";
+    fs::remove_all(tmp);
+    write_peft_adapter(tmp, c, spec, values, base);
+    fs::remove_all(opt.to, ec);
+    fs::rename(tmp, opt.to);
+    r.tensors = LoraTable(c, spec).entries().size();
+    r.bytes = size_t(values.numel()) * 4;
+    r.shards = 1;
+  } else {
+    // The merged model as a plain f32 HF directory beside the target, then the ordinary conversion from it
+    // (dtype, shards, tokenizer files, the atomic rename), then the intermediate goes.
+    const ParamTable table(c);
+    Tensor flat = Tensor::empty({table.total()});
+    if (preset) {
+      init_weights(c, table, flat, uint64_t(base_seed));
+    } else {
+      load_hf_weights(base, c, table, flat);
+    }
+    merge_lora(c, spec, values, table, flat);
+    const std::string merged = opt.to + ".merged-f32";
+    fs::remove_all(merged);
+    fs::create_directories(merged);
+    save_hf_checkpoint(merged, c, table, flat);
+    ConvertOptions plain = opt;
+    plain.from = merged;
+    plain.adapter = plain.merge = false;
+    if (plain.tokenizer.empty() && !preset && fs::exists(fs::path(base) / "tokenizer.json")) plain.tokenizer = base;
+    r = convert_checkpoint(plain);
+    fs::remove_all(merged);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 }  // namespace mt

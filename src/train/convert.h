@@ -25,6 +25,12 @@ struct ConvertOptions {
   DType dtype = DType::BF16;                                // BF16 or F32
   size_t max_shard_bytes = size_t(5) * 1000 * 1000 * 1000;  // "5GB", as transformers' save_pretrained(max_shard_size)
   std::string tokenizer;  // a directory or tokenizer.json to copy the tokenizer files from ("" = the source's)
+  // LoRA sources (docs/lora.md): `from` a LoRA run's checkpoint-N or a PEFT adapter directory.
+  //   adapter: write `to` as the PEFT adapter directory (adapter_config.json + adapter_model.safetensors)
+  //   merge:   write `to` as the HF model of the base with the adapters added into its weights
+  // base: the base model (a directory, or a preset with the run's seed) when not the one the adapter names.
+  bool adapter = false, merge = false;
+  std::string base;
 };
 
 struct ConvertReport {
@@ -34,6 +40,8 @@ struct ConvertReport {
 };
 
 ConvertReport convert_checkpoint(const ConvertOptions& opt);
+// The adapter or merged export of a LoRA source (ConvertOptions::adapter / merge).
+ConvertReport convert_lora(const ConvertOptions& opt);
 // A size in bytes, or with a unit: "5GB", "500MB", "2GiB" (> 0; an error names the flag and the value).
 size_t parse_size(const std::string& flag, const std::string& v);
 

@@ -102,3 +102,50 @@ TEST(LoraCli, GrpoOnPromptsResumesToTheSameBits) {
   EXPECT_TRUE(same_file(a + "/checkpoint-4/adapter/adapter_model.safetensors",
                         b + "/checkpoint-4/adapter/adapter_model.safetensors"));
 }
+
+// convert --adapter and --merge of a LoRA run on an HF base: the adapter directory and the merged model
+// generate the same tokens and log-probs (greedy), and differ from the base. (tools/check_peft_adapter.py
+// and PEFT: the adapter loads there with the merged model's logits; docs/lora.md.)
+TEST(LoraCli, ConvertAdapterAndMergeGenerateAlike) {
+  const std::string run = tmp_path("loraconv", "run"), ad = tmp_path("loraconv", "adapter"),
+                    merged = tmp_path("loraconv", "merged"), base = kGoldens + "/tiny";
+  for (const std::string& d : {run, ad, merged}) fs::remove_all(d);
+  ShellRun r = sh(kMoetrainBin + " train --device cpu --model " + base + " --init-from " + base +
+                  " --steps 10 --lora-rank 4 --lora-targets attn,experts,router --lr 3e-3 --warmup-steps 1 "
+                  "--eval-every 0 --eval-problems 0 --out-dir " + run);
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(kMoetrainBin + " convert --from " + run + "/checkpoint-10 --to " + ad + " --adapter");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("a PEFT adapter directory"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " convert --from " + run + "/checkpoint-10 --to " + merged + " --merge --dtype f32");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const std::string prompts = tmp_path("loraconv", "prompts.jsonl");
+  std::ofstream(prompts) << R"({"prompt_ids": [1, 5, 9, 33]})" << "\n" << R"({"prompt_ids": [300, 2]})" << "\n";
+  auto gen = [&](const std::string& extra, const std::string& tag) {
+    const std::string out = tmp_path("loraconv", tag + ".jsonl");
+    const ShellRun g = sh(kMoetrainBin + " generate --device cpu " + extra + " --prompts " + prompts + " --out " + out +
+                          " --max-new-tokens 6 --temperature 0");
+    EXPECT_EQ(g.code, 0) << g.out;
+    return read_json_lines(out);
+  };
+  const auto beside = gen("--model " + base + " --adapter " + ad + " --merge-adapter off", "beside");
+  const auto from_merged = gen("--model " + merged, "merged");
+  const auto plain = gen("--model " + base, "base");
+  ASSERT_EQ(beside.size(), 2u);
+  ASSERT_EQ(from_merged.size(), 2u);
+  bool differs = false;
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(beside[i]["token_ids"], from_merged[i]["token_ids"]);
+    for (size_t t = 0; t < beside[i]["logprobs"].size(); ++t)
+      EXPECT_NEAR(beside[i]["logprobs"][t].get<double>(), from_merged[i]["logprobs"][t].get<double>(), 1e-4);
+    differs = differs || beside[i]["logprobs"] != plain[i]["logprobs"];
+  }
+  EXPECT_TRUE(differs) << "the adapters changed nothing";
+  // Both flags, or neither on a LoRA source, are refused by name.
+  r = sh(kMoetrainBin + " convert --from " + run + "/checkpoint-10 --to " + tmp_path("loraconv", "x") + " --adapter --merge");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("give one of --adapter"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " convert --from " + run + "/checkpoint-10 --to " + tmp_path("loraconv", "y"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("holds LoRA adapters, not a model"), std::string::npos) << r.out;
+}
