@@ -2,10 +2,10 @@
 # The user's commands, end to end, on a GPU (what no unit test covers: a command can go wrong on a GPU
 # while every unit test passes). Each runs with a time limit and its log's last lines are printed; logs
 # go to OUT_DIR. Run after a build:
-# usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|ppo|grpo_resume|
+# usage: scripts/gpu_e2e.sh [BUILD_DIR] [OUT_DIR] [which: all|train|sft|generate|grpo|grpo_lora|ppo|grpo_resume|
 #                                                  grpo_prompts|grpo_launch ...]   (grpo_launch: 2 GPUs)
-# (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default; PROMPT_SEEDS: the seeds of
-# grpo_prompts, default 1)
+# (GRPO_LIMIT_S, PPO_LIMIT_S: their time limits, 600 and 300 s by default; PROMPT_SEEDS, LORA_SEEDS: the seeds
+# of grpo_prompts and grpo_lora, default 1)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -42,6 +42,11 @@ if want generate; then
 fi
 if want grpo; then
   step grpo "${GRPO_LIMIT_S:-600}" grpo --device cuda --out-dir "$out/grpo"
+fi
+if want grpo_lora; then  # the default task with LoRA adapters (rank 16) on the frozen start, seeds LORA_SEEDS
+  for s in ${LORA_SEEDS:-1}; do
+    step "grpo_lora_$s" "${GRPO_LIMIT_S:-600}" grpo --device cuda --lora-rank 16 --seed "$s" --out-dir "$out/grpo_lora_$s"
+  done
 fi
 if want ppo; then
   step ppo "${PPO_LIMIT_S:-300}" grpo --device cuda --algorithm ppo --out-dir "$out/ppo"
