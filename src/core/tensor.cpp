@@ -159,7 +159,7 @@ void check_dtype(const Tensor& t, DType want, const char* what) {
 void check_same_device(std::initializer_list<const Tensor*> ts, const char* op) {
   const Tensor* first = nullptr;
   for (const Tensor* t : ts) {
-    if (!t || t->numel() == 0) continue;
+    if (!t || !t->defined() || t->numel() == 0) continue;  // (an undefined tensor: an absent optional output)
     if (!first) first = t;
     MT_CHECK(t->device() == first->device(), op, ": tensors on different devices: ", first->desc(), " and ",
              t->desc());
