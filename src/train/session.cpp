@@ -54,9 +54,9 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
       pm_(make_parallel_model(*dist_, global, table_, opt.device,
                               with_weights(opt.fsdp, opt.lora.rank > 0 ? Weights::Frozen : opt.weights),
                               opt.moe_capacity_factor)) {
-  if (opt.lora.rank > 0 && dist_->world_size() > 1)
-    MT_THROW("LoRA adapters run on one process for now; this run has ", dist_->world_size(),
-             " ranks (start it without `moetrain launch`, or train the whole model)");
+  if (opt.lora.rank > 0 && (dist_->mesh().size(Axis::Tp) > 1 || dist_->mesh().size(Axis::Ep) > 1))
+    MT_THROW("LoRA adapters under ", dist_->mesh().size(Axis::Tp) > 1 ? "tensor" : "expert",
+             " parallelism are not supported yet; use --dp-shard / --dp-replicate (FSDP, HSDP) and --sp, or one process");
   const Weights base = opt.lora.rank > 0 ? Weights::Frozen : opt.weights;
   // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
   model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(),
@@ -171,6 +171,13 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
         kept.push_back({local, hi - lo, master().rows(local, hi - lo).clone()});
       }
     }
+  }
+  // The adapters are whole on every rank (replicated): their gradients, each rank's share of the step's samples
+  // and tokens, are summed over the ranks that hold other rows (dp) or other tokens (sp), so every rank takes
+  // the same update.
+  if (lora_ && dist_->distributed()) {
+    dist_->dp_sp()->all_reduce(lora_->grads())->wait();
+    device_mem::synchronize(device_);
   }
   r.opt = lora_ ? opt.step(lora_->params(), lora_->grads(), so.lr)
                 : opt.step(master(), grads(), so.lr, compute(), pm_.global_grad_sq());
