@@ -141,14 +141,19 @@ void cast_host_to_device(const Tensor& src, Tensor& dst, int64_t staging_element
   }
 }
 
-LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights)
+LocalParams::LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights,
+                         bool keep_host_masters)
     : plan_(plan_units(c, t)) {
-  // A frozen CUDA source never updates its masters on the device: they stay in host memory.
+  // A frozen CUDA source never updates its masters on the device: they stay in host memory (or, without
+  // keep_host_masters, nowhere: fill_from_host writes the device's copies directly).
   const bool host_masters = device == Device::CUDA && weights == Weights::Frozen;
-  params_ = Tensor::zeros({t.total()}, DType::F32, host_masters ? Device::CPU : device);
+  if (!keep_host_masters && !host_masters)
+    MT_THROW("LocalParams: only a frozen model on CUDA can go without its f32 masters");
+  if (keep_host_masters) params_ = Tensor::zeros({t.total()}, DType::F32, host_masters ? Device::CPU : device);
   if (weights == Weights::Trainable) grads_ = Tensor::zeros({t.total()}, DType::F32, device);
   // On CUDA the forward and backward read a bf16 copy of the fp32 master weights.
   compute_ = device == Device::CUDA ? Tensor::zeros({t.total()}, DType::BF16, device) : params_;
+  if (!keep_host_masters) host_only_ = true;
   if (!host_masters) return;
   constexpr int64_t kAlign = 64;  // elements: 256 bytes
   int64_t n = 0;
@@ -199,7 +204,27 @@ std::vector<std::pair<int64_t, int64_t>> LocalParams::unit_ranges() const {
   return r;
 }
 
+void LocalParams::fill_from_host(const std::function<void(int64_t, Tensor&)>& produce, int64_t staging_elements) {
+  MT_CHECK(host_only_, "fill_from_host is for a frozen CUDA model without f32 masters");
+  const int64_t total = compute_.numel(), step = std::max<int64_t>(1, staging_elements);
+  Tensor host = Tensor::empty({std::min(step, total)});
+  Tensor gains = fp32_.defined() ? Tensor::zeros({fp32_.numel()}) : Tensor();
+  for (int64_t b = 0; b < total; b += step) {
+    const int64_t n = std::min(step, total - b);
+    Tensor chunk = host.rows(0, n);
+    produce(b, chunk);
+    Tensor dst = compute_.rows(b, n);
+    cast_host_to_device(chunk, dst, step);
+    for (const Fp32Slot& s : fp32_slots_) {  // the gains and routers inside this chunk, kept in f32
+      const int64_t lo = std::max(s.flat, b), hi = std::min(s.flat + s.numel, b + n);
+      if (lo < hi) gains.rows(s.at + (lo - s.flat), hi - lo).copy_from(chunk.rows(lo - b, hi - lo));
+    }
+  }
+  if (fp32_.defined()) fp32_.copy_from(gains);
+}
+
 void LocalParams::refresh_compute_weights(int64_t staging_elements) {
+  if (host_only_) return;  // no masters: fill_from_host wrote the copies
   if (!has_compute_copy()) return;
   if (!host_masters()) {
     ops::copy_cast(params_, compute_);

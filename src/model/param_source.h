@@ -13,6 +13,7 @@
 // LocalParams holds every unit in full (one device, or plain data parallelism): acquiring is a view,
 // grads accumulate across micro-batches until zero_grads().
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/streams.h"
@@ -107,7 +108,11 @@ void cast_host_to_device(const Tensor& src, Tensor& dst, int64_t staging_element
 // then calls refresh_compute_weights(), as on every other source.
 class LocalParams final : public ParamSource {
  public:
-  LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights = Weights::Trainable);
+  // keep_host_masters false (frozen on CUDA only): no f32 masters at all, only the device's bf16 copy and the
+  // fp32 gains and routers: the frozen base of a LoRA run, whose f32 masters might not fit in host memory
+  // (Qwen3-30B-A3B: 122 GB). fill_from_host writes it; params() is then undefined.
+  LocalParams(const ModelConfig& c, const ParamTable& t, Device device, Weights weights = Weights::Trainable,
+              bool keep_host_masters = true);
   bool trainable() const override { return grads_.defined(); }
   const UnitPlan& plan() const override { return plan_; }
   Tensor acquire_weights(int u) override;
@@ -137,11 +142,17 @@ class LocalParams final : public ParamSource {
   // the device never holds a full-size f32 temporary (the default: 128 MB).
   static constexpr int64_t kStagingElements = int64_t(32) << 20;
   void refresh_compute_weights(int64_t staging_elements = kStagingElements);
+  // Without masters: the compute copy (and the fp32 gains and routers) from host f32 values that produce(begin,
+  // chunk) writes for the flat elements [begin, begin + chunk.numel()), one chunk of at most staging_elements
+  // at a time (an init or a checkpoint's slices), so the host never holds more than one chunk.
+  bool has_masters() const { return params_.defined(); }
+  void fill_from_host(const std::function<void(int64_t, Tensor&)>& produce, int64_t staging_elements = kStagingElements);
 
  private:
   UnitPlan plan_;
   std::vector<ParamUnit>& units_ = plan_.units;
   Tensor params_, grads_, compute_;
+  bool host_only_ = false;  // no f32 masters (keep_host_masters false)
   streams::EventSet* ready_ = nullptr;
   // Host masters only: the fp32_compute_param entries' values on the device, each placed at the same
   // offset modulo 64 elements (256 bytes) as in the flat layout, so that the kernels see the alignment

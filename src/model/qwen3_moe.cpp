@@ -149,7 +149,8 @@ Qwen3MoeModel::Qwen3MoeModel(const ModelConfig& config, Device device, ParamSour
   if (source) {
     src_ = source;
   } else {
-    local_ = std::make_unique<LocalParams>(cfg_, table_, device, weights);
+    local_ = std::make_unique<LocalParams>(cfg_, table_, device, weights,
+                                           opt_.frozen_host_masters || device != Device::CUDA || weights != Weights::Frozen);
     src_ = local_.get();
   }
   plan_ = &src_->plan();

@@ -141,6 +141,9 @@ struct ModelOptions {
   // (the urgent one: the GEMMs' CTAs take SMs as soon as they free up, the compute stream keeps the
   // rest) or low (the optimizer's: they get SMs only where the compute stream leaves some idle).
   bool wgrad_stream = wgrad_stream_default();
+  // A frozen model on CUDA that holds its own parameters keeps f32 masters in host memory (true), or none
+  // (false: LocalParams::fill_from_host writes its device copies; the base of a LoRA run).
+  bool frozen_host_masters = true;
   int wgrad_sms = wgrad_sms_default();
   streams::Side wgrad_priority = wgrad_priority_default();
 };

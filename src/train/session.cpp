@@ -59,8 +59,11 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
              " parallelism are not supported yet; use --dp-shard / --dp-replicate (FSDP, HSDP) and --sp, or one process");
   const Weights base = opt.lora.rank > 0 ? Weights::Frozen : opt.weights;
   // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
+  // A LoRA base on one GPU keeps no f32 masters anywhere (init and load write its bf16 copy chunk by chunk).
+  ModelOptions mo = opt.model;
+  if (opt.lora.rank > 0 && !pm_.fsdp && opt.device == Device::CUDA) mo.frozen_host_masters = false;
   model_ = std::make_unique<Qwen3MoeModel>(pm_.model_config(global), opt.device, pm_.fsdp.get(),
-                                           pm_.fsdp ? Weights::Trainable : base, opt.model);
+                                           pm_.fsdp ? Weights::Trainable : base, mo);
   pm_.attach(*model_, *dist_);
   if (opt.lora.rank > 0) {
     lora_ = std::make_unique<LoraAdapters>(model_->config(), opt.lora, opt.device, opt.lora_seed);
@@ -245,11 +248,33 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
 }
 
 void TrainSession::init_weights(uint64_t seed) {
+  if (!pm_.fsdp && !model_->local().has_masters()) {  // a LoRA base on one GPU: straight into its bf16 copy
+    model_->local().fill_from_host([&](int64_t begin, Tensor& chunk) {
+      init_weights_ranges(config_, table_, {FlatRange{begin, begin + chunk.numel(), 0}}, chunk, seed);
+    });
+    return;
+  }
   pm_.init_weights(*model_, table_, seed);
   refresh_compute_weights();
 }
 
 LoadReport TrainSession::load(const std::string& dir) {
+  if (!pm_.fsdp && !model_->local().has_masters()) {  // as init_weights: chunk by chunk into the bf16 copy
+    const auto t = Clock::now();
+    const CheckpointReader reader(dir);
+    LoadReport rep;
+    model_->local().fill_from_host([&](int64_t begin, Tensor& chunk) {
+      const LoadReport r =
+          load_hf_weights_ranges(reader, config_, table_, {FlatRange{begin, begin + chunk.numel(), 0}}, chunk);
+      rep.layout = r.layout;
+      rep.bytes_read += r.bytes_read;
+      rep.files = std::max(rep.files, r.files);
+    });
+    rep.tensors = table_.entries().size();
+    rep.seconds = seconds_since(t);
+    rep.router_bias = load_router_bias(dir);
+    return rep;
+  }
   LoadReport rep = load_hf_weights_ranges(dir, config_, table_, pm_.pieces(table_), master());
   refresh_compute_weights();
   rep.router_bias = load_router_bias(dir);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "cuda_test_util.h"
 #include "data/batch.h"
@@ -12,6 +13,7 @@
 #include "model/lora.h"
 #include "model/lora_peft.h"
 #include "model/qwen3_moe.h"
+#include "train/session.h"
 
 using namespace mt;
 
@@ -76,4 +78,41 @@ TEST(CudaLora, MatchesTheCpuOnThePeftGoldens) {
       EXPECT_LE(rel_l2(gpu.grads, cpu.grads), 5e-2);
       EXPECT_GT(rel_l2(cpu.grads, Tensor::zeros({cpu.grads.numel()})), 0);
     }
+}
+
+// A LoRA session on one GPU keeps no f32 masters (LocalParams::fill_from_host writes the bf16 copy chunk by
+// chunk, init or load): its forward equals a frozen model's with host masters, bit for bit.
+TEST(CudaLora, BaseWithoutMastersEqualsTheBaseWithThem) {
+  MT_REQUIRE_GPU();
+  const std::string base = kGoldens + "dense_layer";
+  const ModelConfig c = load_model_config(base);
+  SafetensorsFile f(base + "/batch.safetensors");
+  const MicroBatch mb{f.view("input_ids").clone(), f.view("labels").clone()};
+  for (bool from_dir : {false, true}) {
+    SCOPED_TRACE(from_dir ? "load" : "init");
+    SessionOptions so;
+    so.device = Device::CUDA;
+    so.lora.rank = 4;
+    so.lora.targets = parse_lora_targets("attn,mlp,experts");
+    TrainSession s(c, so);
+    ASSERT_FALSE(s.model().local().has_masters());
+    Qwen3MoeModel ref(c, Device::CUDA, nullptr, Weights::Frozen);
+    if (from_dir) {
+      s.load(base);
+      load_hf_weights(base, c, ref.table(), ref.params());
+    } else {
+      s.init_weights(7);
+      init_weights(c, ref.table(), ref.params(), 7);
+    }
+    ref.refresh_compute_weights();
+    PassOptions po;
+    po.adapters = false;
+    Tensor a, b;
+    po.logits_out = &a;
+    s.model().forward(mb, po);
+    ref.forward(mb, &b);
+    const Tensor x = a.to(Device::CPU).to(DType::F32), y = b.to(Device::CPU).to(DType::F32);
+    ASSERT_EQ(x.numel(), y.numel());
+    EXPECT_EQ(0, std::memcmp(x.data<float>(), y.data<float>(), size_t(x.numel()) * 4));
+  }
 }
