@@ -132,10 +132,15 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
   st["skipped_steps"] = opt.steps_skipped();
   LoraAdapters* lora = session.lora();
   st["flat_numel"] = lora ? lora->table().total() : session.table().total();
-  if (lora)
+  if (lora) {
     st["lora"] = {{"rank", lora->spec().rank},
                   {"alpha", lora->spec().effective_alpha()},
                   {"targets", lora_targets_text(lora->spec())}};
+    // The base, for convert --merge: the initial model, or a preset and the seed of its init.
+    if (st.contains("model_dir")) st["lora"]["base"] = st["model_dir"];
+    if (st.contains("model_fingerprint") && st["model_fingerprint"].contains("preset"))
+      st["lora"]["base_seed"] = st["model_fingerprint"]["seed"];
+  }
   st["layout"] = layout;
   if (critic) {
     AdamW& copt = critic->optimizer();

@@ -43,9 +43,16 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
   // load reads the model's routing bias too; a resume takes it from the initial model (frozen in grpo;
   // the fingerprint holds its file unchanged).
   LoraAdapters* lora = session.lora();
+  // The initial model: its directory, or a preset's init at its seed.
+  auto start = [&](TrainSession& s) {
+    if (plan.preset_seed >= 0)
+      s.init_weights(uint64_t(plan.preset_seed));
+    else
+      s.load(plan.model_dir);
+  };
   if (!resuming || lora)  // (a LoRA run's state is its adapters': the base is read again)
-    session.load(plan.model_dir);
-  else
+    start(session);
+  else if (plan.preset_seed < 0)
     session.load_router_bias(plan.model_dir);
   session.make_optimizer(ac, false);
   if (lora && plan.critic) MT_THROW("grpo: LoRA with PPO's critic is not supported; use grpo or dr-grpo");
@@ -54,7 +61,7 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
     SessionOptions ro = so;
     ro.weights = Weights::Frozen;
     out.reference = std::make_unique<TrainSession>(cfg, ro);
-    out.reference->load(plan.model_dir);
+    start(*out.reference);
   }
   // PPO's critic: the policy's architecture with a scalar head (score.weight [1, D], zero) on the same body.
   if (plan.critic) {
@@ -67,7 +74,7 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
       out.critic->init_weights(plan.critic_seed);
       init_critic_from_policy(*out.critic, session);
     }
-    out.critic->load_router_bias(plan.model_dir);  // the policy's body routes as the policy does
+    if (plan.preset_seed < 0) out.critic->load_router_bias(plan.model_dir);  // the policy's body routes as it does
   }
   if (resuming) {
     // The policy's masters and moments, the critic's, the counters: the state the run stopped with.

@@ -17,6 +17,7 @@ namespace mt::rl {
 
 struct GrpoSessionPlan {
   std::string model_dir;         // the initial model: the policy's start and the reference
+  int64_t preset_seed = -1;      // >= 0: model_dir is a preset, initialised at this seed (no directory)
   int64_t prompts_per_step = 1;  // must split evenly over the data-parallel ranks (checked before any load)
   bool reference = true, critic = false;
   uint64_t critic_seed = 0;               // the critic's head (its body is the policy's)

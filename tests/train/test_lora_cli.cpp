@@ -149,3 +149,31 @@ TEST(LoraCli, ConvertAdapterAndMergeGenerateAlike) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("holds LoRA adapters, not a model"), std::string::npos) << r.out;
 }
+
+// grpo from a preset (its init at --seed: no model directory, as for Qwen3-30B-A3B here) with LoRA: the run,
+// a resume that checks the start is the same init, and convert --merge making the base again from the seed.
+TEST(LoraCli, GrpoFromAPresetAndItsMergedExport) {
+  const std::string prompts = tmp_path("lorapreset", "prompts.jsonl"), reward = tmp_path("lorapreset", "reward.py");
+  {
+    std::ofstream f(prompts);
+    for (int i = 0; i < 4; ++i) f << nlohmann::json{{"prompt_ids", {1 + i, 2 + i}}, {"answer", "1"}}.dump() << "\n";
+    std::ofstream(reward) << "import sys, json\nfor line in sys.stdin:\n"
+                             "    print(len(json.loads(line)['response']) % 2, flush=True)\n";
+  }
+  const std::string run = tmp_path("lorapreset", "run"), merged = tmp_path("lorapreset", "merged");
+  fs::remove_all(run);
+  fs::remove_all(merged);
+  const std::string args = " grpo --device cpu --model tiny --prompts " + prompts + " --reward 'program:python3 " +
+                           reward + "' --max-new-tokens 3 --n 2 --prompts-per-step 2 --lora-rank 2 --run-dir " + run;
+  ShellRun r = sh(kMoetrainBin + args + " --steps 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = sh(kMoetrainBin + args + " --steps 3 --resume --seed 5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("a preset's start is its init at --seed"), std::string::npos) << r.out;
+  r = sh(kMoetrainBin + " convert --from " + run + "/checkpoint-2 --to " + merged + " --merge");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(merged + "/model.safetensors"));
+  r = sh(kMoetrainBin + " grpo --device cpu --model no-such-model --prompts " + prompts + " --run-dir " + run + "x");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("nor is it a preset"), std::string::npos) << r.out;
+}

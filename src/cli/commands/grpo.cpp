@@ -25,6 +25,7 @@
 #include "rl/grpo.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -88,10 +89,20 @@ int grpo_main(const std::vector<std::string>& args) {
     ga.model_dir = ga.from_file ? std::string(rl::addition::kDemoModel)
                                 : rl::addition::ensure_task_start(ga.preset, ga.device_name);
   }
-  if (!fs::exists(ga.model_dir + "/config.json")) MT_THROW("grpo: --model ", ga.model_dir, " has no config.json");
+  // A preset (--model qwen3-30b-a3b) starts from its random init at --seed: a model of any size without a
+  // directory (a benchmark, or LoRA on a base no file holds here).
+  const std::vector<std::string> presets = preset_names();
+  const bool preset = !fs::is_directory(ga.model_dir) &&
+                      std::find(presets.begin(), presets.end(), ga.model_dir) != presets.end();
+  if (!preset && !fs::exists(ga.model_dir + "/config.json"))
+    MT_THROW("grpo: --model ", ga.model_dir, " has no config.json (nor is it a preset such as qwen3-30b-a3b)");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
-  const json fingerprint = rl::initial_model_fingerprint(ga.model_dir, resuming ? &state : nullptr);
-  const ModelConfig cfg = load_model_config(ga.model_dir);
+  const json fingerprint = preset ? json{{"preset", ga.model_dir}, {"seed", ga.seed}}
+                                  : rl::initial_model_fingerprint(ga.model_dir, resuming ? &state : nullptr);
+  if (preset && resuming && state.value("model_fingerprint", json()) != fingerprint)
+    MT_THROW("grpo: resume: the run started from ", state.value("model_fingerprint", json()).dump(), ", not ",
+             fingerprint.dump(), " (a preset's start is its init at --seed)");
+  const ModelConfig cfg = preset ? preset_model_config(ga.model_dir) : load_model_config(ga.model_dir);
   rl::check_grpo_model(cfg, ga.o, ga.model_dir, !ga.from_file);
   // Prompt files, their answers and the reward program: checked before any weight is read.
   const std::string tokenizer_path = ga.model_dir + "/tokenizer.json";
@@ -121,6 +132,7 @@ int grpo_main(const std::vector<std::string>& args) {
   so.lora_seed = uint64_t(ga.seed);
   rl::GrpoSessionPlan plan;
   plan.model_dir = ga.model_dir;
+  plan.preset_seed = preset ? ga.seed : -1;
   plan.prompts_per_step = ga.per_step;
   plan.reference = ga.use_reference && ga.baseline.empty();
   plan.critic = ga.ppo && ga.baseline.empty();
