@@ -107,3 +107,19 @@ TEST(GrpoArgs, HelpShowsTheTaskPresetsDefaults) {
   EXPECT_NE(help.find("RL steps (default 500; >= 1)"), std::string::npos) << help;
   EXPECT_NE(help.find("(default 1.5;"), std::string::npos) << "extend's temperature: " << help;
 }
+
+TEST(GrpoArgs, LoraAndRecomputeOptions) {
+  const GrpoArgs plain = parsed({});
+  EXPECT_EQ(plain.lora.rank, 0);
+  EXPECT_EQ(plain.recompute, "none");
+  const GrpoArgs a = parsed({"--lora-rank=8", "--lora-alpha", "4", "--lora-targets", "attn,router", "--recompute", "full"});
+  EXPECT_EQ(a.lora.rank, 8);
+  EXPECT_DOUBLE_EQ(a.lora.scale(), 0.5);
+  EXPECT_TRUE(a.lora[LoraTarget::Router]);
+  EXPECT_FALSE(a.lora[LoraTarget::ExpertsGateUp]);
+  EXPECT_EQ(a.recompute, "full");
+  EXPECT_NE(error_of({"--lora-rank", "4", "--lora-targets", "attn,qq"}).find("unknown target 'qq'"), std::string::npos);
+  EXPECT_NE(error_of({"--lora-rank", "4", "--algorithm", "ppo"}).find("the critic has no LoRA form"), std::string::npos);
+  EXPECT_NE(error_of({"--recompute", "some"}).find("--recompute"), std::string::npos);
+  EXPECT_NE(error_of({"--lora-rank", "-1"}).find("--lora-rank"), std::string::npos);
+}

@@ -129,6 +129,7 @@ int grpo_main(const std::vector<std::string>& args) {
   so.dist.mesh = ga.mesh;
   so.dist.comm.timeout = std::chrono::milliseconds(int64_t(ga.comm_timeout_s * 1000));
   so.lora = ga.lora;
+  so.recompute = parse_recompute(ga.recompute);
   so.lora_seed = uint64_t(ga.seed);
   rl::GrpoSessionPlan plan;
   plan.model_dir = ga.model_dir;

@@ -201,6 +201,8 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   opt.add("micro-batch-samples", &o.micro_batch_samples, "samples per micro-batch (gradient accumulation)")
       .at_least(0)
       .says("0: one micro-batch");
+  opt.add("recompute", &a.recompute, "the update's activation recompute per block (docs/model.md): memory for time")
+      .one_of({"none", "full", "selective", "moe"});
   opt.add("old-logprob-forward", &o.old_logprob_forward,
           "a forward for the old log-probs even on-policy (off: one epoch of one mini-batch takes the update's own, "
           "detached; the same values)");

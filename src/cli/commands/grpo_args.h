@@ -38,6 +38,7 @@ struct GrpoArgs {
   bool process = false, per_position = false, ppo = false;
   rl::GrpoOptions o;
   LoraSpec lora;  // --lora-rank > 0: the policy trains adapters on its frozen base, which is also the reference
+  std::string recompute = "none";
   // What the parse found: the device's name, whether --model and --reward were given, the built-in task's
   // options given (refused with --prompts), a prompt-file run, its reward and program.
   std::string device_name;
