@@ -70,6 +70,19 @@ size_t parse_size(const std::string& flag, const std::string& v) {
   return size_t(x);
 }
 
+namespace {
+// The target is new or empty, and a source with a manifest verifies against it.
+void check_source_and_target(const ConvertOptions& opt) {
+  std::error_code ec;
+  if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
+    MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
+  if (fs::exists(fs::path(opt.from) / kManifestFile)) {
+    const std::string why = verify_manifest(opt.from);
+    if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
+  }
+}
+}  // namespace
+
 ConvertReport convert_checkpoint(const ConvertOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.from.empty() || opt.to.empty()) MT_THROW("convert: --from and --to are required");
@@ -81,13 +94,8 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
        fs::exists(fs::path(opt.from) / "adapter_config.json")))
     MT_THROW("convert: '", opt.from, "' holds LoRA adapters, not a model; give --adapter (the PEFT adapter) or "
              "--merge (the base with the adapters added)");
+  check_source_and_target(opt);
   std::error_code ec;
-  if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
-    MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
-  if (fs::exists(fs::path(opt.from) / kManifestFile)) {
-    const std::string why = verify_manifest(opt.from);
-    if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
-  }
   const ModelConfig c = load_model_config(opt.from);
   // transformers keeps the unknown key but runs Qwen3-MoE's formula: the export would load without a word
   // and compute another model at every token. Refused rather than warned (a warning scrolls by; a wrong
@@ -182,13 +190,8 @@ ConvertReport convert_checkpoint(const ConvertOptions& opt) {
 ConvertReport convert_lora(const ConvertOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.adapter == opt.merge) MT_THROW("convert: give one of --adapter (the PEFT adapter) and --merge (merged weights)");
+  check_source_and_target(opt);
   std::error_code ec;
-  if (fs::exists(opt.to, ec) && !(fs::is_directory(opt.to, ec) && fs::is_empty(opt.to, ec)))
-    MT_THROW("convert: --to '", opt.to, "' exists and is not an empty directory; choose a new directory");
-  if (fs::exists(fs::path(opt.from) / kManifestFile)) {
-    const std::string why = verify_manifest(opt.from);
-    if (!why.empty()) MT_THROW("convert: checkpoint '", opt.from, "' does not verify against its manifest: ", why);
-  }
   const std::string adir = find_adapter_dir(opt.from);
   // The base: --base, else what the run's train_state.json or the adapter's config names.
   std::string base = opt.base;
