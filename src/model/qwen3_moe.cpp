@@ -179,31 +179,27 @@ bool Qwen3MoeModel::lora_on_experts() const {
 }
 
 void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets,
-                                     const Tensor& xp, Tensor& gu_out, Tensor& hh_out, Tensor& yp_out) {
-  const LoraPair& gu = lo[LoraTarget::ExpertsGateUp];
-  const LoraPair& dn = lo[LoraTarget::ExpertsDown];
-  struct {
-    const Tensor& xp;
-    Tensor &gu, &hh, &yp;
-  } a{xp, gu_out, hh_out, yp_out};
+                                     const Tensor& xp, Tensor& gu, Tensor& hh, Tensor& yp) {
+  const LoraPair& a_gu = lo[LoraTarget::ExpertsGateUp];
+  const LoraPair& a_dn = lo[LoraTarget::ExpertsDown];
   const Tensor off = offsets.to(Device::CPU);
   const int64_t* o = off.data<int64_t>();
   const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
   const float s = lora_->scale();
-  if (gu.defined()) {  // gu gains its adapter rows, so hh and yp are formed again from it
+  if (a_gu.defined()) {  // gu gains its adapter rows, so hh and yp are formed again from it
     for (int64_t e = 0; e < E; ++e)
       if (o[e + 1] > o[e]) {
-        Tensor rows = a.gu.rows(o[e], o[e + 1] - o[e]);
-        lora_fwd(a.xp.rows(o[e], o[e + 1] - o[e]), gu.expert(e), s, rows, 0, work_);
+        Tensor rows = gu.rows(o[e], o[e + 1] - o[e]);
+        lora_fwd(xp.rows(o[e], o[e + 1] - o[e]), a_gu.expert(e), s, rows, 0, work_);
       }
-    ops::swiglu_fwd(a.gu, a.hh);
+    ops::swiglu_fwd(gu, hh);
   }
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = o[e + 1] - o[e];
     if (n == 0) continue;
-    Tensor hh = a.hh.rows(o[e], n), yp = a.yp.rows(o[e], n);
-    if (gu.defined()) ops::linear_fwd(hh, w.experts_down.rows(e, 1).view({D, F}), yp);
-    if (dn.defined()) lora_fwd(hh, dn.expert(e), s, yp, 0, work_);
+    Tensor h = hh.rows(o[e], n), y = yp.rows(o[e], n);
+    if (a_gu.defined()) ops::linear_fwd(h, w.experts_down.rows(e, 1).view({D, F}), y);
+    if (a_dn.defined()) lora_fwd(h, a_dn.expert(e), s, y, 0, work_);
   }
 }
 
