@@ -178,19 +178,24 @@ bool Qwen3MoeModel::lora_on_experts() const {
          cfg_.num_sparse_layers() > 0;
 }
 
+int64_t Qwen3MoeModel::local_expert_begin(int64_t l) const {
+  const int u = plan_->experts.empty() ? -1 : plan_->experts[size_t(l)];
+  return u >= 0 ? plan_->units[size_t(u)].expert_begin : 0;
+}
+
 void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets,
-                                     const Tensor& xp, Tensor& gu, Tensor& hh, Tensor& yp) {
+                                     const Tensor& xp, Tensor& gu, Tensor& hh, Tensor& yp, int64_t e0) {
   const LoraPair& a_gu = lo[LoraTarget::ExpertsGateUp];
   const LoraPair& a_dn = lo[LoraTarget::ExpertsDown];
   const Tensor off = offsets.to(Device::CPU);
   const int64_t* o = off.data<int64_t>();
-  const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
+  const int64_t E = offsets.numel() - 1, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
   const float s = lora_->scale();
   if (a_gu.defined()) {  // gu gains its adapter rows, so hh and yp are formed again from it
     for (int64_t e = 0; e < E; ++e)
       if (o[e + 1] > o[e]) {
         Tensor rows = gu.rows(o[e], o[e + 1] - o[e]);
-        lora_fwd(xp.rows(o[e], o[e + 1] - o[e]), a_gu.expert(e), s, rows, 0, work_);
+        lora_fwd(xp.rows(o[e], o[e + 1] - o[e]), a_gu.expert(e0 + e), s, rows, 0, work_);
       }
     ops::swiglu_fwd(gu, hh);
   }
@@ -199,33 +204,35 @@ void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w,
     if (n == 0) continue;
     Tensor h = hh.rows(o[e], n), y = yp.rows(o[e], n);
     if (a_gu.defined()) ops::linear_fwd(h, w.experts_down.rows(e, 1).view({D, F}), y);
-    if (a_dn.defined()) lora_fwd(h, a_dn.expert(e), s, y, 0, work_);
+    if (a_dn.defined()) lora_fwd(h, a_dn.expert(e0 + e), s, y, 0, work_);
   }
 }
 
-void Qwen3MoeModel::lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, LayerActs& a,
-                                     const Tensor& dyp, Tensor& dxp) {
-  const LoraPair& gu = lo[LoraTarget::ExpertsGateUp];
-  const LoraPair& dn = lo[LoraTarget::ExpertsDown];
-  const Tensor off = a.offsets.to(Device::CPU);
+void Qwen3MoeModel::lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w,
+                                     const Tensor& offsets, const Tensor& xp, const Tensor& gu, const Tensor& hh,
+                                     const Tensor& dyp, Tensor& dxp, int64_t e0) {
+  const LoraPair& a_gu = lo[LoraTarget::ExpertsGateUp];
+  const LoraPair& a_dn = lo[LoraTarget::ExpertsDown];
+  const Tensor off = offsets.to(Device::CPU);
   const int64_t* o = off.data<int64_t>();
-  const int64_t E = cfg_.num_experts, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size, R = a.xp.size(0);
+  const int64_t E = offsets.numel() - 1, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size, R = xp.size(0);
   const float s = lora_->scale();
   Tensor dhh = work_.alloc({R, F}, act_), dgu = work_.alloc({R, 2 * F}, act_), frozen;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = o[e + 1] - o[e];
     if (n == 0) continue;
-    Tensor dy = dyp.rows(o[e], n), hh = a.hh.rows(o[e], n), dh = dhh.rows(o[e], n);
-    ops::linear_bwd(dy, hh, w.experts_down.rows(e, 1).view({D, F}), &dh, false, frozen);
-    if (dn.defined()) lora_bwd(dy, 0, hh, dn.expert(e), lg[LoraTarget::ExpertsDown].expert(e), s, &dh, work_);
+    Tensor dy = dyp.rows(o[e], n), h = hh.rows(o[e], n), dh = dhh.rows(o[e], n);
+    ops::linear_bwd(dy, h, w.experts_down.rows(e, 1).view({D, F}), &dh, false, frozen);
+    if (a_dn.defined()) lora_bwd(dy, 0, h, a_dn.expert(e0 + e), lg[LoraTarget::ExpertsDown].expert(e0 + e), s, &dh, work_);
   }
-  ops::swiglu_bwd(dhh, a.gu, dgu);
+  ops::swiglu_bwd(dhh, gu, dgu);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = o[e + 1] - o[e];
     if (n == 0) continue;
-    Tensor dg = dgu.rows(o[e], n), xp = a.xp.rows(o[e], n), dx = dxp.rows(o[e], n);
-    ops::linear_bwd(dg, xp, w.experts_gate_up.rows(e, 1).view({2 * F, D}), &dx, false, frozen);
-    if (gu.defined()) lora_bwd(dg, 0, xp, gu.expert(e), lg[LoraTarget::ExpertsGateUp].expert(e), s, &dx, work_);
+    Tensor dg = dgu.rows(o[e], n), x = xp.rows(o[e], n), dx = dxp.rows(o[e], n);
+    ops::linear_bwd(dg, x, w.experts_gate_up.rows(e, 1).view({2 * F, D}), &dx, false, frozen);
+    if (a_gu.defined())
+      lora_bwd(dg, 0, x, a_gu.expert(e0 + e), lg[LoraTarget::ExpertsGateUp].expert(e0 + e), s, &dx, work_);
   }
 }
 
@@ -557,6 +564,8 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // reset per layer). With ep = 1 the combined rows are these rows themselves.
       Tensor yp = (pl.ep > 1 ? work_ : Af).alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
+      if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+        lora_experts_fwd(*lo, w, pl.local_offsets, a.xp, a.gu, a.hh, yp, local_expert_begin(l));
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
       if (!exchanges_known) {
@@ -574,7 +583,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
       if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
-        lora_experts_fwd(*lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp);
+        lora_experts_fwd(*lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp, 0);
       if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
@@ -655,16 +664,23 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
                                    : par_.dispatcher->combine_bwd(pl, dout_e, a.ys, cfg_.score_before_experts ? ones_TK(Tr) : wts_e);
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
+      const bool lora_experts =
+          lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined());
+      if (lora_experts)  // the adapters' path: per local expert, no weight gradient of the base
+        lora_experts_bwd(*lo, *lg, w, pl.local_offsets, a.xp, a.gu, a.hh, cg.dyr_RD, dxp, local_expert_begin(l));
       if (cfg_.score_before_experts) {  // the weights' gradient comes from the input side
-        ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
-                         g.experts_gate_up, g.experts_down, acc);
+        if (!lora_experts)
+          ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                           g.experts_gate_up, g.experts_down, acc);
         dwts = par_.dispatcher->dispatch_weighted_bwd(pl, dxp, etp ? a.xg2 : a.xn2, wts_e, dxe);
       } else {  // dxp travels back while the experts' weight gradients run
         moe::DispatchBwdPending back;
         auto send_back = [&] { back = par_.dispatcher->dispatch_bwd_start(pl, dxp); };
-        ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
-                         g.experts_gate_up, g.experts_down, acc, opt_.ep_backward_overlap ? send_back : std::function<void()>());
-        if (!opt_.ep_backward_overlap) send_back();
+        if (!lora_experts)
+          ops::experts_bwd(cg.dyr_RD, a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
+                           g.experts_gate_up, g.experts_down, acc,
+                           opt_.ep_backward_overlap ? send_back : std::function<void()>());
+        if (lora_experts || !opt_.ep_backward_overlap) send_back();
         par_.dispatcher->dispatch_bwd_finish(pl, back, dxe);
       }
     } else {
@@ -679,7 +695,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       side_dw = opt_.wgrad_stream && device_ == Device::CUDA && !lora_experts;
       if (side_dw) wgrad_done_.resize(1, device_, opt_.wgrad_priority);
       if (lora_experts) {
-        lora_experts_bwd(*lo, *lg, w, a, dyp, dxp);
+        lora_experts_bwd(*lo, *lg, w, a.offsets, a.xp, a.gu, a.hh, dyp, dxp, 0);
       } else {
         const streams::WgradScope place({side_dw, opt_.wgrad_sms, opt_.wgrad_priority});
         ops::experts_bwd(dyp, a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, dxp,
@@ -808,9 +824,9 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
   if (backward && !src_->trainable() && !lora_)
     MT_THROW("forward_backward on frozen weights (Weights::Frozen, no gradients): a frozen model runs forward only");
-  if (lora_ && (par_.tp || par_.dispatcher))
-    MT_THROW("LoRA adapters under ", par_.tp ? "tensor" : "expert", " parallelism are not supported; run them on one "
-             "process, under FSDP or with sequence parallelism");
+  if (lora_ && par_.tp)
+    MT_THROW("LoRA adapters under tensor parallelism are not supported; run them on one process, under FSDP or "
+             "with expert or sequence parallelism");
   pass_lora_ = opt.adapters ? lora_ : nullptr;
   if (backward && lora_ && !opt.adapters)
     MT_THROW("forward_backward with PassOptions::adapters off: the base is frozen, nothing would train");

@@ -226,7 +226,7 @@ class Qwen3MoeModel {
   // Low-rank adapters (model/lora.h) on the model's GEMMs, from then on. The base weights are frozen: a
   // backward computes the adapters' gradients (into lora->grads(), written on a step's first micro-batch as
   // any gradient) and none of the base's, so the model's source may be frozen (Weights::Frozen). One
-  // process, or sequence parallelism; expert and tensor parallelism are refused (the pass says so). The
+  // process, FSDP, expert or sequence parallelism; tensor parallelism is refused (the pass says so). The
   // adapters must outlive the model's calls; null detaches them.
   void attach_lora(LoraAdapters* lora);
   LoraAdapters* lora() const { return lora_; }
@@ -340,11 +340,14 @@ class Qwen3MoeModel {
   // path with adapters on the local dispatch: the base's grouped GEMMs, then per expert the adapters' rows,
   // the SwiGLU and down projection again (lora.h; the weights' gradients of the base are not computed).
   void lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, int64_t col0);
+  // offsets: the local experts' rows; e0: the global id of local expert 0 (expert parallelism), whose adapters
+  // are the e0 + e-th of the layer's.
   void lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets, const Tensor& xp, Tensor& gu,
-                        Tensor& hh, Tensor& yp);
+                        Tensor& hh, Tensor& yp, int64_t e0);
   bool lora_on_experts() const;  // adapters on some routed expert weights
-  void lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, LayerActs& a,
-                        const Tensor& dyp, Tensor& dxp);
+  void lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, const Tensor& offsets,
+                        const Tensor& xp, const Tensor& gu, const Tensor& hh, const Tensor& dyp, Tensor& dxp, int64_t e0);
+  int64_t local_expert_begin(int64_t l) const;  // the global id of this rank's first expert of layer l
   // early: the combine's backward already started (its all-to-all travelling during the recompute).
   void backward_layer(int64_t l, LayerActs& a, const Tensor& dout, Tensor& dx, double aux_scale,
                       moe::CombineBwdPending* early = nullptr);

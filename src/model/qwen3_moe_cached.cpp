@@ -78,9 +78,6 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
   if (par_.tp || par_.ulysses)
     MT_THROW("forward_cached: tensor and sequence parallelism are not supported for inference (attach neither)");
   pass_lora_ = lora_;
-  if (lora_ && par_.dispatcher)
-    MT_THROW("forward_cached: LoRA adapters under expert parallelism are not supported; generate on one process "
-             "or under FSDP");
   if (!inference_) MT_THROW("forward_cached outside begin_inference() / end_inference()");
   if (cfg_.value_head)
     MT_THROW("forward_cached: a value-head model (score.weight [1, D], the RL critic) has no next-token logits to "
@@ -161,6 +158,8 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
         const int64_t Rx = pl.rows_received;
         Tensor gu = work_.alloc({Rx, 2 * F}, act_), hh = work_.alloc({Rx, F}, act_), yp = work_.alloc({Rx, D}, act_);
         ops::experts_fwd(xp, pl.local_offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
+        if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+          lora_experts_fwd(*lo, w, pl.local_offsets, xp, gu, hh, yp, local_expert_begin(l));
         const Tensor ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
         par_.dispatcher->combine_finish(pl, ys, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       } else {
@@ -173,7 +172,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
         else ops::permute_fwd(xn2, assign, K, xp);
         ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
         if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
-          lora_experts_fwd(*lo, w, offsets, xp, gu, hh, yp);
+          lora_experts_fwd(*lo, w, offsets, xp, gu, hh, yp, 0);
         ops::unpermute_fwd(yp, row_of, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       }
     } else {

@@ -54,9 +54,9 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
       pm_(make_parallel_model(*dist_, global, table_, opt.device,
                               with_weights(opt.fsdp, opt.lora.rank > 0 ? Weights::Frozen : opt.weights),
                               opt.moe_capacity_factor)) {
-  if (opt.lora.rank > 0 && (dist_->mesh().size(Axis::Tp) > 1 || dist_->mesh().size(Axis::Ep) > 1))
-    MT_THROW("LoRA adapters under ", dist_->mesh().size(Axis::Tp) > 1 ? "tensor" : "expert",
-             " parallelism are not supported yet; use --dp-shard / --dp-replicate (FSDP, HSDP) and --sp, or one process");
+  if (opt.lora.rank > 0 && dist_->mesh().size(Axis::Tp) > 1)
+    MT_THROW("LoRA adapters under tensor parallelism are not supported yet; use --dp-shard / --dp-replicate (FSDP, "
+             "HSDP), --ep and --sp, or one process");
   const Weights base = opt.lora.rank > 0 ? Weights::Frozen : opt.weights;
   // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
   // A LoRA base on one GPU keeps no f32 masters anywhere (init and load write its bf16 copy chunk by chunk).

@@ -1,6 +1,6 @@
-// LoRA under the layouts it runs in: FSDP, HSDP and sequence parallelism (the base sharded or split, the
-// adapters whole on every rank with their gradients summed over the ranks) give one process's curve and
-// adapters; grpo under FSDP likewise; tensor parallelism is refused by name. (CPU, Gloo, `moetrain launch`.)
+// LoRA under the layouts it runs in: FSDP, HSDP, expert and sequence parallelism (the base sharded or split,
+// the adapters whole on every rank with their gradients summed over the ranks) give one process's curve and
+// adapters; grpo under FSDP and EP likewise; tensor parallelism is refused by name. (CPU, Gloo, `moetrain launch`.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,7 +46,7 @@ const std::string kTrain =
 
 }  // namespace
 
-TEST(LoraParallel, FsdpHsdpAndSpTrainAsOneProcess) {
+TEST(LoraParallel, FsdpHsdpEpAndSpTrainAsOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string ref = tmp_path("lorapar", "ref");
   fs::remove_all(ref);
@@ -55,7 +55,8 @@ TEST(LoraParallel, FsdpHsdpAndSpTrainAsOneProcess) {
   const auto want = steps_of(ref);
   ASSERT_EQ(want.size(), 10u);
   for (auto [n, flags] : std::vector<std::pair<int, std::string>>{
-           {2, " --dp-shard 2"}, {4, " --dp-replicate 2 --dp-shard 2"}, {2, " --sp 2"}}) {
+           {2, " --dp-shard 2"}, {4, " --dp-replicate 2 --dp-shard 2"}, {2, " --sp 2"}, {2, " --ep 2"},
+           {4, " --dp-shard 4 --ep 2 --recompute full"}}) {
     const std::string dir = tmp_path("lorapar", "n" + std::to_string(n) + std::to_string(flags.size()));
     fs::remove_all(dir);
     r = sh(kMoetrainBin + " launch --nproc-per-node " + std::to_string(n) + " --" + kTrain + dir + flags);
@@ -77,7 +78,7 @@ TEST(LoraParallel, FsdpHsdpAndSpTrainAsOneProcess) {
   EXPECT_NE(r.out.find("LoRA adapters under tensor parallelism are not supported yet"), std::string::npos) << r.out;
 }
 
-TEST(LoraParallel, GrpoUnderFsdpAsOneProcess) {
+TEST(LoraParallel, GrpoUnderFsdpAndEpAsOneProcess) {
   MT_SKIP_WITHOUT_GLOO();
   const std::string prompts = tmp_path("loraparg", "prompts.jsonl"), reward = tmp_path("loraparg", "reward.py");
   {
@@ -98,4 +99,10 @@ TEST(LoraParallel, GrpoUnderFsdpAsOneProcess) {
   r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + args + two + " --dp-shard 2");
   ASSERT_EQ(r.code, 0) << r.out;
   expect_same_adapters(two + "/checkpoint-4", one + "/checkpoint-4", 1e-5, "grpo --dp-shard 2");
+  // Expert parallelism: generation in lockstep and the update, each rank's experts' adapters its own.
+  const std::string ep = tmp_path("loraparg", "ep");
+  fs::remove_all(ep);
+  r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + args + ep + " --ep 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_same_adapters(ep + "/checkpoint-4", one + "/checkpoint-4", 1e-5, "grpo --ep 2");
 }
