@@ -11,7 +11,8 @@
 //
 // usage: rl_step [--model bench-4L] [--prompts 64] [--n 8] [--prompt-len 128] [--new-tokens 512]
 //                [--micro-batch-samples 8] [--steps 2] [--reference on|off] [--recompute none|full]
-//                [--kv-cache-fraction 0.5] [--device cuda|cpu] [--layers N]
+//                [--kv-cache-fraction 0.5] [--device cuda|cpu] [--layers N] [--lora-rank R [--lora-targets LIST]]
+// (--lora-rank: the policy trains adapters on its frozen base, which is also the reference: model/lora.h)
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   int64_t prompts = 64, n = 8, prompt_len = 128, new_tokens = 512, micro = 8, steps = 2, layers = 0;
   bool use_reference = true;
   double kv_fraction = 0.5;
+  int64_t lora_rank = 0;  // > 0: the policy trains LoRA adapters on its frozen base, which is then the reference
+  std::string lora_targets = kDefaultLoraTargets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -65,6 +68,10 @@ int main(int argc, char** argv) {
       device = next();
     else if (a == "--layers")
       layers = std::stoll(next());
+    else if (a == "--lora-rank")
+      lora_rank = std::stoll(next());
+    else if (a == "--lora-targets")
+      lora_targets = next();
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -78,12 +85,16 @@ int main(int argc, char** argv) {
     SessionOptions so;
     so.device = dev;
     so.recompute = parse_recompute(recompute);
+    if (lora_rank > 0) {
+      so.lora.rank = lora_rank;
+      so.lora.targets = parse_lora_targets(lora_targets);
+    }
     TrainSession session(mc, so);
     session.init_weights(1);
     session.make_optimizer(AdamWConfig{}, false);
     std::unique_ptr<TrainSession> reference;
     double reference_gpu_mb = 0;  // the frozen reference's device memory (its masters stay on the host)
-    if (use_reference) {
+    if (use_reference && lora_rank == 0) {
       const size_t before = dev == Device::CUDA ? device_mem::cuda_bytes_in_use() : 0;
       SessionOptions ro = so;
       ro.weights = Weights::Frozen;
@@ -132,7 +143,9 @@ int main(int argc, char** argv) {
     };
     for (int64_t step = 1; step <= steps; ++step) {
       auto t = Clock::now();
-      const rl::GrpoMetrics m = rl::grpo_step(session, engine, prompt_fn, prompts, reward, o, step, reference.get());
+      // A LoRA policy is its own reference (its base, adapters off): no second model.
+      TrainSession* ref = reference ? reference.get() : use_reference && lora_rank > 0 ? &session : nullptr;
+      const rl::GrpoMetrics m = rl::grpo_step(session, engine, prompt_fn, prompts, reward, o, step, ref);
       device_mem::synchronize(dev);
       const double s = secs(t);
       const double generated = double(prompts * n * new_tokens);
@@ -148,6 +161,8 @@ int main(int argc, char** argv) {
           {"prompt_len", prompt_len},
           {"new_tokens", new_tokens},
           {"micro_batch_samples", micro},
+          {"lora_rank", lora_rank},
+          {"lora_targets", lora_rank > 0 ? lora_targets : "-"},
           {"micro_batches", m.micro_batches},
           {"recompute", recompute},
           {"reference", use_reference},

@@ -6,7 +6,9 @@
 //
 // usage: train_step [--model bench-4L] [--batch 1] [--seq 4096] [--steps 5] [--warmup 2]
 //                   [--recompute none|full|selective|moe] [--device cuda|cpu] [--no-profile] [--zero-grads]
-//                   [--grad-accum N]
+//                   [--grad-accum N] [--lora-rank R [--lora-targets LIST]]
+// --lora-rank R: LoRA adapters on the frozen base (docs/lora.md): model_tflops then counts 4 N per token (no
+// weight gradients of the base), adamw the adapters only.
 // --grad-accum N: N micro-batches of --batch rows per optimizer step, accumulated as the trainer does
 // (TrainSession::train_step over N micro-batches: the first writes the gradients, the rest add, one
 // AdamW step); tokens/s counts whole optimizer steps, "fwd_bwd_mfu" the forward + backward time alone
@@ -83,6 +85,8 @@ int main(int argc, char** argv) {
   bool opt_overlap = false;  // one device on CUDA: AdamW per unit beside the next forward (--optimizer-overlap)
   int64_t layers = 0;        // > 0: the preset cut (or grown) to this many layers, e.g. half of qwen3-30b-a3b
   std::string reduce_dtype = "f32";
+  int64_t lora_rank = 0;  // > 0: LoRA adapters of this rank on the frozen base (--lora-targets, default attn,mlp,experts)
+  std::string lora_targets = kDefaultLoraTargets;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -133,6 +137,10 @@ int main(int argc, char** argv) {
       ep_overlap = false;
     else if (a == "--layers")
       layers = std::stoll(next());
+    else if (a == "--lora-rank")
+      lora_rank = std::stoll(next());
+    else if (a == "--lora-targets")
+      lora_targets = next();
     else if (a == "--deterministic")
       set_deterministic(true);  // as MOETRAIN_DETERMINISTIC=1
     else {
@@ -169,6 +177,10 @@ int main(int argc, char** argv) {
     so.recompute = parse_recompute(rc);
     so.model.prefetch_depth = prefetch_depth;
     so.model.ep_backward_overlap = ep_overlap;
+    if (lora_rank > 0) {
+      so.lora.rank = lora_rank;
+      so.lora.targets = parse_lora_targets(lora_targets);
+    }
     // init_s: the session (distributed context, parallel parts, model) and the weights' init and
     // optimizer; the GEMM and copy measurements between them are not counted, nor their memory.
     auto t_session = Clock::now();
@@ -252,11 +264,13 @@ int main(int argc, char** argv) {
       split["profiled_step"] = total;
     }
     const int64_t L = mc.num_hidden_layers;
-    double flops_per_token = 6.0 * double(mc.active_matmul_parameters()) +
+    // With LoRA the base's weight gradients are not computed: 4 N per token (forward, input gradients) instead
+    // of 6 N (the adapters' own GEMMs, r / D of those, are left out).
+    double flops_per_token = (lora_rank > 0 ? 4.0 : 6.0) * double(mc.active_matmul_parameters()) +
                              6.0 * double(L) * double(seq) * double(mc.num_attention_heads * mc.head_dim);
     double tflops = flops_per_token * double(tokens) / step_s / 1e12 / double(dist->world_size());  // per GPU
     const int64_t P = session.table().total();
-    double adamw_bytes = 30.0 * double(session.master().numel());  // this rank's shard under FSDP  // read p,g,m,v (16
+    double adamw_bytes = 30.0 * double(session.trainable_params().numel());  // this rank's shard under FSDP  // read p,g,m,v (16
                                                                    // B), write p,m,v (12 B), bf16 copy (2 B)
     nlohmann::json j{{"bench", "train_step"},
                      {"model", model},
@@ -272,6 +286,9 @@ int main(int argc, char** argv) {
                      {"mesh", dist->describe()},
                      {"seq", seq},
                      {"recompute", rc},
+                     {"lora_rank", lora_rank},
+                     {"lora_targets", lora_rank > 0 ? lora_targets : "-"},
+                     {"trainable_params", session.trainable_params().numel()},
                      {"grads", zero_grads ? "zeroed, +=" : "first micro-batch ="},
                      {"steps", steps},
                      {"grad_accum", grad_accum},
