@@ -146,6 +146,9 @@ int grpo_main(const std::vector<std::string>& args) {
   std::unique_ptr<TrainSession>& critic = sessions.critic;
   DistContext& dist = session.dist();
   const bool lead = dist.rank() == 0;
+  if (LoraAdapters* l = session.lora(); l && lead)
+    log_info("grpo: LoRA rank ", l->spec().rank, ", alpha ", l->spec().effective_alpha(), " on ",
+             lora_targets_text(l->spec()), ": ", l->table().total(), " adapter parameters train; the base is frozen");
   if (resuming)
     log_info("grpo: resume: step ", start_step, " from ", resume_dir, "; policy", critic ? " and critic" : "",
              " weights, AdamW moments and counters, ",
