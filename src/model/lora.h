@@ -86,6 +86,10 @@ struct LoraPair {
 struct LayerLora {
   std::array<LoraPair, kLoraTargets> t;
   const LoraPair& operator[](LoraTarget x) const { return t[size_t(x)]; }
+  // Whether this layer adapts any routed expert weight (the per-expert path then runs).
+  bool experts() const {
+    return t[size_t(LoraTarget::ExpertsGateUp)].defined() || t[size_t(LoraTarget::ExpertsDown)].defined();
+  }
 };
 // Views of a flat buffer (weights or gradients) per layer.
 std::vector<LayerLora> bind_lora(const ModelConfig& c, const LoraTable& table, const Tensor& flat);

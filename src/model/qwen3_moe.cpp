@@ -288,9 +288,11 @@ void Qwen3MoeModel::release(int u) { src_->release_weights(u); }
 
 void Qwen3MoeModel::grads_for(int u) {
   if (base_frozen()) {  // adapters on a frozen base: the base's gradients go nowhere (grad_sink_)
-    int64_t most = 0;
-    for (const ParamUnit& pu : plan_->units) most = std::max(most, pu.numel);
-    if (!grad_sink_.defined()) grad_sink_ = Tensor::empty({most}, DType::F32, device_);
+    if (!grad_sink_.defined()) {  // once: the size of the largest unit
+      int64_t most = 0;
+      for (const ParamUnit& pu : plan_->units) most = std::max(most, pu.numel);
+      grad_sink_ = Tensor::empty({most}, DType::F32, device_);
+    }
     bind_unit(u, grad_sink_.rows(0, plan_->units[size_t(u)].numel), g_);
     return;
   }
@@ -564,7 +566,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // reset per layer). With ep = 1 the combined rows are these rows themselves.
       Tensor yp = (pl.ep > 1 ? work_ : Af).alloc({Rr, D}, act_);
       ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
-      if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+      if (lo && lo->experts())
         lora_experts_fwd(*lo, w, pl.local_offsets, a.xp, a.gu, a.hh, yp, local_expert_begin(l));
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
@@ -582,7 +584,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.hh = Af.alloc({R, F}, act_);
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
       ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      if (lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined()))
+      if (lo && lo->experts())
         lora_experts_fwd(*lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp, 0);
       if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
@@ -665,7 +667,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       dwts = cg.dw_TK;
       Tensor dxp = W.alloc({pl.rows_received, D}, act_);
       const bool lora_experts =
-          lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined());
+          lo && lo->experts();
       if (lora_experts)  // the adapters' path: per local expert, no weight gradient of the base
         lora_experts_bwd(*lo, *lg, w, pl.local_offsets, a.xp, a.gu, a.hh, cg.dyr_RD, dxp, local_expert_begin(l));
       if (cfg_.score_before_experts) {  // the weights' gradient comes from the input side
@@ -691,7 +693,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
       else
         ops::unpermute_bwd(dout_e, a.yp, a.row_of_assign, wts_e, dyp, dwts);
       const bool lora_experts =
-          lo && ((*lo)[LoraTarget::ExpertsGateUp].defined() || (*lo)[LoraTarget::ExpertsDown].defined());
+          lo && lo->experts();
       side_dw = opt_.wgrad_stream && device_ == Device::CUDA && !lora_experts;
       if (side_dw) wgrad_done_.resize(1, device_, opt_.wgrad_priority);
       if (lora_experts) {

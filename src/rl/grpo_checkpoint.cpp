@@ -133,9 +133,7 @@ std::string save_grpo_checkpoint(const std::string& run_dir, int64_t step, Train
   LoraAdapters* lora = session.lora();
   st["flat_numel"] = lora ? lora->table().total() : session.table().total();
   if (lora) {
-    st["lora"] = {{"rank", lora->spec().rank},
-                  {"alpha", lora->spec().effective_alpha()},
-                  {"targets", lora_targets_text(lora->spec())}};
+    st["lora"] = json(lora_state_json(lora->spec()));
     // The base, for convert --merge: the initial model, or a preset and the seed of its init.
     if (st.contains("model_dir")) st["lora"]["base"] = st["model_dir"];
     if (st.contains("model_fingerprint") && st["model_fingerprint"].contains("preset"))

@@ -82,14 +82,7 @@ GrpoSessions make_grpo_sessions(const ModelConfig& cfg, SessionOptions so, const
     const nlohmann::json& state = *plan.state;
     const int64_t step = state.at("step").get<int64_t>();
     AdamW& opt = session.optimizer();
-    if (state.contains("lora") != (lora != nullptr))
-      MT_THROW("grpo: resume: ", plan.resume_dir,
-               lora ? " is not a LoRA run's checkpoint; drop --lora-rank to resume it"
-                    : " holds LoRA adapters; give --lora-rank and the run's other LoRA options to resume it");
-    const CheckpointState mine = checkpoint_state(session, "", {});
-    load_train_state_shards(plan.resume_dir, lora ? lora->table().total() : session.table().total(), mine.pieces,
-                            session.trainable_params(), opt.exp_avg(), opt.exp_avg_sq());
-    if (!lora) session.refresh_compute_weights();
+    restore_checkpoint_state(session, plan.resume_dir, state, "grpo: ");
     opt.set_state(state.at("optimizer_steps").get<int64_t>(), state.at("skipped_steps").get<int64_t>());
     session.set_steps_done(state.value("session_steps", step));
     if (TrainSession* critic = out.critic.get()) {

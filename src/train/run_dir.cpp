@@ -60,6 +60,27 @@ CheckpointState checkpoint_state(TrainSession& session, std::string subdir, nloh
           std::move(train_state)};
 }
 
+nlohmann::ordered_json lora_state_json(const LoraSpec& spec) {
+  return {{"rank", spec.rank}, {"alpha", spec.effective_alpha()}, {"targets", lora_targets_text(spec)}};
+}
+
+ReshardReport restore_checkpoint_state(TrainSession& session, const std::string& ckpt_dir, const nlohmann::json& state,
+                                       const std::string& log_prefix) {
+  LoraAdapters* lora = session.lora();
+  if (state.contains("lora") != (lora != nullptr))
+    MT_THROW(log_prefix, "resume: ", ckpt_dir,
+             lora ? " is not a LoRA run's checkpoint; drop --lora-rank to resume it"
+                  : str(" holds LoRA adapters (rank ", state["lora"].value("rank", 0),
+                        "); give --lora-rank and the run's other LoRA options to resume it"));
+  AdamW& opt = session.optimizer();
+  const CheckpointState mine = checkpoint_state(session, "", {});
+  const ReshardReport rr =
+      load_train_state_shards(ckpt_dir, lora ? lora->table().total() : session.table().total(), mine.pieces,
+                              session.trainable_params(), opt.exp_avg(), opt.exp_avg_sq());
+  if (!lora) session.refresh_compute_weights();
+  return rr;
+}
+
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const CheckpointWeights& weights,
                             const std::vector<CheckpointState>& states, int64_t keep_last, DistContext& dist,
                             const std::string& log_prefix) {

@@ -66,6 +66,17 @@ CheckpointWeights checkpoint_weights(TrainSession& session);
 // its adapters', the whole adapter table on the one process).
 CheckpointState checkpoint_state(TrainSession& session, std::string subdir, nlohmann::ordered_json train_state);
 
+// A LoRA run's adapters as its train_state.json records them ("lora": rank, alpha, targets); the caller adds
+// the base it ran on.
+nlohmann::ordered_json lora_state_json(const LoraSpec& spec);
+// A resume's training state into the session: its trainable values (the master weights, or a LoRA session's
+// adapters) and AdamW moments from the checkpoint's shards, whatever layout wrote them, then the compute copy.
+// `state` is the checkpoint's train_state.json: a LoRA checkpoint resumed without adapters, or the reverse, is
+// an error that says which option to give (`log_prefix` starts it).
+struct ReshardReport;  // train/checkpoint.h
+ReshardReport restore_checkpoint_state(TrainSession& session, const std::string& ckpt_dir, const nlohmann::json& state,
+                                       const std::string& log_prefix = "");
+
 // Writes RUN_DIR/checkpoint-<step> (the file comment's steps) and returns its directory. `states` holds the
 // checkpoint's own state first (subdir ""), then any others. Called on every rank of `dist` in the same
 // order; `log_prefix` starts each log line ("grpo: "). Errors (a full disk, an unwritable directory) name the

@@ -239,14 +239,7 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
   if (resuming) {
     auto t = Clock::now();
     const nlohmann::json st = read_train_state(resume_dir);
-    if (st.contains("lora") != (lora != nullptr))
-      MT_THROW("resume: ", resume_dir, lora ? " is not a LoRA run's checkpoint; drop --lora-rank to resume it"
-                                            : str(" holds LoRA adapters (rank ", st["lora"].value("rank", 0),
-                                                  "); give --lora-rank and the run's other LoRA options to resume it"));
-    const CheckpointState mine = checkpoint_state(session, "", {});
-    ReshardReport rr = load_train_state_shards(resume_dir, lora ? lora->table().total() : table.total(), mine.pieces,
-                                               session.trainable_params(), opt.exp_avg(), opt.exp_avg_sq());
-    if (!lora) session.refresh_compute_weights();
+    const ReshardReport rr = restore_checkpoint_state(session, resume_dir, st);
     start_step = st.at("step").get<int64_t>();
     opt.set_state(st.at("optimizer_steps").get<int64_t>(), st.at("skipped_steps").get<int64_t>());
     session.set_steps_done(start_step);
@@ -339,12 +332,11 @@ TrainSummary run_training(const TrainConfig& cfg, const RunOptions& run) {
                          {"warmup_steps", lrp.warmup_steps}, {"steps", cfg.steps}, {"next_lr", lr_at(lrp, step)}};
     st["rng"] = "none: initialisation and data are functions of (seed, index); the data index is data_position";
     st["flat_numel"] = lora ? lora->table().total() : table.total();
-    if (lora)
-      st["lora"] = {{"rank", lora->spec().rank},
-                    {"alpha", lora->spec().effective_alpha()},
-                    {"targets", lora_targets_text(lora->spec())},
-                    {"base", cfg.init_from.empty() ? cfg.model : cfg.init_from},
-                    {"base_seed", cfg.init_from.empty() ? nlohmann::json(cfg.seed) : nlohmann::json(nullptr)}};
+    if (lora) {
+      st["lora"] = lora_state_json(lora->spec());
+      st["lora"]["base"] = cfg.init_from.empty() ? cfg.model : cfg.init_from;
+      st["lora"]["base_seed"] = cfg.init_from.empty() ? nlohmann::json(cfg.seed) : nlohmann::json(nullptr);
+    }
     const DeviceMesh& mesh = dist->mesh();
     st["layout"] = {{"world_size", dist->world_size()},
                     {"dp_replicate", mesh.size(Axis::DpReplicate)},
