@@ -252,6 +252,35 @@ void check_experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& 
   check_shape(dw_down_EDF, w_down_EDF.shape(), "experts_bwd dw_down_EDF");
 }
 
+namespace {
+
+// The grouped linear layers' shapes: x_RK 2-D, w_ENK [E, N, K], offsets_E1 [E + 1]; returns {R, N, K}.
+std::array<int64_t, 3> check_grouped_linear(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                                            const char* op) {
+  check_2d(x_RK, str(op, " x_RK").c_str());
+  MT_CHECK(w_ENK.dim() == 3, op, " w_ENK must be 3-D [E, N, K], got shape ", shape_str(w_ENK.shape()));
+  const int64_t E = w_ENK.size(0), N = w_ENK.size(1), K = w_ENK.size(2), R = x_RK.size(0);
+  check_shape(x_RK, {R, K}, str(op, " x_RK").c_str());
+  check_shape(offsets_E1, {E + 1}, str(op, " offsets_E1").c_str());
+  return {R, N, K};
+}
+
+}  // namespace
+
+void check_grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float /*alpha*/,
+                              const Tensor& y_RN, bool /*accumulate*/) {
+  const auto [R, N, K] = check_grouped_linear(x_RK, offsets_E1, w_ENK, "grouped_linear_fwd");
+  check_shape(y_RN, {R, N}, "grouped_linear_fwd y_RN");
+}
+
+void check_grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                              float /*alpha*/, const Tensor* dx_RK, bool /*accumulate_dx*/, const Tensor& dw_ENK) {
+  const auto [R, N, K] = check_grouped_linear(x_RK, offsets_E1, w_ENK, "grouped_linear_bwd");
+  check_shape(dy_RN, {R, N}, "grouped_linear_bwd dy_RN");
+  if (dx_RK) check_shape(*dx_RK, {R, K}, "grouped_linear_bwd dx_RK");
+  if (dw_ENK.defined()) check_shape(dw_ENK, w_ENK.shape(), "grouped_linear_bwd dw_ENK");
+}
+
 void check_experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                            const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& y_TD) {
   const char* op = "experts_ref_fwd";

@@ -65,6 +65,11 @@ void check_experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& 
                        const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF,
                        const Tensor& dxp_RD, const Tensor& dw_gate_up_E2FD, const Tensor& dw_down_EDF,
                        bool accumulate_dw, const std::function<void()>& after_dx);
+// x_RK 2-D [R, K], w_ENK 3-D [E, N, K], offsets_E1 [E+1], y_RN and dy_RN [R, N], dx_RK [R, K], dw_ENK w's shape.
+void check_grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float alpha,
+                              const Tensor& y_RN, bool accumulate);
+void check_grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                              float alpha, const Tensor* dx_RK, bool accumulate_dx, const Tensor& dw_ENK);
 // The weights as experts_fwd; x_TD is 2-D [T, D], topk_idx_TK 2-D [T, K], topk_w_TK [T, K], y_TD [T, D].
 void check_experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                            const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& y_TD);

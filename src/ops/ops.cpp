@@ -332,6 +332,24 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
   if (after_dx) after_dx();
 }
 
+void grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float alpha, Tensor& y_RN,
+                        bool accumulate) {
+  const bool cuda = on_cuda("grouped_linear_fwd", {&x_RK, &offsets_E1, &w_ENK, &y_RN});
+  OpScope scope("grouped_linear_fwd", cuda);
+  check_grouped_linear_fwd(x_RK, offsets_E1, w_ENK, alpha, y_RN, accumulate);
+  if (cuda) return cuda::grouped_linear_fwd(x_RK, offsets_E1, w_ENK, alpha, y_RN, accumulate);
+  return cpu::grouped_linear_fwd(x_RK, offsets_E1, w_ENK, alpha, y_RN, accumulate);
+}
+
+void grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                        float alpha, Tensor* dx_RK, bool accumulate_dx, Tensor& dw_ENK) {
+  const bool cuda = on_cuda("grouped_linear_bwd", {&dy_RN, &x_RK, &offsets_E1, &w_ENK, dx_RK, &dw_ENK});
+  OpScope scope("grouped_linear_bwd", cuda);
+  check_grouped_linear_bwd(dy_RN, x_RK, offsets_E1, w_ENK, alpha, dx_RK, accumulate_dx, dw_ENK);
+  if (cuda) return cuda::grouped_linear_bwd(dy_RN, x_RK, offsets_E1, w_ENK, alpha, dx_RK, accumulate_dx, dw_ENK);
+  return cpu::grouped_linear_bwd(dy_RN, x_RK, offsets_E1, w_ENK, alpha, dx_RK, accumulate_dx, dw_ENK);
+}
+
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
   const bool cuda = on_cuda("experts_ref_fwd", {&x_TD, &topk_idx_TK, &topk_w_TK, &w_gate_up_E2FD, &w_down_EDF, &y_TD});

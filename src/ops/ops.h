@@ -198,6 +198,21 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
                  Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true,
                  const std::function<void()>& after_dx = {});
 
+// ---- grouped linear layers: one weight per expert over the experts' contiguous dispatched rows ----
+// Rows [off[e], off[e+1]) of x and y belong to expert e (offsets_E1 i64 [E+1], non-decreasing from 0 to R);
+// w_ENK is [E, N, K], expert e's weight in HF's [out, in] layout. The experts' LoRA path is built from these
+// (the base's grouped GEMMs and the adapters' low-rank products beside them), with no host synchronisation.
+// y_RN = alpha * x_RK @ w[e]^T, or y += that when accumulate.
+// CUDA: w bf16 (the base's experts: x bf16, y bf16) or f32 (adapters: fp32 arithmetic from x bf16|f32, y
+// bf16|f32, one rounding of the sum).
+void grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float alpha, Tensor& y_RN,
+                        bool accumulate = false);
+// dx_RK = (or += when accumulate_dx) alpha * dy_RN @ w[e]; dw_ENK += alpha * dy^T @ x over expert e's rows (f32;
+// experts without rows keep theirs). dx null or dw undefined (a frozen base) skips that product.
+// CUDA: dtypes as grouped_linear_fwd (dy for x), dx bf16|f32, dw f32.
+void grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                        float alpha, Tensor* dx_RK, bool accumulate_dx, Tensor& dw_ENK);
+
 // ---- experts, reference form: a plain loop over experts and the tokens routed to each ----
 // y_TD = sum_k w_TK[t,k] * expert_{idx[t,k]}(x_TD[t]); no permutation, no saved state.
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,

@@ -56,6 +56,10 @@ void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_
 void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                  const Tensor& w_down_EDF, const Tensor& gu_R2F, const Tensor& h_RF, Tensor& dxp_RD,
                  Tensor& dw_gate_up_E2FD, Tensor& dw_down_EDF, bool accumulate_dw = true);
+void grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float alpha, Tensor& y_RN,
+                        bool accumulate = false);
+void grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                        float alpha, Tensor* dx_RK, bool accumulate_dx, Tensor& dw_ENK);
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD);
 void experts_ref_bwd(const Tensor& dy_TD, const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,

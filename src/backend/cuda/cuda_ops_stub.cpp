@@ -129,6 +129,14 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
                  const std::function<void()>& after_dx) {
   no_cuda("experts_bwd");
 }
+void grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK, float alpha, Tensor& y_RN,
+                        bool accumulate) {
+  no_cuda("grouped_linear_fwd");
+}
+void grouped_linear_bwd(const Tensor& dy_RN, const Tensor& x_RK, const Tensor& offsets_E1, const Tensor& w_ENK,
+                        float alpha, Tensor* dx_RK, bool accumulate_dx, Tensor& dw_ENK) {
+  no_cuda("grouped_linear_bwd");
+}
 void experts_ref_fwd(const Tensor& x_TD, const Tensor& topk_idx_TK, const Tensor& topk_w_TK,
                      const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, Tensor& y_TD) {
   no_cuda("experts_ref_fwd");
