@@ -34,31 +34,6 @@
 using namespace mt;
 using namespace mt::bench;
 
-namespace {
-
-// Bytes one decode step reads for B sequences at the given total context (tokens in their caches).
-double decode_step_bytes(const ModelConfig& c, int64_t B, double context_tokens, int64_t w_bytes, int64_t kv_bytes) {
-  const double D = double(c.hidden_size), H = double(c.num_attention_heads), G = double(c.num_key_value_heads),
-               Hd = double(c.head_dim), E = double(c.num_experts), K = double(c.num_experts_per_tok);
-  double params = 0;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    params += D * H * Hd * 2 + D * G * Hd * 2 + 2 * Hd + 2 * D;  // q, o, k, v, q/k norms, the two norms
-    const bool dense = std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), l) != c.mlp_only_layers.end() ||
-                       c.num_experts == 0;
-    if (dense) {
-      params += 3 * D * double(c.intermediate_size);
-    } else {
-      const double touched = E * (1 - std::pow(1 - K / E, double(B)));  // expected distinct experts
-      params += E * D + touched * 3 * D * double(c.moe_intermediate_size);
-    }
-  }
-  params += D + double(c.vocab_size) * D + double(B) * D;  // final norm, LM head, embedding rows
-  const double kv = context_tokens * double(c.num_hidden_layers) * 2 * G * Hd * double(kv_bytes);
-  return params * double(w_bytes) + kv;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   std::string model = "bench-4L", device = "cuda";
   int64_t prompts = 256, prompt_len = 128, new_tokens = 512, n = 1, layers = 0;

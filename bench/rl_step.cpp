@@ -6,8 +6,11 @@
 // model's EOS is off, so every sample has exactly --new-tokens tokens. Step 1 warms up (cuDNN graphs for
 // the packed shapes, the allocator's growth); steps 2.. are measured. One JSON line per step: the time
 // split (generate, reward, log-probs, reference log-probs, update, weight sync), rollout and train tokens/s,
-// and the weight sync's share of the step (the bound: under 1%), the peak device memory and the frozen
-// reference's share of it (reference_gpu_mb: its bf16 copy; its f32 masters stay in host memory).
+// and the weight sync's share of the step (kept under 1%), the peak device memory and the frozen
+// reference's share of it (reference_gpu_mb: its bf16 copy; its f32 masters stay in host memory), the KV
+// cache (kv_cache_gb; kv_cache_needed_gb holds every sample at once) and the rollout's tokens/s as a fraction
+// of the decode floor at this shape (bench_util.h's decode_step_bytes over the measured copy bandwidth, every
+// sample decoding at once; the prefill's time counts against it, as in the generate bench).
 //
 // usage: rl_step [--model bench-4L] [--prompts 64] [--n 8] [--prompt-len 128] [--new-tokens 512]
 //                [--micro-batch-samples 8] [--steps 2] [--reference on|off] [--recompute none|full]
@@ -89,8 +92,11 @@ int main(int argc, char** argv) {
       so.lora.rank = lora_rank;
       so.lora.targets = parse_lora_targets(lora_targets);
     }
+    auto t_init = Clock::now();
     TrainSession session(mc, so);
     session.init_weights(1);
+    device_mem::synchronize(dev);
+    const double init_s = secs(t_init);
     session.make_optimizer(AdamWConfig{}, false);
     std::unique_ptr<TrainSession> reference;
     double reference_gpu_mb = 0;  // the frozen reference's device memory (its masters stay on the host)
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
       reference->init_weights(1);
       if (dev == Device::CUDA) reference_gpu_mb = double(device_mem::cuda_bytes_in_use() - before) / 1e6;
     }
+    const double copy_gbps = measure_copy_gbps(dev);
     EngineOptions eo;
     eo.record_routing = true;
     eo.max_running = prompts * n;
@@ -114,6 +121,15 @@ int main(int argc, char** argv) {
     eo.kv_cache_bytes =
         dev == Device::CUDA ? std::min(need, int64_t(double(device_mem::cuda_free_bytes()) * kv_fraction)) : need;
     RolloutEngine engine(session.model(), eo);
+    // The decode floor at this shape: every sample decoding at once (context prompt_len + j at step j), the
+    // adapters (f32) read beside the weights each step; over the copy bandwidth measured here.
+    const int64_t B = prompts * n, wb = dev == Device::CUDA ? 2 : 4;
+    const double adapter_bytes = lora_rank > 0 ? double(session.lora()->table().total()) * 4 : 0;
+    double floor_s = 0;
+    for (int64_t j = 0; j < new_tokens; ++j)
+      floor_s += (decode_step_bytes(mc, B, double(B) * double(prompt_len + j), wb, wb) + adapter_bytes) /
+                 (copy_gbps * 1e9);
+    const double floor_tps = floor_s > 0 ? double(B * new_tokens) / floor_s : 0;
 
     rl::GrpoOptions o;
     o.n = n;
@@ -176,6 +192,12 @@ int main(int argc, char** argv) {
           {"weight_sync_share", m.weight_sync_s / s},
           {"other_s", s - m.generate_s - m.reward_s - m.logprob_s - m.ref_logprob_s - m.update_s - m.weight_sync_s},
           {"rollout_tokens_per_s", m.rollout_tokens_per_s},
+          {"decode_floor_tokens_per_s", floor_tps},
+          {"rollout_fraction_of_floor", floor_tps > 0 ? m.rollout_tokens_per_s / floor_tps : 0.0},
+          {"copy_gbps", copy_gbps},
+          {"kv_cache_gb", double(eo.kv_cache_bytes) / 1e9},
+          {"kv_cache_needed_gb", double(need) / 1e9},
+          {"init_s", init_s},
           {"train_tokens_per_s", m.train_tokens_per_s},
           {"step_generated_tokens_per_s", generated / s},
           {"logprob_diff_mean", m.logprob_diff_mean},

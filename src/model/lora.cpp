@@ -179,6 +179,12 @@ LoraPair LoraPair::expert(int64_t e) const {
   return {A.rows(e, 1).view({A.size(1), A.size(2)}), B.rows(e, 1).view({B.size(1), B.size(2)})};
 }
 
+LoraPair LoraPair::out_rows(int64_t o0, int64_t n) const {
+  MT_CHECK(A.dim() == 2 && B.dim() == 2 && o0 >= 0 && n >= 0 && o0 + n <= B.size(0), "LoraPair::out_rows [", o0, ", ",
+           o0 + n, ") of B ", B.desc());
+  return {A, B.rows(o0, n)};
+}
+
 std::vector<LayerLora> bind_lora(const ModelConfig& c, const LoraTable& table, const Tensor& flat) {
   MT_CHECK(flat.numel() == table.total(), "bind_lora: buffer of ", flat.numel(), " elements for a table of ",
            table.total());
@@ -253,6 +259,63 @@ void lora_bwd(const Tensor& dy, int64_t col0, const Tensor& x, const LoraPair& p
   Tensor dxl = dx ? work.alloc({T, in}) : Tensor();
   ops::linear_bwd(du, x, p.A, dx ? &dxl : nullptr, false, dA, true);  // dx' = du A, dA += du^T x
   if (dx) ops::add_cols_(*dx, dxl, 0, 1.0f);
+}
+
+namespace {
+// A's columns [k0, k0 + kn) as an [r, kn] matrix of the work arena.
+Tensor a_cols(const LoraPair& p, int64_t k0, int64_t kn, Arena& work, const char* who) {
+  MT_CHECK(p.A.dim() == 2 && k0 >= 0 && k0 + kn <= p.A.size(1), who, ": input features [", k0, ", ", k0 + kn, ") of A ",
+           p.A.desc());
+  Tensor As = work.alloc({p.A.size(0), kn});
+  ops::copy_cols(p.A, k0, As);
+  return As;
+}
+}  // namespace
+
+void lora_fwd_in_cols(const Tensor& x, int64_t k0, const LoraPair& p, float s, Tensor& y, Arena& work) {
+  if (x.size(0) == 0) return;
+  lora_fwd(x, {a_cols(p, k0, x.size(1), work, "lora_fwd_in_cols"), p.B}, s, y, 0, work);
+}
+
+void lora_bwd_in_cols(const Tensor& dy, const Tensor& x, int64_t k0, const LoraPair& p, const LoraPair& g, float s,
+                      Tensor* dx, Arena& work) {
+  const int64_t kn = x.size(1);
+  if (x.size(0) == 0) return;
+  const Tensor As = a_cols(p, k0, kn, work, "lora_bwd_in_cols");
+  Tensor dAs = work.zeros({p.A.size(0), kn});
+  lora_bwd(dy, 0, x, {As, p.B}, {dAs, g.B}, s, dx, work);
+  Tensor dA = g.A;  // a view of the gradient buffer
+  ops::add_cols_(dA, dAs, k0, 1.0f);
+}
+
+namespace {
+// Experts [e0, e0 + E) of an experts' pair.
+LoraPair local_experts(const LoraPair& p, int64_t e0, int64_t E) {
+  MT_CHECK(p.A.dim() == 3 && e0 >= 0 && e0 + E <= p.A.size(0), "LoRA: experts [", e0, ", ", e0 + E,
+           ") of an experts' pair ", p.A.desc());
+  return {p.A.rows(e0, E), p.B.rows(e0, E)};
+}
+}  // namespace
+
+void lora_grouped_fwd(const Tensor& x, const Tensor& offsets_E1, const LoraPair& p, int64_t e0, float s, Tensor& y,
+                      Arena& work) {
+  if (!p.defined()) return;
+  const LoraPair l = local_experts(p, e0, offsets_E1.numel() - 1);
+  Tensor u = work.alloc({x.size(0), l.A.size(1)});
+  ops::grouped_linear_fwd(x, offsets_E1, l.A, s, u);           // u = s x A_e^T
+  ops::grouped_linear_fwd(u, offsets_E1, l.B, 1.0f, y, true);  // y += u B_e^T
+}
+
+void lora_grouped_bwd(const Tensor& dy, const Tensor& x, const Tensor& offsets_E1, const LoraPair& p,
+                      const LoraPair& g, int64_t e0, float s, Tensor* dx, Arena& work) {
+  if (!p.defined()) return;
+  const int64_t E = offsets_E1.numel() - 1;
+  const LoraPair l = local_experts(p, e0, E);
+  LoraPair lg = local_experts(g, e0, E);
+  Tensor u = work.alloc({x.size(0), l.A.size(1)}), du = work.alloc({x.size(0), l.A.size(1)});
+  ops::grouped_linear_fwd(x, offsets_E1, l.A, s, u);
+  ops::grouped_linear_bwd(dy, u, offsets_E1, l.B, 1.0f, &du, false, lg.B);  // du = dy B_e, dB_e += dy^T u
+  ops::grouped_linear_bwd(du, x, offsets_E1, l.A, s, dx, true, lg.A);       // dx += s du A_e, dA_e += s du^T x
 }
 
 }  // namespace mt

@@ -82,6 +82,8 @@ struct LoraPair {
   Tensor A, B;
   bool defined() const { return A.defined(); }
   LoraPair expert(int64_t e) const;  // the e-th expert's [r, in] and [out, r]
+  // A whole and B's rows [o0, o0 + n): a column-parallel layer's share under tensor parallelism (below).
+  LoraPair out_rows(int64_t o0, int64_t n) const;
 };
 struct LayerLora {
   std::array<LoraPair, kLoraTargets> t;
@@ -128,5 +130,29 @@ class LoraAdapters {
 void lora_fwd(const Tensor& x, const LoraPair& p, float s, Tensor& y, int64_t col0, Arena& work);
 void lora_bwd(const Tensor& dy, int64_t col0, const Tensor& x, const LoraPair& p, const LoraPair& g, float s,
               Tensor* dx, Arena& work);
+
+// Tensor parallelism (parallel/tensor_parallel.h): every rank holds every adapter whole and uses the part that
+// matches its slice of the base weight; the adapters' gradients are then summed over the tp ranks, which
+// completes the partial sums below.
+// - Column-parallel layers (q/k/v, the dense gate/up; this rank's output features [o0, o0 + n)): lora_fwd and
+//   lora_bwd on p.out_rows(o0, n) and g.out_rows(o0, n). u = s x A^T is the same on every rank; y gets this
+//   rank's columns and B's rows their whole gradient; du, hence dA and dx, are this rank's share of a sum.
+// - Row-parallel layers (o_proj, the dense down_proj; x holds the input features [k0, k0 + x.size(1))): the
+//   two functions below, with A's columns [k0, k0 + x.size(1)). u, y (added into the base's partial output
+//   before its reduce-scatter) and dB are this rank's share of a sum; du = s dy B is whole, so A's columns
+//   get their whole gradient and dx this rank's input features' gradient.
+void lora_fwd_in_cols(const Tensor& x, int64_t k0, const LoraPair& p, float s, Tensor& y, Arena& work);
+void lora_bwd_in_cols(const Tensor& dy, const Tensor& x, int64_t k0, const LoraPair& p, const LoraPair& g, float s,
+                      Tensor* dx, Arena& work);
+
+// The experts' low-rank path over dispatched rows grouped by expert (offsets_E1: the rows of local expert e
+// are [off[e], off[e+1])), for the local experts [e0, e0 + E) of an experts' pair (expert parallelism: e0 is
+// the global id of local expert 0). Grouped GEMMs (ops::grouped_linear_*), no host synchronisation:
+//   forward:  y += s (x A_e^T) B_e^T on each expert's rows;
+//   backward: as lora_bwd per expert (dB, dA +=; dx += when dx is given). u is formed again from x.
+void lora_grouped_fwd(const Tensor& x, const Tensor& offsets_E1, const LoraPair& p, int64_t e0, float s, Tensor& y,
+                      Arena& work);
+void lora_grouped_bwd(const Tensor& dy, const Tensor& x, const Tensor& offsets_E1, const LoraPair& p,
+                      const LoraPair& g, int64_t e0, float s, Tensor* dx, Arena& work);
 
 }  // namespace mt

@@ -23,6 +23,16 @@ bool env_switch(const char* var) {
   MT_THROW(var, " (\"", s, "\") must be 0 or 1");
 }
 
+// A column-parallel layer's adapter under tensor parallelism (lora.h): A whole and B's rows of this rank's n
+// output features. tp rank r holds the global rows [r out / tp, ...) (parallel/tensor_parallel.h), or, where a
+// kv head is replicated over tp / G ranks, the n rows of kv head r G / tp: both are r out / tp rounded down to a
+// multiple of n.
+LoraPair tp_out_rows(const LoraPair& p, int64_t n, const comm::Communicator* tp) {
+  if (!tp || !p.defined()) return p;
+  const int64_t out = p.B.size(0), r = tp->rank(), ntp = tp->size();
+  return p.out_rows(r * out / ntp / n * n, n);
+}
+
 }  // namespace
 
 bool fuse_norm_add_default() {
@@ -183,57 +193,32 @@ int64_t Qwen3MoeModel::local_expert_begin(int64_t l) const {
   return u >= 0 ? plan_->units[size_t(u)].expert_begin : 0;
 }
 
-void Qwen3MoeModel::lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets,
-                                     const Tensor& xp, Tensor& gu, Tensor& hh, Tensor& yp, int64_t e0) {
-  const LoraPair& a_gu = lo[LoraTarget::ExpertsGateUp];
-  const LoraPair& a_dn = lo[LoraTarget::ExpertsDown];
-  const Tensor off = offsets.to(Device::CPU);
-  const int64_t* o = off.data<int64_t>();
-  const int64_t E = offsets.numel() - 1, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size;
+void Qwen3MoeModel::run_experts_fwd(const LayerLora* lo, const LayerWeights& w, const Tensor& offsets, const Tensor& xp,
+                                    Tensor& gu, Tensor& hh, Tensor& yp, int64_t e0) {
+  if (!lo || !lo->experts()) {
+    ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
+    return;
+  }
+  // The base's grouped GEMMs, each with its adapters' low-rank product added before the next step reads it.
   const float s = lora_->scale();
-  if (a_gu.defined()) {  // gu gains its adapter rows, so hh and yp are formed again from it
-    for (int64_t e = 0; e < E; ++e)
-      if (o[e + 1] > o[e]) {
-        Tensor rows = gu.rows(o[e], o[e + 1] - o[e]);
-        lora_fwd(xp.rows(o[e], o[e + 1] - o[e]), a_gu.expert(e0 + e), s, rows, 0, work_);
-      }
-    ops::swiglu_fwd(gu, hh);
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = o[e + 1] - o[e];
-    if (n == 0) continue;
-    Tensor h = hh.rows(o[e], n), y = yp.rows(o[e], n);
-    if (a_gu.defined()) ops::linear_fwd(h, w.experts_down.rows(e, 1).view({D, F}), y);
-    if (a_dn.defined()) lora_fwd(h, a_dn.expert(e0 + e), s, y, 0, work_);
-  }
+  ops::grouped_linear_fwd(xp, offsets, w.experts_gate_up, 1.0f, gu);
+  lora_grouped_fwd(xp, offsets, (*lo)[LoraTarget::ExpertsGateUp], e0, s, gu, work_);
+  ops::swiglu_fwd(gu, hh);
+  ops::grouped_linear_fwd(hh, offsets, w.experts_down, 1.0f, yp);
+  lora_grouped_fwd(hh, offsets, (*lo)[LoraTarget::ExpertsDown], e0, s, yp, work_);
 }
 
 void Qwen3MoeModel::lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w,
                                      const Tensor& offsets, const Tensor& xp, const Tensor& gu, const Tensor& hh,
                                      const Tensor& dyp, Tensor& dxp, int64_t e0) {
-  const LoraPair& a_gu = lo[LoraTarget::ExpertsGateUp];
-  const LoraPair& a_dn = lo[LoraTarget::ExpertsDown];
-  const Tensor off = offsets.to(Device::CPU);
-  const int64_t* o = off.data<int64_t>();
-  const int64_t E = offsets.numel() - 1, D = cfg_.hidden_size, F = cfg_.moe_intermediate_size, R = xp.size(0);
+  const int64_t F = cfg_.moe_intermediate_size, R = xp.size(0);
   const float s = lora_->scale();
-  Tensor dhh = work_.alloc({R, F}, act_), dgu = work_.alloc({R, 2 * F}, act_), frozen;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = o[e + 1] - o[e];
-    if (n == 0) continue;
-    Tensor dy = dyp.rows(o[e], n), h = hh.rows(o[e], n), dh = dhh.rows(o[e], n);
-    ops::linear_bwd(dy, h, w.experts_down.rows(e, 1).view({D, F}), &dh, false, frozen);
-    if (a_dn.defined()) lora_bwd(dy, 0, h, a_dn.expert(e0 + e), lg[LoraTarget::ExpertsDown].expert(e0 + e), s, &dh, work_);
-  }
+  Tensor dhh = work_.alloc({R, F}, act_), dgu = work_.alloc({R, 2 * F}, act_), frozen;  // no gradient of the base
+  ops::grouped_linear_bwd(dyp, hh, offsets, w.experts_down, 1.0f, &dhh, false, frozen);
+  lora_grouped_bwd(dyp, hh, offsets, lo[LoraTarget::ExpertsDown], lg[LoraTarget::ExpertsDown], e0, s, &dhh, work_);
   ops::swiglu_bwd(dhh, gu, dgu);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = o[e + 1] - o[e];
-    if (n == 0) continue;
-    Tensor dg = dgu.rows(o[e], n), x = xp.rows(o[e], n), dx = dxp.rows(o[e], n);
-    ops::linear_bwd(dg, x, w.experts_gate_up.rows(e, 1).view({2 * F, D}), &dx, false, frozen);
-    if (a_gu.defined())
-      lora_bwd(dg, 0, x, a_gu.expert(e0 + e), lg[LoraTarget::ExpertsGateUp].expert(e0 + e), s, &dx, work_);
-  }
+  ops::grouped_linear_bwd(dgu, xp, offsets, w.experts_gate_up, 1.0f, &dxp, false, frozen);
+  lora_grouped_bwd(dgu, xp, offsets, lo[LoraTarget::ExpertsGateUp], lg[LoraTarget::ExpertsGateUp], e0, s, &dxp, work_);
 }
 
 void Qwen3MoeModel::attach_lora(LoraAdapters* lora) {
@@ -446,10 +431,10 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     ops::linear_fwd(a.xg1, w.q, a.q);
     ops::linear_fwd(a.xg1, w.k, a.k);
     ops::linear_fwd(a.xg1, w.v, a.v);
-    if (lo) {
-      lora_fwd_if(a.xg1, (*lo)[LoraTarget::Q], a.q, 0);
-      lora_fwd_if(a.xg1, (*lo)[LoraTarget::K], a.k, 0);
-      lora_fwd_if(a.xg1, (*lo)[LoraTarget::V], a.v, 0);
+    if (lo) {  // under tp this rank's heads' rows of B (tp_out_rows)
+      lora_fwd_if(a.xg1, tp_out_rows((*lo)[LoraTarget::Q], H * Hd, par_.tp), a.q, 0);
+      lora_fwd_if(a.xg1, tp_out_rows((*lo)[LoraTarget::K], G * Hd, par_.tp), a.k, 0);
+      lora_fwd_if(a.xg1, tp_out_rows((*lo)[LoraTarget::V], G * Hd, par_.tp), a.v, 0);
     }
     a.qr = A.alloc({T, H, Hd}, act_);
     a.kr = A.alloc({T, G, Hd}, act_);
@@ -490,13 +475,16 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     if (par_.tp) {  // row-parallel o_proj: partial sums over this rank's heads, summed into the local rows
       Tensor part = work_.alloc({T, D}, DType::F32);
       ops::linear_fwd(a.att.view({T, H * Hd}), w.o, part);
+      if (lo && (*lo)[LoraTarget::O].defined())  // A's columns of this rank's heads: a partial sum too
+        lora_fwd_in_cols(a.att.view({T, H * Hd}), par_.tp->rank() * H * Hd, (*lo)[LoraTarget::O], lora_->scale(), part,
+                         work_);
       tp_reduce_scatter(part, a.h1);
     } else if (opt_.fuse_gemm_add) {
       ops::linear_fwd_add(a.att.view({T, H * Hd}), w.o, a.x, a.h1);
     } else {
       ops::linear_fwd(a.att.view({T, H * Hd}), w.o, a.h1);
     }
-    if (lo) lora_fwd_if(a.att.view({T, H * Hd}), (*lo)[LoraTarget::O], a.h1, 0);
+    if (lo && !par_.tp) lora_fwd_if(a.att.view({T, H * Hd}), (*lo)[LoraTarget::O], a.h1, 0);
     if (opt_.fuse_gemm_add && !par_.tp) {
       ops::rms_norm_fwd(a.h1, w.post_norm, eps, a.xn2, a.rstd2);
     } else if (opt_.fuse_norm_add) {
@@ -565,9 +553,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       // backward reads the combined rows ys): scratch, also under recompute none (the work arena is
       // reset per layer). With ep = 1 the combined rows are these rows themselves.
       Tensor yp = (pl.ep > 1 ? work_ : Af).alloc({Rr, D}, act_);
-      ops::experts_fwd(a.xp, pl.local_offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, yp);
-      if (lo && lo->experts())
-        lora_experts_fwd(*lo, w, pl.local_offsets, a.xp, a.gu, a.hh, yp, local_expert_begin(l));
+      run_experts_fwd(lo, w, pl.local_offsets, a.xp, a.gu, a.hh, yp, local_expert_begin(l));
       // The combine's phases, finishing straight into the f32 residual-stream output (a recompute
       // with the exchanges kept needs only gu and hh: the block output is not read).
       if (!exchanges_known) {
@@ -583,9 +569,7 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
       a.gu = Af.alloc({R, 2 * F}, act_);
       a.hh = Af.alloc({R, F}, act_);
       a.yp = Af.alloc({R, D}, act_);  // the backward reads it (the routing weights' gradient)
-      ops::experts_fwd(a.xp, a.offsets, w.experts_gate_up, w.experts_down, a.gu, a.hh, a.yp);
-      if (lo && lo->experts())
-        lora_experts_fwd(*lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp, 0);
+      run_experts_fwd(lo, w, a.offsets, a.xp, a.gu, a.hh, a.yp, 0);
       if (combine) ops::unpermute_fwd(a.yp, a.row_of_assign, cfg_.score_before_experts ? ones_TK(Tr) : wts_e, oute);
     }
     if (etp && need_out) tp_reduce_scatter(oute, out);
@@ -595,15 +579,17 @@ void Qwen3MoeModel::forward_layer(int64_t l, LayerActs& a, Tensor& out, bool rou
     a.gu = Af.alloc({T, 2 * I}, act_);
     a.hh = Af.alloc({T, I}, act_);
     ops::linear_fwd(a.xg2, w.mlp_gate_up, a.gu);
-    if (lo) {
-      lora_fwd_if(a.xg2, (*lo)[LoraTarget::Gate], a.gu, 0);
-      lora_fwd_if(a.xg2, (*lo)[LoraTarget::Up], a.gu, I);
+    if (lo) {  // under tp this rank's I rows of each (tp_out_rows)
+      lora_fwd_if(a.xg2, tp_out_rows((*lo)[LoraTarget::Gate], I, par_.tp), a.gu, 0);
+      lora_fwd_if(a.xg2, tp_out_rows((*lo)[LoraTarget::Up], I, par_.tp), a.gu, I);
     }
     ops::swiglu_fwd(a.gu, a.hh);
     if (ffn_only) return;  // the down projection's output is not read by the backward
     if (par_.tp) {
       Tensor part = work_.alloc({T, D}, DType::F32);
       ops::linear_fwd(a.hh, w.mlp_down, part);
+      if (lo && need_out && (*lo)[LoraTarget::Down].defined())  // A's columns of this rank's I: a partial sum
+        lora_fwd_in_cols(a.hh, par_.tp->rank() * I, (*lo)[LoraTarget::Down], lora_->scale(), part, work_);
       if (need_out) tp_reduce_scatter(part, out);
     } else if (opt_.fuse_gemm_add) {  // out = h1 + down(hh): the residual add in the GEMM's epilogue
       ops::linear_fwd_add(a.hh, w.mlp_down, a.h1, out);
@@ -631,6 +617,18 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   const LayerLora* lg = pass_lora_ ? &pass_lora_->grads(l) : nullptr;
   auto lora_bwd_if = [&](const Tensor& dy, int64_t col0, const Tensor& x, LoraTarget t, Tensor* dxt) {
     if (lo && (*lo)[t].defined()) lora_bwd(dy, col0, x, (*lo)[t], (*lg)[t], lora_->scale(), dxt, work_);
+  };
+  // Tensor parallelism (lora.h): a column-parallel layer's n output features (B's rows, tp_out_rows), a
+  // row-parallel layer's input features [tp rank × x.size(1), ...) (A's columns).
+  auto lora_bwd_out_if = [&](const Tensor& dy, int64_t col0, const Tensor& x, LoraTarget t, int64_t n, Tensor* dxt) {
+    if (lo && (*lo)[t].defined())
+      lora_bwd(dy, col0, x, tp_out_rows((*lo)[t], n, par_.tp), tp_out_rows((*lg)[t], n, par_.tp), lora_->scale(), dxt,
+               work_);
+  };
+  auto lora_bwd_in_if = [&](const Tensor& dy, const Tensor& x, LoraTarget t, Tensor* dxt) {
+    if (!par_.tp) return lora_bwd_if(dy, 0, x, t, dxt);
+    if (lo && (*lo)[t].defined())
+      lora_bwd_in_cols(dy, x, par_.tp->rank() * x.size(1), (*lo)[t], (*lg)[t], lora_->scale(), dxt, work_);
   };
   const int64_t T = T_, Tl = Tl_, D = cfg_.hidden_size, H = cfg_.num_attention_heads, G = cfg_.num_key_value_heads,
                 Hd = cfg_.head_dim, K = cfg_.num_experts_per_tok, E = cfg_.num_experts;
@@ -739,11 +737,13 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
     Tensor dout_g = tp_gather(dout, W);
     Tensor dhh = W.alloc({T, I}, act_), dgu = W.alloc({T, 2 * I}, act_);
     ops::linear_bwd(dout_g, a.hh, w.mlp_down, &dhh, false, g.mlp_down, acc);
-    lora_bwd_if(dout_g, 0, a.hh, LoraTarget::Down, &dhh);
+    lora_bwd_in_if(dout_g, a.hh, LoraTarget::Down, &dhh);
     ops::swiglu_bwd(dhh, a.gu, dgu);
     if (par_.tp) {  // partial input gradients of this rank's columns, summed into the local rows
       Tensor dxg = W.alloc({T, D}, act_), part = W.alloc({Tl, D}, act_);
       ops::linear_bwd(dgu, a.xg2, w.mlp_gate_up, &dxg, false, g.mlp_gate_up, acc);
+      lora_bwd_out_if(dgu, 0, a.xg2, LoraTarget::Gate, I, &dxg);
+      lora_bwd_out_if(dgu, I, a.xg2, LoraTarget::Up, I, &dxg);
       tp_reduce_scatter(dxg, part);
       ops::add_(dxn2, part);
     } else {
@@ -764,7 +764,7 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   Tensor dh1_g = tp_gather(dh1, W);
   Tensor datt = W.alloc({T, H * Hd}, act_);
   ops::linear_bwd(dh1_g, a.att.view({T, H * Hd}), w.o, &datt, false, g.o, acc);
-  lora_bwd_if(dh1_g, 0, a.att.view({T, H * Hd}), LoraTarget::O, &datt);
+  lora_bwd_in_if(dh1_g, a.att.view({T, H * Hd}), LoraTarget::O, &datt);
   Tensor dqr = W.alloc({T, H, Hd}, act_), dkr = W.alloc({T, G, Hd}, act_), dv = W.alloc({T, G, Hd}, act_);
   if (sp_) {
     const int64_t Tf = B_ * S_full_, Hl = par_.ulysses->local_heads(), Gl = par_.ulysses->local_kv_heads();
@@ -787,9 +787,9 @@ void Qwen3MoeModel::backward_layer(int64_t l, LayerActs& a, const Tensor& dout, 
   ops::linear_bwd(dq.view({T, H * Hd}), a.xg1, w.q, &dxg1, false, g.q, acc);
   ops::linear_bwd(dk.view({T, G * Hd}), a.xg1, w.k, &dxg1, true, g.k, acc);
   ops::linear_bwd(dv.view({T, G * Hd}), a.xg1, w.v, &dxg1, true, g.v, acc);
-  lora_bwd_if(dq.view({T, H * Hd}), 0, a.xg1, LoraTarget::Q, &dxg1);
-  lora_bwd_if(dk.view({T, G * Hd}), 0, a.xg1, LoraTarget::K, &dxg1);
-  lora_bwd_if(dv.view({T, G * Hd}), 0, a.xg1, LoraTarget::V, &dxg1);
+  lora_bwd_out_if(dq.view({T, H * Hd}), 0, a.xg1, LoraTarget::Q, H * Hd, &dxg1);
+  lora_bwd_out_if(dk.view({T, G * Hd}), 0, a.xg1, LoraTarget::K, G * Hd, &dxg1);
+  lora_bwd_out_if(dv.view({T, G * Hd}), 0, a.xg1, LoraTarget::V, G * Hd, &dxg1);
   Tensor dxn1 = dxg1;
   if (par_.tp) {  // partial sums over this rank's heads (a replicated kv head's share included)
     Tensor part = W.alloc({T, D}, act_);
@@ -826,9 +826,10 @@ LossParts Qwen3MoeModel::run(const MicroBatch& whole, const PassOptions& opt, bo
   if (backward && !has_labels) MT_THROW("forward_backward needs labels");
   if (backward && !src_->trainable() && !lora_)
     MT_THROW("forward_backward on frozen weights (Weights::Frozen, no gradients): a frozen model runs forward only");
-  if (lora_ && par_.tp)
-    MT_THROW("LoRA adapters under tensor parallelism are not supported; run them on one process, under FSDP or "
-             "with expert or sequence parallelism");
+  if (par_.tp && par_.expert_tp && lora_on_experts())
+    MT_THROW("LoRA adapters on the routed experts under expert tensor parallelism (ModelWiring::expert_tp, etp = ",
+             "tp = ", ntp, ") are not supported: the experts are F slices there; run the experts whole on each tp ",
+             "rank (etp 1) or leave them unadapted");
   pass_lora_ = opt.adapters ? lora_ : nullptr;
   if (backward && lora_ && !opt.adapters)
     MT_THROW("forward_backward with PassOptions::adapters off: the base is frozen, nothing would train");

@@ -286,9 +286,8 @@ class Qwen3MoeModel {
     work_.reset();
   }
   // CUDA, one process's weights (no expert parallelism, whose exchange plans live on the host).
-  // Adapters on the routed experts run per expert on host offsets (a synchronisation): not capturable yet.
   bool capturable_cached() const {
-    return device_ == Device::CUDA && !par_.dispatcher && !par_.tp && !par_.ulysses && !lora_on_experts();
+    return device_ == Device::CUDA && !par_.dispatcher && !par_.tp && !par_.ulysses;
   }
   // The inference layout: every unit's compute weights acquired (under FSDP: all-gathered once, the
   // experts over their expert-shard group; with ep > 1 each rank keeps its own experts) and the fp32
@@ -336,15 +335,16 @@ class Qwen3MoeModel {
   void forward_layer(int64_t l, LayerActs& a, Tensor& out, bool routing_known, const Tensor& add_in = Tensor(),
                      Tensor* add_out = nullptr);
   bool keeps_exchanges(const LayerActs& a) const;
-  // The adapters' forward beside one GEMM (p undefined: that weight is not adapted), and the routed experts'
-  // path with adapters on the local dispatch: the base's grouped GEMMs, then per expert the adapters' rows,
-  // the SwiGLU and down projection again (lora.h; the weights' gradients of the base are not computed).
+  // The adapters' forward beside one GEMM (p undefined: that weight is not adapted).
   void lora_fwd_if(const Tensor& x, const LoraPair& p, Tensor& y, int64_t col0);
+  // The routed experts' forward on the local dispatch (ops::experts_fwd); with adapters on them (lo), the base's
+  // grouped GEMMs each followed by its adapters' grouped low-rank product (lora.h), no host synchronisation.
   // offsets: the local experts' rows; e0: the global id of local expert 0 (expert parallelism), whose adapters
   // are the e0 + e-th of the layer's.
-  void lora_experts_fwd(const LayerLora& lo, const LayerWeights& w, const Tensor& offsets, const Tensor& xp, Tensor& gu,
-                        Tensor& hh, Tensor& yp, int64_t e0);
+  void run_experts_fwd(const LayerLora* lo, const LayerWeights& w, const Tensor& offsets, const Tensor& xp, Tensor& gu,
+                       Tensor& hh, Tensor& yp, int64_t e0);
   bool lora_on_experts() const;  // adapters on some routed expert weights
+  // Their backward with adapters: input and adapter gradients, none of the base's weights.
   void lora_experts_bwd(const LayerLora& lo, const LayerLora& lg, const LayerWeights& w, const Tensor& offsets,
                         const Tensor& xp, const Tensor& gu, const Tensor& hh, const Tensor& dyp, Tensor& dxp, int64_t e0);
   int64_t local_expert_begin(int64_t l) const;  // the global id of this rank's first expert of layer l

@@ -157,9 +157,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
                                                     : par_.dispatcher->dispatch(pl, xn2);
         const int64_t Rx = pl.rows_received;
         Tensor gu = work_.alloc({Rx, 2 * F}, act_), hh = work_.alloc({Rx, F}, act_), yp = work_.alloc({Rx, D}, act_);
-        ops::experts_fwd(xp, pl.local_offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
-        if (lo && lo->experts())
-          lora_experts_fwd(*lo, w, pl.local_offsets, xp, gu, hh, yp, local_expert_begin(l));
+        run_experts_fwd(lo, w, pl.local_offsets, xp, gu, hh, yp, local_expert_begin(l));
         const Tensor ys = par_.dispatcher->combine_comm(pl, par_.dispatcher->combine_prepare(pl, yp));
         par_.dispatcher->combine_finish(pl, ys, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       } else {
@@ -170,9 +168,7 @@ void Qwen3MoeModel::cached_pass(const CachedBatch& b, KvCache& cache, Tensor& lo
                yp = work_.alloc({Rr, D}, act_);
         if (cfg_.score_before_experts) ops::permute_weighted_fwd(xn2, row_of, wts, xp);
         else ops::permute_fwd(xn2, assign, K, xp);
-        ops::experts_fwd(xp, offsets, w.experts_gate_up, w.experts_down, gu, hh, yp);
-        if (lo && lo->experts())
-          lora_experts_fwd(*lo, w, offsets, xp, gu, hh, yp, 0);
+        run_experts_fwd(lo, w, offsets, xp, gu, hh, yp, 0);
         ops::unpermute_fwd(yp, row_of, cfg_.score_before_experts ? ones_TK(N) : wts, out);
       }
     } else {

@@ -845,11 +845,18 @@ bool is_router_weight(const std::string& name) {
 TpGenerator::TpGenerator(TrainSession& policy)
     : policy_(policy), model_(policy.config(), policy.device(), nullptr, Weights::Frozen) {
   if (policy.config().value_head) MT_THROW("TpGenerator: a value-head model has no next-token logits to sample from");
+  if (const LoraAdapters* l = policy.lora()) {
+    lora_ = std::make_unique<LoraAdapters>(policy.config(), l->spec(), policy.device(), 0);
+    model_.attach_lora(lora_.get());
+  }
   refresh();
 }
 
 double TpGenerator::refresh() {
   const auto t = Clock::now();
+  if (lora_) lora_->load(policy_.lora()->params());    // whole on every rank, the same after each update
+  if (lora_ && base_copied_) return seconds_since(t);  // a LoRA policy's base is frozen
+  base_copied_ = true;
   // The copy's masters are host memory on CUDA too (a frozen model: LocalParams::host_masters).
   Tensor& flat = model_.params();
   if (policy_.fsdp() == nullptr) {

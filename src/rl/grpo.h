@@ -190,7 +190,8 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
 // (every tensor, collective over the world) before a rollout phase; every rank of a tp group then generates
 // the same share, and grpo_step's exchange keeps one copy of it. Build the engine on model() (no lockstep:
 // the copy holds every expert), set GrpoOptions::before_generate to refresh, replay_routing false (the
-// tp model cannot replay). Costs a full copy of the weights per rank: a first version.
+// tp model cannot replay). Costs a full copy of the weights per rank: a first version. A LoRA policy's copy
+// holds its adapters too (whole on every rank, copied at each refresh) and its base, gathered once (frozen).
 class TpGenerator {
  public:
   explicit TpGenerator(TrainSession& policy);
@@ -199,6 +200,8 @@ class TpGenerator {
  private:
   TrainSession& policy_;
   Qwen3MoeModel model_;
+  std::unique_ptr<LoraAdapters> lora_;  // a LoRA policy's adapters, attached to model_
+  bool base_copied_ = false;
 };
 
 // PPO's critic from the policy: every weight but the head copied from `policy` (the same architecture),

@@ -54,9 +54,13 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
       pm_(make_parallel_model(*dist_, global, table_, opt.device,
                               with_weights(opt.fsdp, opt.lora.rank > 0 ? Weights::Frozen : opt.weights),
                               opt.moe_capacity_factor)) {
-  if (opt.lora.rank > 0 && dist_->mesh().size(Axis::Tp) > 1)
-    MT_THROW("LoRA adapters under tensor parallelism are not supported yet; use --dp-shard / --dp-replicate (FSDP, "
-             "HSDP), --ep and --sp, or one process");
+  if (const int etp = dist_->mesh().size(Axis::Etp);
+      opt.lora.rank > 0 && etp > 1 && global.num_sparse_layers() > 0 &&
+      opt.lora.targets_any({LoraTarget::ExpertsGateUp, LoraTarget::ExpertsDown}))
+    MT_THROW("LoRA adapters on the routed experts (", lora_targets_text(opt.lora),
+             ") under expert tensor parallelism (--etp ", etp,
+             ") are not supported; use --etp 1 (each tp rank runs the experts whole) or --lora-targets without "
+             "experts (e.g. attn,mlp)");
   const Weights base = opt.lora.rank > 0 ? Weights::Frozen : opt.weights;
   // With an FSDP source the source holds (or not) the gradients; the model's own choice is for its own params.
   // A LoRA base on one GPU keeps no f32 masters anywhere (init and load write its bf16 copy chunk by chunk).
@@ -66,7 +70,8 @@ TrainSession::TrainSession(const ModelConfig& global, const SessionOptions& opt)
                                            pm_.fsdp ? Weights::Trainable : base, mo);
   pm_.attach(*model_, *dist_);
   if (opt.lora.rank > 0) {
-    lora_ = std::make_unique<LoraAdapters>(model_->config(), opt.lora, opt.device, opt.lora_seed);
+    // The global config: under tp every rank holds the adapters whole and uses its slice (lora.h).
+    lora_ = std::make_unique<LoraAdapters>(global, opt.lora, opt.device, opt.lora_seed);
     model_->attach_lora(lora_.get());
   }
   grad_sync_ = opt.fsdp.grad_sync;
@@ -176,10 +181,11 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
     }
   }
   // The adapters are whole on every rank (replicated): their gradients, each rank's share of the step's samples
-  // and tokens, are summed over the ranks that hold other rows (dp) or other tokens (sp), so every rank takes
-  // the same update.
+  // and tokens, are summed over the ranks that hold other rows (dp) or other tokens (sp), and under tp over the
+  // tp ranks too (the world), which hold other rows of the norms and router and partial sums of the adapters
+  // beside the sliced GEMMs (lora.h), so every rank takes the same update.
   if (lora_ && dist_->distributed()) {
-    dist_->dp_sp()->all_reduce(lora_->grads())->wait();
+    (pm_.tp ? dist_->world() : dist_->dp_sp())->all_reduce(lora_->grads())->wait();
     device_mem::synchronize(device_);
   }
   r.opt = lora_ ? opt.step(lora_->params(), lora_->grads(), so.lr)

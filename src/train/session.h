@@ -42,9 +42,9 @@ struct SessionOptions {
   DistContext* shared_dist = nullptr;
   // Low-rank adapters (model/lora.h; rank 0: none): the base is then frozen whatever `weights` says, the
   // adapters (initialised from lora_seed) are what trains (trainable_params), and the optimizer, clipping
-  // and checkpoints' training state cover them only. On one process, under FSDP / HSDP, expert and sequence
-  // parallelism (the adapters whole on every rank, their gradients summed over the ranks with other rows or
-  // tokens); tensor parallelism is refused.
+  // and checkpoints' training state cover them only. On one process, under FSDP / HSDP, expert, sequence and
+  // tensor parallelism (the adapters whole on every rank, under tp each rank using its slice, their gradients
+  // summed over the ranks with other rows, tokens or slices); adapted experts under etp > 1 are refused.
   LoraSpec lora;
   uint64_t lora_seed = 0;
 };
