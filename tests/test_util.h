@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace mt::testutil {
@@ -26,6 +27,13 @@ std::string error_of(F&& f) {
 inline bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.is_cpu() ? a : a.to(Device::CPU), y = b.is_cpu() ? b : b.to(Device::CPU);
   return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+// A host f32 tensor of N(0, std^2) draws.
+inline Tensor randn(const Shape& s, Rng& rng, float std = 1.0f) {
+  Tensor t = Tensor::empty(s);
+  rng.fill_normal(t, 0.0f, std);
+  return t;
 }
 
 }  // namespace mt::testutil

@@ -7,20 +7,12 @@
 
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "test_util.h"
 
 using namespace mt;
+using testutil::randn;
 
 namespace {
-
-Tensor randn(const Shape& s, Rng& rng) {
-  Tensor t = Tensor::empty(s);
-  rng.fill_normal(t, 0.0f, 1.0f);
-  return t;
-}
-
-bool same(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), size_t(a.numel()) * 4) == 0;
-}
 
 Tensor offsets_of(std::initializer_list<int64_t> counts) {
   Tensor o = Tensor::empty({int64_t(counts.size()) + 1}, DType::I64);
@@ -65,8 +57,8 @@ TEST(GroupedLinear, EqualsOneLinearPerExpert) {
     for (int64_t i = 0; i < dx.numel(); ++i) EXPECT_NEAR(dx.data<float>()[i], edx.data<float>()[i], 1e-5f) << i;
     for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_NEAR(dw.data<float>()[i], edw.data<float>()[i], 1e-5f) << i;
     // experts without rows keep their gradient
-    EXPECT_TRUE(same(dw.rows(1, 1), dw0.rows(1, 1)));
-    EXPECT_TRUE(same(dw.rows(4, 1), dw0.rows(4, 1)));
+    EXPECT_TRUE(testutil::same_bits(dw.rows(1, 1), dw0.rows(1, 1)));
+    EXPECT_TRUE(testutil::same_bits(dw.rows(4, 1), dw0.rows(4, 1)));
   }
   // dx null and dw undefined skip their products
   Tensor none;
@@ -74,30 +66,23 @@ TEST(GroupedLinear, EqualsOneLinearPerExpert) {
   ops::grouped_linear_bwd(dy, x, off, w, 1.0f, &dx, false, none);
   Tensor dw = dw0.clone();
   ops::grouped_linear_bwd(dy, x, off, w, 1.0f, nullptr, false, dw);
-  EXPECT_FALSE(same(dx, dx0));
-  EXPECT_FALSE(same(dw, dw0));
+  EXPECT_FALSE(testutil::same_bits(dx, dx0));
+  EXPECT_FALSE(testutil::same_bits(dw, dw0));
 }
 
 TEST(GroupedLinear, BadArgumentsAreNamed) {
   Rng rng(4);
   const Tensor x = randn({4, 3}, rng), w = randn({2, 5, 3}, rng);
   Tensor y = Tensor::empty({4, 5});
-  auto msg = [&](auto&& f) {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(msg([&] { ops::grouped_linear_fwd(x, offsets_of({1, 2}), w, 1.0f, y); }).find("must run from 0 to R (4)"),
+  using testutil::error_of;
+  EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(x, offsets_of({1, 2}), w, 1.0f, y); }).find("must run from 0 to R (4)"),
             std::string::npos);
   Tensor bad = offsets_of({3, 1});
   bad.data<int64_t>()[1] = 5;
-  EXPECT_NE(msg([&] { ops::grouped_linear_fwd(x, bad, w, 1.0f, y); }).find("decrease at expert 1"), std::string::npos);
+  EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(x, bad, w, 1.0f, y); }).find("decrease at expert 1"), std::string::npos);
   Tensor y_bad = Tensor::empty({4, 4});
-  EXPECT_NE(msg([&] { ops::grouped_linear_fwd(x, offsets_of({3, 1}), w, 1.0f, y_bad); }).find("y_RN"),
+  EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(x, offsets_of({3, 1}), w, 1.0f, y_bad); }).find("y_RN"),
             std::string::npos);
-  EXPECT_NE(msg([&] { ops::grouped_linear_fwd(x, offsets_of({1, 1, 2}), w, 1.0f, y); }).find("offsets_E1"),
+  EXPECT_NE(error_of([&] { ops::grouped_linear_fwd(x, offsets_of({1, 1, 2}), w, 1.0f, y); }).find("offsets_E1"),
             std::string::npos);
 }

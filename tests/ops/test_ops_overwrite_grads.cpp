@@ -12,16 +12,12 @@
 
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "test_util.h"
 
 using namespace mt;
+using testutil::randn;
 
 namespace {
-
-Tensor randn(const Shape& s, Rng& rng) {
-  Tensor t = Tensor::empty(s);
-  rng.fill_normal(t, 0.0f, 1.0f);
-  return t;
-}
 
 Tensor nans(const Shape& s) {
   Tensor t = Tensor::empty(s);
