@@ -18,7 +18,7 @@ namespace {
 
 // Refuses a bad request before any work, naming it and the value; returns the samples asked for in all.
 int64_t check_requests(const std::vector<GenerateRequest>& requests, const ModelConfig& c, const KvBlockManager& blocks,
-                       int64_t max_running) {
+                       int64_t max_running, bool multi_turn) {
   int64_t total = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerateRequest& r = requests[i];
@@ -33,6 +33,13 @@ int64_t check_requests(const std::vector<GenerateRequest>& requests, const Model
     if (need > c.max_position_embeddings)
       MT_THROW("request ", i, ": prompt (", r.prompt.size(), " tokens) + max_new_tokens (", r.max_new_tokens,
                ") = ", need, " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");
+    if (r.max_turns < 0 || r.max_turn_tokens < 0 || r.max_observation_tokens < 0)
+      MT_THROW("request ", i, ": max_turns (", r.max_turns, "), max_turn_tokens (", r.max_turn_tokens,
+               ") and max_observation_tokens (", r.max_observation_tokens, ") must be >= 0 (0 = no limit)");
+    if (!multi_turn && (r.max_turns != 0 || r.max_turn_tokens != 0 || r.max_observation_tokens != 0))
+      MT_THROW("request ", i, ": max_turns (", r.max_turns, "), max_turn_tokens (", r.max_turn_tokens,
+               ") and max_observation_tokens (", r.max_observation_tokens,
+               ") apply to multi-turn episodes; give generate a turn callback or set them to 0");
     validate_sampling_params(r.sampling);
     const int64_t needed_blocks = blocks.blocks_needed(int64_t(r.prompt.size()), r.max_new_tokens, r.n);
     if (needed_blocks > blocks.num_blocks())
@@ -79,6 +86,7 @@ void count_step(EngineStats& st, const StepPlan& plan, const StepOutput& out) {
   if (plan.idle) ++st.idle_steps;
   st.prefill_tokens += plan.num_prefill_tokens;
   st.decode_tokens += plan.num_decodes;
+  st.append_tokens += plan.num_append_tokens;
   st.block_copies += int64_t(plan.copies.size());
   if (out.graph_replayed) ++st.graph_steps;
   if (out.graph_captured) ++st.graph_captures;
@@ -97,6 +105,10 @@ std::vector<GeneratedSample> collect(std::vector<std::unique_ptr<Sequence>> fini
     g.logprobs = s.logprobs;
     g.finish_reason = s.finish_reason;
     g.routing = std::move(s.routing);
+    g.model_mask = std::move(s.model_mask);
+    g.turn_starts = std::move(s.turn_starts);
+    g.observation_tokens_cut = s.observation_tokens_cut;
+    g.append_tokens_cut = s.append_tokens_cut;
     out.push_back(std::move(g));
   }
   std::sort(out.begin(), out.end(), [](const GeneratedSample& a, const GeneratedSample& b) {
@@ -139,8 +151,14 @@ int64_t RolloutEngine::kv_bytes_needed(const Qwen3MoeModel& model, const std::ve
 }
 
 std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateRequest>& requests) {
+  return generate(requests, TurnFn());
+}
+
+std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateRequest>& requests,
+                                                     const TurnFn& on_turns) {
   const ModelConfig& c = model_.config();
-  const int64_t total = check_requests(requests, c, blocks_, opt_.max_running);
+  const bool multi_turn = bool(on_turns);
+  const int64_t total = check_requests(requests, c, blocks_, opt_.max_running, multi_turn);
   const auto t_start = Clock::now();
   // The inference layout for the whole call, unless the caller holds it already.
   struct InferenceGuard {
@@ -156,7 +174,9 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
                        .max_running = opt_.max_running,
                        .eos_token_id = c.eos_token_id,
                        .experts_per_tok = c.num_experts_per_tok,
-                       .num_experts = c.num_experts});
+                       .num_experts = c.num_experts,
+                       .multi_turn = multi_turn,
+                       .vocab_size = c.vocab_size});
   ModelRunner runner(model_, cache_, blocks_, runner_setup(opt_, !graphs_off_.empty(), model_, requests, total));
   while (group_busy(opt_.lockstep, scheduler.has_work())) {
     const StepPlan plan = scheduler.schedule();
@@ -171,6 +191,10 @@ std::vector<GeneratedSample> RolloutEngine::generate(const std::vector<GenerateR
     result.routing = routing_to_host(std::move(out.routing));
     scheduler.update(plan, result);
     stats_.sample_seconds += seconds_since(ts);
+    if (scheduler.awaiting_replies()) {  // the step's ended turns, in one call
+      scheduler.reply(on_turns(scheduler.turn_ends()));
+      ++stats_.turn_calls;
+    }
     if (opt_.on_step)
       opt_.on_step({.finished = scheduler.num_finished(),
                     .total = total,

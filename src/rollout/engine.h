@@ -17,6 +17,13 @@
 // The routing record (the experts each sparse layer chose for every token the model read: the prompt, then
 // each generated token but the last, which is never fed back) is kept when asked, compactly
 // (rollout/routing_record.h).
+//
+// Multi-turn (generate with a TurnFn; docs/rollout.md "Multi-turn"): a stop token or a per-turn limit ends a
+// turn, not the sequence. Once per step the callback gets every turn that ended in it and replies per turn:
+// the episode ends, or tokens (an observation, tokenised by the caller) are appended to the same sequence,
+// run as a chunk over its cached prefix (an eager step, as a prefill is), and the model's next turn is drawn
+// from the chunk's last row. Other sequences keep decoding around it; the whole response (model and appended
+// tokens) stays within max_new_tokens, which admission reserved, so nothing is ever preempted.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -34,13 +41,24 @@ namespace mt {
 
 struct GeneratedSample {
   int64_t prompt_index = 0, sample_index = 0;
-  std::vector<int32_t> tokens;  // the new tokens
-  std::vector<float> logprobs;  // one per new token
-  std::string finish_reason;    // "stop" (a stop token or EOS, included in tokens) or "length"
+  std::vector<int32_t> tokens;  // the new tokens: the model's turns and, multi-turn, the appended tokens between them
+  std::vector<float> logprobs;  // one per new token; 0 for appended tokens
+  // Single turn: "stop" (a stop token or EOS, included in tokens) or "length". Multi-turn: "stop" when a reply
+  // ended the episode (done) after a turn the budget did not cut; "length" when a limit did (max_new_tokens
+  // mid-turn, max_turns, an append that would not leave the model a token).
+  std::string finish_reason;
   // The experts of prompt + new tokens - 1 tokens in every sparse layer (EngineOptions::record_routing),
-  // compact; routing.tensors() is MicroBatch::routing's form.
+  // appended tokens included; compact; routing.tensors() is MicroBatch::routing's form.
   RoutingRecord routing;
+  std::vector<uint8_t> model_mask;     // one per new token: 1 the model drew it, 0 appended (no loss on it)
+  std::vector<int64_t> turn_starts;    // index in tokens where each model turn starts ({0} for a single turn)
+  int64_t observation_tokens_cut = 0;  // appended tokens dropped by GenerateRequest::max_observation_tokens
+  int64_t append_tokens_cut = 0;       // appended tokens dropped because they would have spent the response budget
 };
+
+// Multi-turn: called once per engine step with every turn that ended in it (TurnEnd, scheduler.h); returns one
+// TurnReply per TurnEnd, in the same order.
+using TurnFn = std::function<std::vector<TurnReply>(const std::vector<TurnEnd>&)>;
 
 struct EngineProgress {
   int64_t finished = 0, total = 0;  // sequences
@@ -70,6 +88,7 @@ struct EngineOptions {
 
 struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, block_copies = 0, num_blocks = 0;
+  int64_t append_tokens = 0, turn_calls = 0;  // multi-turn: tokens run as appended chunks; turn callback calls
   int64_t idle_steps = 0;  // expert parallelism: steps this rank ran with no tokens for its group's sake
   double seconds = 0, forward_seconds = 0, sample_seconds = 0;
   double weight_sync_seconds = 0;               // Qwen3MoeModel::begin_inference: the inference layout's gathers
@@ -88,6 +107,11 @@ class RolloutEngine {
   // bad sampling parameters, a prompt whose samples cannot fit in the KV budget at all) are errors
   // naming the request and the value, before any work starts.
   std::vector<GeneratedSample> generate(const std::vector<GenerateRequest>& requests);
+  // Multi-turn episodes: as above, but a stop token (or max_turn_tokens, or the response budget) ends a turn and
+  // on_turns decides, once per step for every turn that ended in it, whether the episode ends or which tokens are
+  // appended before the model's next turn (docs/rollout.md "Multi-turn"). An empty on_turns is generate(requests).
+  // A reply count that differs from the turns given, or an appended token outside the vocabulary, is an error.
+  std::vector<GeneratedSample> generate(const std::vector<GenerateRequest>& requests, const TurnFn& on_turns);
   const EngineStats& stats() const { return stats_; }
   // The KV bytes these requests could hold at once at most (every sample at its full length): a budget
   // above it buys nothing, so callers cap theirs here.

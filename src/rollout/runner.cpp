@@ -126,8 +126,8 @@ ModelRunner::~ModelRunner() = default;
 
 StepOutput ModelRunner::run(const StepPlan& plan, const SamplingBatch& draws) {
   for (const BlockCopy& cp : plan.copies) cache_.copy_block(cp.src, cp.dst);
-  // The tokens: each decoding sequence's next one, each admitted prompt whole; their slots from the block
-  // tables.
+  // The tokens: each decoding sequence's next one, each appended chunk (over its cached prefix), each admitted
+  // prompt whole; their slots from the block tables.
   Inputs in;
   in.tok.reserve(size_t(plan.num_tokens));
   const int64_t bs = blocks_.block_size();

@@ -2,6 +2,7 @@
 #include "rollout/scheduler.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -15,17 +16,46 @@ Scheduler::Scheduler(KvBlockManager& blocks, const std::vector<GenerateRequest>&
   for (size_t i = 0; i < requests.size(); ++i) waiting_.push_back(int64_t(i));
 }
 
+Scheduler::~Scheduler() {
+  for (const auto* list : {&running_, &admitted_})
+    for (const auto& sp : *list)
+      if (sp && blocks_.contains(sp->id)) blocks_.free(sp->id);
+}
+
 StepPlan Scheduler::schedule() {
   MT_CHECK(admitted_.empty(), "scheduler: schedule() called again before update()");
+  MT_CHECK(turn_ended_.empty(), "scheduler: schedule() before reply() to the ", turn_ended_.size(),
+           " turns that ended");
   StepPlan plan;
-  // Every running sequence's next token: its slot (a fresh block, or a copy of a shared partial one).
-  for (const auto& sp : running_) {
-    const AppendResult ar = blocks_.append_slot(sp->id);
+  // A token's slot (a fresh block, or a copy of a shared partial one).
+  auto slot = [&](const Sequence& s) {
+    const AppendResult ar = blocks_.append_slot(s.id);
     if (ar.copy) plan.copies.push_back(*ar.copy);
-    plan.seqs.push_back({sp.get(), false, plan.num_tokens, 1, plan.num_draws, 1});
+  };
+  // Every running sequence's next token (the last one drawn).
+  for (const auto& sp : running_) {
+    if (int64_t(sp->tokens.size()) - sp->cached != 1) continue;
+    slot(*sp);
+    plan.seqs.push_back({sp.get(), false, false, plan.num_tokens, 1, plan.num_draws, 1});
     ++plan.num_tokens;
     ++plan.num_draws;
     ++plan.num_decodes;
+  }
+  // Multi-turn: the sequences with appended tokens (the last model token, then the append), within the step's
+  // budget; the first chunk of a step always gets a token, so appends progress however many decode.
+  for (const auto& sp : running_) {
+    const int64_t pending = int64_t(sp->tokens.size()) - sp->cached;
+    if (pending <= 1) continue;
+    int64_t take = std::min(pending, opt_.max_step_tokens - plan.num_tokens);
+    if (plan.num_appends == 0) take = std::max<int64_t>(take, 1);
+    if (take <= 0) break;
+    for (int64_t k = 0; k < take; ++k) slot(*sp);
+    const int64_t draws = take == pending ? 1 : 0;  // the draw comes with the chunk's last token
+    plan.seqs.push_back({sp.get(), false, true, plan.num_tokens, take, plan.num_draws, draws});
+    plan.num_tokens += take;
+    plan.num_draws += draws;
+    ++plan.num_appends;
+    plan.num_append_tokens += take;
   }
   // Then whole prompts, in request order, while they fit.
   int64_t in_flight = int64_t(running_.size());
@@ -40,7 +70,8 @@ StepPlan Scheduler::schedule() {
     s->prompt_len = L;
     s->tokens = r.prompt;
     blocks_.allocate(s->id, L, r.max_new_tokens, r.n);  // the forks' blocks reserved too
-    plan.seqs.push_back({s.get(), true, plan.num_tokens, L, plan.num_draws, r.n});
+    s->turn_starts = {0};
+    plan.seqs.push_back({s.get(), true, false, plan.num_tokens, L, plan.num_draws, r.n});
     plan.num_tokens += L;
     plan.num_draws += r.n;  // a row per sample, all from the prompt's last token
     plan.num_prefill_tokens += L;
@@ -69,10 +100,20 @@ void Scheduler::take(std::unique_ptr<Sequence> seq, int64_t draw, const StepDraw
   const int32_t token = result.tokens[size_t(draw)];
   s.tokens.push_back(token);
   s.logprobs.push_back(result.logprobs[size_t(draw)]);
+  s.model_mask.push_back(1);
   ++new_tokens_;
   const bool eos = !r.ignore_eos && opt_.eos_token_id >= 0 && token == opt_.eos_token_id;
   const bool stop = eos || std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) != r.stop_token_ids.end();
   const int64_t generated = int64_t(s.tokens.size()) - s.prompt_len;
+  if (opt_.multi_turn) {  // a turn ends; reply() decides what follows
+    const int64_t turn_len = generated - s.turn_starts.back();
+    if (stop || generated >= r.max_new_tokens || (r.max_turn_tokens > 0 && turn_len >= r.max_turn_tokens)) {
+      s.turn_finish = stop ? "stop" : "length";
+      turn_ended_.push_back(&s);
+    }
+    next.push_back(std::move(seq));
+    return;
+  }
   if (stop || generated >= r.max_new_tokens) {
     s.finish_reason = stop ? "stop" : "length";
     blocks_.free(s.id);
@@ -87,16 +128,34 @@ void Scheduler::update(const StepPlan& plan, const StepDraws& result) {
            "scheduler: the step drew ", result.tokens.size(), " tokens and ", result.logprobs.size(),
            " log-probs; the plan has ", plan.num_draws, " draws");
   std::vector<std::unique_ptr<Sequence>> next;
-  size_t decode_i = 0, admitted_i = 0;
+  // The running sequences in their order (those the step left out, waiting with appended tokens, too).
+  std::unordered_map<const Sequence*, const ScheduledSeq*> entry;
+  for (const ScheduledSeq& e : plan.seqs)
+    if (!e.prefill) entry[e.seq] = &e;
+  size_t found = 0;
+  for (std::unique_ptr<Sequence>& owner : running_) {
+    const auto it = entry.find(owner.get());
+    if (it == entry.end()) {
+      next.push_back(std::move(owner));
+      continue;
+    }
+    const ScheduledSeq& e = *it->second;
+    ++found;
+    keep_routing(*owner, result.routing, e.first_token, e.num_tokens);
+    owner->cached += e.num_tokens;
+    if (e.num_draws == 1)
+      take(std::move(owner), e.first_draw, result, next);
+    else
+      next.push_back(std::move(owner));  // a chunk of appended tokens with more to come
+  }
+  MT_CHECK(found == entry.size(), "scheduler: update() with a plan other than the last schedule()'s");
+  size_t admitted_i = 0;
   for (const ScheduledSeq& e : plan.seqs) {
-    std::unique_ptr<Sequence>& owner = e.prefill ? admitted_.at(admitted_i++) : running_.at(decode_i++);
+    if (!e.prefill) continue;
+    std::unique_ptr<Sequence>& owner = admitted_.at(admitted_i++);
     MT_CHECK(owner.get() == e.seq, "scheduler: update() with a plan other than the last schedule()'s");
     keep_routing(*owner, result.routing, e.first_token, e.num_tokens);
     owner->cached += e.num_tokens;
-    if (!e.prefill) {
-      take(std::move(owner), e.first_draw, result, next);
-      continue;
-    }
     // The prompt's samples: forks of its blocks, each drawing from the same logits row.
     std::unique_ptr<Sequence> parent = std::move(owner);
     const GenerateRequest& r = requests_[size_t(parent->req)];
@@ -111,10 +170,95 @@ void Scheduler::update(const StepPlan& plan, const StepDraws& result) {
     take(std::move(parent), e.first_draw, result, next);
     for (int64_t j = 1; j < r.n; ++j) take(std::move(samples[size_t(j - 1)]), e.first_draw + j, result, next);
   }
-  MT_CHECK(decode_i == running_.size() && admitted_i == admitted_.size(),
-           "scheduler: update() with a plan other than the last schedule()'s");
+  MT_CHECK(admitted_i == admitted_.size(), "scheduler: update() with a plan other than the last schedule()'s");
   running_ = std::move(next);
   admitted_.clear();
+}
+
+std::vector<TurnEnd> Scheduler::turn_ends() const {
+  std::vector<TurnEnd> out;
+  for (const Sequence* sp : turn_ended_) {
+    const Sequence& s = *sp;
+    const GenerateRequest& r = requests_[size_t(s.req)];
+    const int64_t turn = int64_t(s.turn_starts.size()) - 1, response = int64_t(s.tokens.size()) - s.prompt_len;
+    TurnEnd t;
+    t.prompt_index = s.req;
+    t.sample_index = s.sample;
+    t.turn = turn;
+    t.tokens.assign(s.tokens.begin() + s.prompt_len + s.turn_starts.back(), s.tokens.end());
+    t.finish_reason = s.turn_finish;
+    t.tokens_left = r.max_new_tokens - response;
+    t.last = t.tokens_left <= 0 || (r.max_turns > 0 && turn + 1 >= r.max_turns);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void Scheduler::reply(const std::vector<TurnReply>& replies) {
+  if (replies.size() != turn_ended_.size())
+    MT_THROW("turn callback: ", replies.size(), " replies for ", turn_ended_.size(),
+             " ended turns; it must return one per TurnEnd, in their order");
+  auto where = [&](size_t i) {
+    const Sequence& s = *turn_ended_[i];
+    return std::string("turn callback: reply ") + std::to_string(i) + " (prompt " + std::to_string(s.req) +
+           ", sample " + std::to_string(s.sample) + ", turn " + std::to_string(s.turn_starts.size() - 1) + ")";
+  };
+  for (size_t i = 0; i < replies.size(); ++i) {  // checked before any episode changes
+    if (replies[i].done || opt_.vocab_size <= 0) continue;
+    const std::vector<int32_t>& a = replies[i].append;
+    for (size_t j = 0; j < a.size(); ++j)
+      if (a[j] < 0 || a[j] >= opt_.vocab_size)
+        MT_THROW(where(i), ": appended token ", a[j], " at index ", j, " is outside the vocabulary [0, ",
+                 opt_.vocab_size, ")");
+  }
+  bool any_finished = false;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    Sequence& s = *turn_ended_[i];
+    const GenerateRequest& r = requests_[size_t(s.req)];
+    const TurnReply& rep = replies[i];
+    const int64_t response = int64_t(s.tokens.size()) - s.prompt_len, left = r.max_new_tokens - response;
+    const int64_t turns = int64_t(s.turn_starts.size());
+    const bool cut_turn = s.turn_finish == "length" && left <= 0;  // the budget ended the turn mid-way
+    s.turn_finish.clear();
+    std::string finish;
+    if (cut_turn)
+      finish = "length";
+    else if (rep.done)
+      finish = "stop";
+    else if (r.max_turns > 0 && turns >= r.max_turns)
+      finish = "length";
+    if (finish.empty()) {
+      int64_t keep = int64_t(rep.append.size());
+      if (r.max_observation_tokens > 0 && keep > r.max_observation_tokens) {
+        s.observation_tokens_cut += keep - r.max_observation_tokens;
+        keep = r.max_observation_tokens;
+      }
+      if (keep >= left) {  // no model token would fit after it: dropped, the episode ends
+        s.append_tokens_cut += keep;
+        finish = "length";
+      } else {
+        s.tokens.insert(s.tokens.end(), rep.append.begin(), rep.append.begin() + keep);
+        s.logprobs.resize(s.logprobs.size() + size_t(keep), 0.0f);
+        s.model_mask.resize(s.model_mask.size() + size_t(keep), 0);
+        s.turn_starts.push_back(response + keep);
+        continue;
+      }
+    }
+    s.finish_reason = finish;
+    any_finished = true;
+  }
+  turn_ended_.clear();
+  if (!any_finished) return;
+  std::vector<std::unique_ptr<Sequence>> next;
+  for (std::unique_ptr<Sequence>& sp : running_) {
+    if (sp->finish_reason.empty()) {
+      next.push_back(std::move(sp));
+      continue;
+    }
+    blocks_.free(sp->id);
+    finished_.push_back(std::move(sp));
+  }
+  running_ = std::move(next);
 }
 
 }  // namespace mt
