@@ -78,7 +78,7 @@ TokenizedDoc tokenize_chat_doc(const Tokenizer& tok, const nlohmann::ordered_jso
                                const nlohmann::ordered_json& tools, const ChatOptions& options) {
   ChatOptions o = options;
   o.add_generation_prompt = false;
-  const std::string text = render_qwen3_chat(messages, tools, o);
+  const std::string text = chat_template_of(tok).render(messages, tools, o);
   static const std::string kStart = "<|im_start|>assistant\n", kEnd = "<|im_end|>";
   TokenizedDoc d;
   std::vector<uint32_t> ids;
@@ -161,7 +161,6 @@ DocumentSet load_documents(const std::string& path, const Tokenizer& tok, const 
       doc = tokenize_text_doc(tok, t.get<std::string>(), opt.eos_id);
     } else {
       const auto& m = field(j, "messages");
-      if (!m.is_array() || m.empty()) MT_THROW("\"messages\" must be a non-empty array, got ", m.dump().substr(0, 80));
       auto tools = j.find("tools");
       doc = tokenize_chat_doc(tok, m, tools == j.end() ? no_tools : *tools, opt.chat);
     }
@@ -189,8 +188,8 @@ std::vector<PromptRecord> load_prompts(const std::string& path, BadLines bad, Js
     const auto& p = field(j, "prompt");
     if (p.is_string())
       r.prompt = p.get<std::string>();
-    else if (p.is_array() && !p.empty())
-      r.messages = p;
+    else if (p.is_array())
+      r.messages = normalize_chat_messages(p);
     else
       MT_THROW("\"prompt\" must be a string or a non-empty messages array, got a ", p.type_name());
     auto a = j.find("answer");

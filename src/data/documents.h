@@ -1,6 +1,7 @@
 // Real data from JSONL files: one JSON object per line, of one of three kinds.
 //   {"text": "..."}                         pretraining: every token is a target; <eos> appended
-//   {"messages": [...], "tools": [...]?}    SFT: rendered with the Qwen3 chat template; targets are the
+//   {"messages": [...], "tools": [...]?}    SFT: checked (normalize_chat_messages) and rendered with the
+//                                           tokenizer's chat template (chat_template.h); targets are the
 //                                           assistant turns only (content and their <|im_end|>)
 //   {"prompt": "..." | [messages], "answer": "..."}   RL prompts: kept as records, not tokenized here
 // Malformed lines (not JSON, not an object, a missing or mistyped field, an empty document) are counted

@@ -165,8 +165,13 @@ TokenizeLinesReport tokenize_lines(const Tokenizer& tok, std::istream& in, std::
           MT_THROW(o.source, " line ", lineno, ": not JSON (", e.what(), ")");
         }
         try {
-          text = j.is_array() ? render_qwen3_chat(j, nlohmann::ordered_json(), o.chat)
-                              : render_qwen3_chat(j.at("messages"), j.value("tools", nlohmann::ordered_json()), o.chat);
+          const ChatTemplate& tpl = chat_template_of(tok);
+          if (!j.is_array() && !j.is_object())
+            MT_THROW("expected {\"messages\": [...]} or a messages list, got ", j.type_name());
+          if (j.is_object() && !j.contains("messages"))
+            MT_THROW("no \"messages\" (expected {\"messages\": [...], \"tools\": [...]?} or a messages list)");
+          text = j.is_array() ? tpl.render(j, nlohmann::ordered_json(), o.chat)
+                              : tpl.render(j["messages"], j.value("tools", nlohmann::ordered_json()), o.chat);
         } catch (const std::exception& e) {
           MT_THROW(o.source, " line ", lineno, ": ", e.what());
         }

@@ -1,6 +1,6 @@
 // The line tools behind `moetrain tokenize` (docs/tokenizer.md): a stream of lines encoded to ids, ids decoded to text,
-// or chat messages rendered with the Qwen3 template and encoded, one output line per input line; and the tokenizer's
-// encode speed on one thread. Errors name the input line ("stdin line 3: ...") and what was wrong in it.
+// or chat messages checked and rendered with the tokenizer's chat template (chat_template.h) and encoded, one output
+// line per input line; and the tokenizer's encode speed on one thread. Errors name the input line ("stdin line 3: ...") and what was wrong in it.
 #pragma once
 #include <cstdio>
 #include <istream>

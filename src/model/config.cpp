@@ -9,10 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace mt {
 
@@ -127,6 +130,33 @@ double parse_rope_theta(const json& j, const Fields& f, const std::string& origi
     if (it != s->end() && !it->is_null()) take(f.to_double(std::string(section) + ".rope_theta", *it), section);
   }
   return theta.value_or(10000.0);  // transformers' default
+}
+
+// The fields read above, and those transformers writes that do not change what the model computes here
+// (bookkeeping, inference-time settings, a disabled sliding window). Anything else may be a feature this engine
+// does not know: a warning names it, once per field name in the process (configs are read several times).
+void warn_unknown_fields(const json& j, const std::string& origin) {
+  static const std::set<std::string> kKnown = {
+      // read by parse_model_config
+      "architectures", "model_type", "hidden_act", "attention_bias", "use_sliding_window", "vocab_size", "hidden_size",
+      "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
+      "rope_parameters", "rope_scaling", "max_position_embeddings", "tie_word_embeddings", "initializer_range",
+      "bos_token_id", "eos_token_id", "num_experts", "num_local_experts", "num_experts_per_tok",
+      "moe_intermediate_size", "intermediate_size", "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob",
+      "output_router_logits", "router_aux_loss_coef", "moetrain_score_before_experts",
+      // written by transformers, no effect on the computation here
+      "attention_dropout", "sliding_window", "max_window_layers", "layer_types", "use_cache", "torch_dtype", "dtype",
+      "transformers_version", "pad_token_id", "_name_or_path", "_attn_implementation_autoset"};
+  static std::mutex mu;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (kKnown.count(it.key()) || !warned.insert(it.key()).second) continue;
+    std::string v = it.value().dump();
+    if (v.size() > 80) v = v.substr(0, 80) + "...";
+    log_info("warning: ", origin, ": unknown field '", it.key(), "' (", v,
+             ") is ignored; moetrain reads the Qwen3 and Qwen3-MoE fields of transformers' configs");
+  }
 }
 
 std::string read_text_file(const std::string& path) {
@@ -329,6 +359,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.router_aux_loss_coef = 0.0;
   }
   c.score_before_experts = f.get_bool("moetrain_score_before_experts", false);
+  warn_unknown_fields(j, origin);
 
   try {
     c.validate();

@@ -30,12 +30,14 @@ bool blank(const std::string& s) {
 }
 
 // The ids of a "prompt" (text) or "messages" (chat) value, through the tokenizer.
-std::vector<int32_t> encode_text(const json& j, const std::string& key, const std::string& where,
-                                 const Tokenizer* tok) {
+std::vector<int32_t> encode_text(const json& j, const std::string& line_text, const std::string& key,
+                                 const std::string& where, const Tokenizer* tok) {
   const json& v = j[key];
   if (!tok)
-    MT_THROW(where, ": \"", key, "\" needs a tokenizer, and the model directory has no tokenizer.json: give the "
-             "token ids as \"prompt_ids\" or add the tokenizer (", shown(v), ")");
+    MT_THROW(where, ": \"", key,
+             "\" needs a tokenizer, and the model directory has no tokenizer.json: give the "
+             "token ids as \"prompt_ids\" or add the tokenizer (",
+             shown(v), ")");
   std::string text;
   if (key == "prompt") {
     if (!v.is_string()) MT_THROW(where, ": \"prompt\" must be a string, got ", shown(v));
@@ -48,8 +50,11 @@ std::vector<int32_t> encode_text(const json& j, const std::string& key, const st
       if (!it->is_boolean()) MT_THROW(where, ": \"enable_thinking\" must be true or false, got ", shown(*it));
       co.enable_thinking = it->get<bool>();
     }
+    // The line again with its keys in their order, as the template's tojson writes them (tools, arguments).
+    const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(line_text);
+    const nlohmann::ordered_json tools = ordered.value("tools", nlohmann::ordered_json());
     try {
-      text = render_qwen3_chat(nlohmann::ordered_json::parse(v.dump()), nlohmann::ordered_json(), co);
+      text = chat_template_of(*tok).render(ordered["messages"], tools, co);
     } catch (const std::exception& e) {
       MT_THROW(where, ": ", e.what());
     }
@@ -80,7 +85,7 @@ Prompt parse_line(const std::string& text, const std::string& where, int64_t lin
   if (ids_it == j.end()) {
     for (const char* key : {"prompt", "messages"})
       if (j.contains(key)) {
-        p.ids = encode_text(j, key, where, tok);
+        p.ids = encode_text(j, text, key, where, tok);
         if (p.ids.empty()) MT_THROW(where, ": \"", key, "\" encodes to no tokens; a prompt needs at least one");
         if (int64_t(p.ids.size()) > max_positions)
           MT_THROW(where, ": the prompt has ", p.ids.size(), " tokens, more than the maximum of ", max_positions,

@@ -3,12 +3,14 @@
 //   {"prompt_ids": [151644, 872, 198], "answer": "42", "id": "gsm8k-17"}
 //
 // A prompt is one of: "prompt_ids", a non-empty list of integer token ids in [0, vocab_size); "prompt",
-// text, encoded with the model directory's tokenizer.json as it is (no template); "messages", a chat
-// (the Qwen3 chat template with the generation prompt; "enable_thinking": true/false on the line sets the
-// template's switch). At most max_positions tokens. The first of the three keys present, in that order,
-// is used; every other key of the line is kept unchanged as the prompt's metadata, for the reward
-// programs that read it later (so "answer", "prompt" beside "prompt_ids", ...). Text and chats need a
-// tokenizer; without one they are refused. Blank lines are skipped; a file with no prompt at all is an
+// text, encoded with the model directory's tokenizer.json as it is (no template); "messages", a chat in
+// OpenAI's form (checked by data/chat_template.h's normalize_chat_messages: roles system/user/assistant/tool,
+// content a string or a list of text parts; anything else is an error naming the line), rendered with the
+// tokenizer directory's chat template and the generation prompt ("enable_thinking": true/false on the line sets
+// the template's switch; "tools", a list, goes to the template too). At most max_positions tokens. The first
+// of the three keys present, in that order, is used; every other key of the line is kept unchanged as the
+// prompt's metadata, for the reward programs that read it later (so "answer", "prompt" beside "prompt_ids", ...). Text
+// and chats need a tokenizer; without one they are refused. Blank lines are skipped; a file with no prompt at all is an
 // error. Every error names the file, the line number and the offending value.
 #pragma once
 #include <cstdint>

@@ -219,6 +219,27 @@ TEST(ModelConfig, RejectsFeaturesNotImplemented) {
   EXPECT_CONTAINS(error_of([] { parse_model_config(moe_json({{"num_local_experts", 16}})); }), "disagree");
 }
 
+TEST(ModelConfig, UnknownFieldsAreWarnedOnceEach) {
+  // The Hub configs (and their transformers-5 re-saves) hold no unknown field: no warning.
+  testing::internal::CaptureStderr();
+  for (const char* f :
+       {"qwen3-30b-a3b.json", "qwen3-0.6b.json", "qwen3-30b-a3b-transformers5.json", "qwen3-0.6b-transformers5.json"})
+    load_model_config(asset(f));
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  // An unknown field: one warning naming it and its value, the model still parses; a second read says nothing.
+  testing::internal::CaptureStderr();
+  const ModelConfig c = parse_model_config(moe_json({{"unknown_test_field_a", 3}, {"unknown_test_field_b", "x"}}));
+  parse_model_config(moe_json({{"unknown_test_field_a", 4}}), "other.json");
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_CONTAINS(log, "warning: config.json: unknown field 'unknown_test_field_a' (3) is ignored");
+  EXPECT_CONTAINS(log, "warning: config.json: unknown field 'unknown_test_field_b' (\"x\") is ignored");
+  EXPECT_EQ(log.find("unknown_test_field_a"), log.rfind("unknown_test_field_a")) << log;
+  EXPECT_EQ(log.find("other.json"), std::string::npos) << log;
+  // A known field with an unsupported value is still an error, not a warning.
+  EXPECT_CONTAINS(error_of([] { parse_model_config(moe_json({{"attention_bias", true}})); }), "attention_bias");
+}
+
 TEST(ModelConfig, ValidateNamesFieldValueAndRule) {
   ModelConfig c = preset_model_config("tiny");
   c.num_experts_per_tok = 9;
