@@ -1,20 +1,11 @@
 // Rewards (rewards.h): the built-in checkers and the external reward program.
 #include "rl/rewards/rewards.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 
 #include "core/error.h"
@@ -112,168 +103,187 @@ double math_reward(std::string_view response, std::string_view answer) {
 
 namespace {
 
-// The first word of a shell command, and whether it names an executable file (directly or on PATH).
-void check_executable(const std::string& command) {
-  std::istringstream is(command);
-  std::string prog;
-  is >> prog;
-  if (prog.empty()) MT_THROW("reward program: the command is empty");
-  auto executable = [](const std::string& p) {
-    struct stat st {};
-    return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
-  };
-  if (prog.find('/') != std::string::npos) {
-    struct stat st {};
-    if (::stat(prog.c_str(), &st) != 0) MT_THROW("reward program '", prog, "' does not exist (command: ", command, ")");
-    if (!executable(prog)) MT_THROW("reward program '", prog, "' is not an executable file (command: ", command, ")");
-    return;
-  }
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path ? path : "");
-  std::string dir;
-  while (std::getline(dirs, dir, ':'))
-    if (!dir.empty() && executable(dir + "/" + prog)) return;
-  MT_THROW("reward program '", prog, "' is not an executable on PATH (command: ", command, ")");
+// A program's line as an error quotes it: at most 200 characters.
+std::string quoted(const std::string& line) {
+  return "'" + (line.size() > 200 ? line.substr(0, 200) + "..." : line) + "'";
 }
 
-double seconds_left(std::chrono::steady_clock::time_point deadline) {
-  return std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+// How long a batch whose replies are matched by position and held a line that was not JSON waits for one more
+// line (which makes that line a stray one, such as a banner, rather than a reply gone wrong).
+constexpr double kOrderGraceS = 0.5;
+
+constexpr const char* kReplyForms = "{\"id\": n, \"reward\": number}, or a number or {\"reward\": number} in order";
+
+RewardProgramOptions checked(RewardProgramOptions opt) {
+  if (!(opt.timeout_s > 0)) MT_THROW("reward program: the timeout (", opt.timeout_s, " s) must be > 0");
+  return opt;
 }
 
 }  // namespace
 
-RewardProgram::RewardProgram(RewardProgramOptions opt) : opt_(std::move(opt)) {
-  if (!(opt_.timeout_s > 0)) MT_THROW("reward program: the timeout (", opt_.timeout_s, " s) must be > 0");
-  check_executable(opt_.command);
-  ::signal(SIGPIPE, SIG_IGN);  // a dead program's pipe is an error code, not a signal
-  start();
-}
+RewardProgram::RewardProgram(RewardProgramOptions opt)
+    : opt_(checked(std::move(opt))), proc_("reward program", opt_.command) {}
 
-RewardProgram::~RewardProgram() {
-  stop();
-}
-
-void RewardProgram::start() {
-  int in[2], out[2];
-  if (::pipe(in) != 0 || ::pipe(out) != 0) MT_THROW("reward program: pipe failed: ", std::strerror(errno));
-  const pid_t pid = ::fork();
-  if (pid < 0) MT_THROW("reward program: fork failed: ", std::strerror(errno));
-  if (pid == 0) {
-    ::setpgid(0, 0);  // its own process group: stop() kills what the program started too
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::close(in[0]);
-    ::close(in[1]);
-    ::close(out[0]);
-    ::close(out[1]);
-    ::execl("/bin/sh", "sh", "-c", opt_.command.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::close(in[0]);
-  ::close(out[1]);
-  pid_ = pid;
-  to_child_ = in[1];
-  from_child_ = out[0];
-  ::fcntl(to_child_, F_SETFL, ::fcntl(to_child_, F_GETFL) | O_NONBLOCK);
-  ::fcntl(from_child_, F_SETFL, ::fcntl(from_child_, F_GETFL) | O_NONBLOCK);
-  pending_.clear();
-}
-
-void RewardProgram::stop() {
-  if (pid_ < 0) return;
-  ::close(to_child_);  // EOF: a well-behaved program exits
-  ::close(from_child_);
-  int status = 0;
-  for (int i = 0; i < 50 && ::waitpid(pid_, &status, WNOHANG) == 0; ++i) ::usleep(2000);
-  if (::waitpid(pid_, &status, WNOHANG) == 0) {
-    ::kill(-pid_, SIGKILL);
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, &status, 0);
-  }
-  pid_ = to_child_ = from_child_ = -1;
-}
+RewardProgram::~RewardProgram() = default;
 
 RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   const size_t n = batch.size();
-  RewardBatch out{std::vector<double>(n, 0.0), std::vector<std::string>(n), 0};
+  RewardBatch out{std::vector<double>(n, 0.0), std::vector<std::string>(n), 0, {}};
   if (n == 0) return out;
-  if (pid_ < 0) {
-    start();
-    ++restarts_;
+  // Lines written after the last batch was complete answer nothing here.
+  auto stray = [&](const std::string& why) { out.stray.push_back(why); };
+  {
+    std::istringstream left(proc_.take_leftover());
+    for (std::string line; std::getline(left, line);)
+      if (line.find_first_not_of(" \t\r") != std::string::npos)
+        stray(str("line ", quoted(line), " came after the previous batch was answered"));
   }
   std::string send;
-  for (const RewardRequest& r : batch)
-    send += nlohmann::json{{"prompt", r.prompt}, {"response", r.response}, {"metadata", r.metadata}}.dump() + "\n";
-  const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(opt_.timeout_s));
-  size_t sent = 0, got = 0;
-  std::string failure;  // why the rest of the batch has no reward
-  auto take_line = [&](const std::string& line) {
-    const size_t i = got++;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      const nlohmann::json& v = j.is_object() && j.contains("reward") ? j.at("reward") : j;
-      if (!v.is_number() || !std::isfinite(v.get<double>())) throw std::runtime_error("not a finite number");
-      out.rewards[i] = v.get<double>();
-    } catch (const std::exception&) {
-      out.errors[i] = "malformed reply '" + line.substr(0, 200) + "' (expected a number or {\"reward\": number})";
-    }
+  for (size_t i = 0; i < n; ++i)
+    // The id is the index in the batch: the same batch is the same lines, whatever the program's past (a resumed
+    // run asks exactly what the run that never stopped asked).
+    send += nlohmann::json{{"id", int64_t(i)},
+                           {"prompt", batch[i].prompt},
+                           {"response", batch[i].response},
+                           {"metadata", batch[i].metadata}}
+                .dump() +
+            "\n";
+
+  // A sample is answered by the reply with its id (any order), or by position among the replies without an
+  // id. A line that is no reply (not JSON, or JSON that is neither a number nor an object with "reward") is
+  // no reply once the program has answered by id; before that it may be a reply gone wrong (its sample fails,
+  // quoting it) or a stray line such as a banner (every later reply would be one off): the batch tells them
+  // apart by counting lines, waiting briefly for one more line when the count is full.
+  auto reward_of = [](const nlohmann::json& v) -> std::optional<double> {
+    if (!v.is_number() || !std::isfinite(v.get<double>())) return std::nullopt;
+    return v.get<double>();
   };
-  while (got < n && failure.empty()) {
-    const double left = seconds_left(deadline);
-    if (left <= 0) {
-      failure = "no reply within the batch's " + std::to_string(opt_.timeout_s) + " s";
-      break;
-    }
-    pollfd fds[2] = {{from_child_, POLLIN, 0}, {to_child_, short(sent < send.size() ? POLLOUT : 0), 0}};
-    const int rc = ::poll(fds, sent < send.size() ? 2 : 1, int(std::ceil(std::min(left, 1.0) * 1000)));
-    if (rc < 0 && errno != EINTR) MT_THROW("reward program: poll failed: ", std::strerror(errno));
-    if (sent < send.size() && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = ::write(to_child_, send.data() + sent, send.size() - sent);
-      if (w > 0)
-        sent += size_t(w);
-      else if (w < 0 && errno != EAGAIN && errno != EINTR)
-        failure = "the reward program closed its input";
-    }
-    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      char buf[65536];
-      const ssize_t r = ::read(from_child_, buf, sizeof buf);
-      if (r > 0) {
-        pending_.append(buf, size_t(r));
-        size_t nl;
-        while (got < n && (nl = pending_.find('\n')) != std::string::npos) {
-          take_line(pending_.substr(0, nl));
-          pending_.erase(0, nl + 1);
-        }
-      } else if (r == 0) {
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
-        failure = WIFEXITED(status) ? "the reward program exited with status " + std::to_string(WEXITSTATUS(status))
-                                    : "the reward program was killed by signal " + std::to_string(WTERMSIG(status));
-        ::close(to_child_);
-        ::close(from_child_);
-        pid_ = to_child_ = from_child_ = -1;
+  std::vector<char> by_id(n, 0);  // answered by a reply with its id
+  size_t id_count = 0;
+  bool ids_seen = false;
+  struct Line {
+    std::string text;
+    nlohmann::json value;  // discarded: not JSON
+    bool reply_like;       // a number, or an object with "reward"
+  };
+  auto line_of = [](const std::string& text) {
+    Line l{text, nlohmann::json::parse(text, nullptr, false), false};
+    l.reply_like = l.value.is_number() || (l.value.is_object() && l.value.contains("reward"));
+    return l;
+  };
+  auto not_a_reply = [](const Line& l) {
+    return str(quoted(l.text), l.value.is_discarded() ? " is not JSON" : " is not a reply", " (expected ", kReplyForms,
+               "; logs belong on stderr)");
+  };
+  std::vector<Line> seq;  // lines matched by position, in arrival order
+  auto ordered_count = [&] {
+    size_t c = 0;
+    for (const Line& l : seq) c += ids_seen && !l.reply_like ? 0 : 1;
+    return c;
+  };
+  auto on_line = [&](const std::string& line) {
+    Line l = line_of(line);
+    const nlohmann::json& j = l.value;
+    if (j.is_object() && j.contains("id")) {
+      ids_seen = true;
+      const nlohmann::json& id = j["id"];
+      const int64_t k = id.is_number_integer() ? id.get<int64_t>() : -1;
+      if (k < 0 || k >= int64_t(n)) {
+        stray(str("reply ", quoted(line), " has id ", id.dump(), ", which is no request of this batch (ids 0..", n - 1,
+                  ")"));
+      } else if (by_id[size_t(k)]) {
+        out.errors[size_t(k)] = str("a second reply ", quoted(line), " for request id ", k, ", already answered");
+      } else {
+        const size_t i = size_t(k);
+        by_id[i] = 1;
+        ++id_count;
+        const auto r = j.contains("reward") ? reward_of(j["reward"]) : std::nullopt;
+        if (r)
+          out.rewards[i] = *r;
+        else
+          out.errors[i] = str("malformed reply ", quoted(line), " (expected ", kReplyForms, ")");
       }
+    } else {
+      seq.push_back(std::move(l));
     }
+    return id_count + ordered_count() >= n;
+  };
+  const std::string failure = proc_.exchange(send, opt_.timeout_s, on_line);
+  auto has_text_line = [&] {
+    for (const Line& l : seq)
+      if (!l.reply_like) return true;
+    return false;
+  };
+  const bool in_doubt = !ids_seen && has_text_line();
+  if (in_doubt && failure.empty()) {
+    // One more line within the grace means a line that was no reply was extra (a banner), not a reply gone wrong.
+    proc_.exchange("", std::min(opt_.timeout_s, kOrderGraceS), [&](const std::string& line) {
+      seq.push_back(line_of(line));
+      return true;
+    });
   }
-  if (!failure.empty()) {
-    for (size_t i = got; i < n; ++i) out.errors[i] = failure;
-    if (pid_ >= 0) stop();  // late: killed, restarted with the next batch
+  // The lines matched by position: the samples without a reply by id, in order. Lines that are no reply are
+  // stray when the program answers by id, and the first ones are extra when there are more lines than samples.
+  std::vector<size_t> slots;
+  for (size_t i = 0; i < n; ++i)
+    if (!by_id[i]) slots.push_back(i);
+  size_t extra = seq.size() > slots.size() ? seq.size() - slots.size() : 0;
+  std::vector<const Line*> matched;
+  bool took_place = false;
+  for (const Line& l : seq) {
+    if (!l.reply_like && (ids_seen || extra > 0)) {
+      stray("line " + not_a_reply(l));
+      if (!ids_seen) --extra;
+      continue;
+    }
+    took_place = took_place || !l.reply_like;
+    matched.push_back(&l);
   }
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const size_t i = slots[k];
+    if (k >= matched.size()) {
+      out.errors[i] = failure.empty()     ? str("no reply (", kReplyForms, ")")
+                      : out.stray.empty() ? failure
+                                          : str(failure, "; before that it wrote ", out.stray.size(),
+                                                " line(s) that were no reply: ", out.stray.front());
+      continue;
+    }
+    const Line& l = *matched[k];
+    const auto r = reward_of(l.value.is_object() && l.value.contains("reward") ? l.value["reward"] : l.value);
+    if (r)
+      out.rewards[i] = *r;
+    else if (!l.reply_like)
+      out.errors[i] = str("malformed reply ", quoted(l.text), " where the reply for request id ", i,
+                          " was due: ", l.value.is_discarded() ? "not JSON" : "not a reply", " (expected ", kReplyForms,
+                          "; logs belong on stderr)");
+    else
+      out.errors[i] = str("malformed reply ", quoted(l.text), " (expected ", kReplyForms, ")");
+  }
+  for (size_t k = slots.size(); k < matched.size(); ++k)
+    stray(str("reply ", quoted(matched[k]->text), " has no id and every request of the batch was answered"));
+  // A line that was no reply took a sample's place: had it been a stray line after all, the reply it displaced
+  // would come later and be read as the next batch's first; start the program afresh instead.
+  if (took_place) proc_.stop();
   for (size_t i = 0; i < n; ++i)
     if (!out.errors[i].empty()) {
       out.rewards[i] = 0;
       ++out.failures;
     }
-  if (out.failures > 0) {
+  ++tally_.calls;
+  tally_.items += int64_t(n);
+  tally_.failures += out.failures;
+  tally_.stray_lines += int64_t(out.stray.size());
+  if (out.failures > 0 || !out.stray.empty()) {
     size_t first = 0;
-    while (out.errors[first].empty()) ++first;
-    const std::string msg =
-        str("reward program: ", out.failures, " of ", n, " samples without a reward; sample ", first, ": ",
-            out.errors[first], " (response: '", batch[first].response.substr(0, 80), "')");
+    while (first < n && out.errors[first].empty()) ++first;
+    std::string msg =
+        first < n ? str("reward program: ", out.failures, " of ", n, " samples without a reward; sample ", first, ": ",
+                        out.errors[first], " (response: '", batch[first].response.substr(0, 80), "')")
+                  : str("reward program: ", out.stray.front());
+    if (first < n && !out.stray.empty()) msg += str("; and ", out.stray.size(), " stray line(s): ", out.stray.front());
+    tally_.note(msg);
     if (opt_.stop_on_error) MT_THROW(msg);
-    log_info("warning: ", msg, "; they get reward 0");
+    log_info("warning: ", msg, first < n ? "; they get reward 0" : "");
   }
   return out;
 }

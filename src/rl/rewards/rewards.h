@@ -6,18 +6,24 @@
 //     last number in the text) is equivalent to the answer: both numbers (integers, decimals, fractions
 //     a/b, thousands commas, a leading +, surrounding $) and equal within 1e-9 relative, else equal as
 //     strings with whitespace and $ removed.
-// An external reward program is started once and kept: JSON lines over its stdin/stdout, one request
-// line {"prompt": ..., "response": ..., "metadata": {...}} per sample, one reply line per request, either
-// a number or {"reward": number}. A batch has one deadline; a program that crashes, replies with a
-// malformed line or misses the deadline is reported with the sample, the sample gets reward 0 (or the
-// call throws, RewardProgramOptions::stop_on_error), a dead or late program is restarted for the next
-// batch, and nothing ever waits past the deadline.
+// An external reward program is started once and kept (rl/env/child_process.h): JSON lines over its
+// stdin/stdout, one request line {"id": n, "prompt": ..., "response": ..., "metadata": {...}} per sample (n: its
+// index in the batch), one reply line per request: {"id": n, "reward": number}, matched by id in any order,
+// or (the older form) a number or {"reward": number} without an id, matched by order. It is the one-step case
+// of the environment protocol (rl/env/env_program.h; docs/rl.md "Environments"). A batch has one deadline; a
+// program that crashes or misses the deadline fails the samples it had not answered, a malformed reply fails
+// its sample, and a line that is no reply is an error that quotes it, never a silent shift of later rewards
+// (docs/rl.md "Rewards" says how the order-matched form tells a stray line from a reply gone wrong). Failed
+// samples get reward 0 (or the call throws, RewardProgramOptions::stop_on_error); a dead or late program is
+// restarted for the next batch, and nothing ever waits past the deadline.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "rl/env/child_process.h"
 
 namespace mt::rl {
 
@@ -42,6 +48,7 @@ struct RewardBatch {
   std::vector<double> rewards;      // one per request; 0 where the program failed
   std::vector<std::string> errors;  // one per request; empty where the reward is the program's
   int64_t failures = 0;
+  std::vector<std::string> stray;  // lines that were no reply to any request, each an error quoting it
 };
 
 class RewardProgram {
@@ -54,15 +61,15 @@ class RewardProgram {
   RewardProgram& operator=(const RewardProgram&) = delete;
 
   RewardBatch score(const std::vector<RewardRequest>& batch);
-  int64_t restarts() const { return restarts_; }
+  int64_t restarts() const { return proc_.restarts(); }
+  // Every batch's failures and stray lines over the program's life.
+  const FailureTally& tally() const { return tally_; }
+  const std::string& command() const { return opt_.command; }
 
  private:
-  void start();
-  void stop();
   RewardProgramOptions opt_;
-  int pid_ = -1, to_child_ = -1, from_child_ = -1;
-  std::string pending_;  // bytes read past the last complete line
-  int64_t restarts_ = 0;
+  ChildProcess proc_;
+  FailureTally tally_;
 };
 
 }  // namespace mt::rl
