@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs `moetrain grpo` once per seed, JOBS at a time, and prints one JSON line per run and a summary line:
 # how robust a GRPO recipe is across seeds (docs/rl.md quotes what it measured): the gain in held-out exact
-# match (min / median / max) and how many runs gained at least GAIN points. The task's starting model is
+# match (min / median / max) and how many runs gained at least GAIN points; with --env, the gain in the greedy
+# episodes' success (the env line), the single-turn exact match beside it. The task's starting model is
 # made by the first run that needs it (the others wait for it: a lock file beside it).
 # usage: scripts/grpo_seeds.sh [BUILD_DIR] [SEEDS] [-- extra grpo arguments]
 #   BUILD_DIR defaults to build, SEEDS to "1 2 3 4 5"; JOBS (default 1) runs that many at once (on 2 CPU
@@ -31,9 +32,18 @@ run_one() {
   local reward
   reward=$(python3 -c 'import json,sys; v=[json.loads(l).get("reward_mean") for l in open(sys.argv[1])]; v=[x for x in v if x is not None][-50:]; print(round(sum(v)/len(v),4) if v else "null")' \
     "$dir/metrics.jsonl" 2>/dev/null || echo null)
+  # With --env: "grpo: env builtin:retry success 25.0% -> 40.0% on 200 held-out problems (...)" as well; the
+  # episodes' success is then the line's before/after, the single-turn exact match kept beside it.
+  local env_line
+  env_line=$(sed -n 's/^grpo: env [^ ]* success \([0-9.]*\)% -> \([0-9.]*\)% on .*/\1 \2/p' "$dir.log")
   sed -n 's/^grpo: exact-match \([0-9.]*\)% -> \([0-9.]*\)% on .*/\1 \2/p' "$dir.log" |
     while read -r before after; do
-      echo "{\"tag\": \"$tag\", \"seed\": $seed, \"before\": $before, \"after\": $after, \"reward_last50\": $reward, \"wall_s\": $((SECONDS - t0))}"
+      if [ -n "$env_line" ]; then
+        read -r eb ea <<< "$env_line"
+        echo "{\"tag\": \"$tag\", \"seed\": $seed, \"before\": $eb, \"after\": $ea, \"exact_match_before\": $before, \"exact_match_after\": $after, \"reward_last50\": $reward, \"wall_s\": $((SECONDS - t0))}"
+      else
+        echo "{\"tag\": \"$tag\", \"seed\": $seed, \"before\": $before, \"after\": $after, \"reward_last50\": $reward, \"wall_s\": $((SECONDS - t0))}"
+      fi
     done
 }
 export -f run_one

@@ -77,6 +77,25 @@ std::vector<std::vector<double>> process_advantages(const std::vector<std::vecto
   return a;
 }
 
+std::vector<std::vector<double>> turn_advantages(const std::vector<std::vector<double>>& r, int64_t G,
+                                                 bool normalize_std, double eps) {
+  check_step_groups(r, G, "turn_advantages");
+  std::vector<std::vector<double>> ret(r.size()), a(r.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    ret[i].assign(r[i].size(), 0.0);
+    double later = 0;
+    for (size_t k = r[i].size(); k-- > 0;) ret[i][k] = later += r[i][k];
+  }
+  for (size_t g = 0; g < r.size(); g += size_t(G)) {
+    std::vector<double> pooled;
+    for (size_t i = g; i < g + size_t(G); ++i) pooled.insert(pooled.end(), ret[i].begin(), ret[i].end());
+    const double m = mean(pooled), s = normalize_std && pooled.size() > 1 ? unbiased_std(pooled, m) + eps : 1.0;
+    for (size_t i = g; i < g + size_t(G); ++i)
+      for (double v : ret[i]) a[i].push_back((v - m) / s);
+  }
+  return a;
+}
+
 std::vector<std::vector<double>> position_advantages(const std::vector<std::vector<double>>& r, int64_t G,
                                                      bool normalize_std, double eps) {
   check_step_groups(r, G, "position_advantages");

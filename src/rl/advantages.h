@@ -37,6 +37,13 @@ std::vector<std::vector<double>> process_advantages(const std::vector<std::vecto
 // is credited with its own step's reward only, against the other samples' rewards at the same step.
 std::vector<std::vector<double>> position_advantages(const std::vector<std::vector<double>>& step_rewards,
                                                      int64_t group_size, bool normalize_std, double eps = 1e-6);
+// Multi-turn per-turn credit (rl/multiturn.h, --turn-credit per-turn): r_{i,k} the reward environment step k
+// of sample i gave; the turn's return R_{i,k} = sum_{k' >= k} r_{i,k'} (what the turn's tokens led to);
+// A_{i,k} = (R_{i,k} - mean_g) / (std_g + eps), mean and unbiased std over the group's returns pooled (every
+// turn of every sample counted once, whatever its length; no division when normalize_std is false or the
+// group has a single turn in all). One advantage per turn, which the caller gives every token of the turn.
+std::vector<std::vector<double>> turn_advantages(const std::vector<std::vector<double>>& turn_rewards,
+                                                 int64_t group_size, bool normalize_std, double eps = 1e-6);
 // Per group: whether every step reward of every sample is the same value (all normalised rewards 0).
 std::vector<bool> constant_step_groups(const std::vector<std::vector<double>>& step_rewards, int64_t group_size);
 

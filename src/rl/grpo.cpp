@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "comm/communicator.h"
@@ -44,10 +45,18 @@ struct Kept {
   std::vector<double> advantage;        // per response token
   std::vector<double> values, returns;  // PPO: the critic's values before the update, GAE returns
   bool filtered = false;                // overlong filtering: token weight 0
+  // Multi-turn: the environment's reward per model turn and each response token's turn (per-turn credit).
+  std::vector<double> turn_rewards;
+  std::vector<int64_t> token_turn;
   // The trainer's log-probs and entropies and the reference's log-probs before the update, per response
   // token; filled before the advantages when the KL goes into the reward, else by the update.
   std::vector<float> old_lp, entropy, ref_lp;
 };
+
+// Whether response token j of a sample is the model's (not an observation an environment appended).
+bool model_token(const RolloutSample& s, size_t j) {
+  return s.model_mask.empty() || s.model_mask[j] != 0;
+}
 
 // A micro-batch of the update: its samples packed, their per-token values set.
 struct UpdateMicroBatch {
@@ -415,6 +424,10 @@ struct UpdatePhases {
     int64_t pen_tokens = 0;
     for (size_t i = 0; i < kept.size(); ++i)
       for (size_t j = 0; j < kept[i].old_lp.size(); ++j) {
+        if (!model_token(kept[i].s, j)) {  // an observation: no KL, as a prompt token
+          kl_pen[i].push_back(0);
+          continue;
+        }
         const double pen = -o.kl_reward_coef * kl_value(o.loss.kl, kept[i].old_lp[j], kept[i].ref_lp[j]);
         kl_pen[i].push_back(pen);
         pen_sum += pen;
@@ -488,6 +501,22 @@ struct UpdatePhases {
       const std::vector<std::vector<double>> adv = o.per_position ? position_advantages(steps, n, o.normalize_std)
                                                                   : process_advantages(steps, n, o.normalize_std);
       for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
+    } else if (o.env && o.multi_turn.credit == TurnCredit::PerTurn) {
+      // Each turn's return against the group's turns; the KL in the reward joins the turn it falls in.
+      std::vector<std::vector<double>> turn_r;
+      for (size_t i = 0; i < kept.size(); ++i) {
+        std::vector<double> r = kept[i].turn_rewards;
+        if (r.empty()) r.push_back(0);
+        for (size_t j = 0; j < kl_pen[i].size(); ++j)
+          r[std::min(size_t(kept[i].token_turn[j]), r.size() - 1)] += kl_pen[i][j];
+        turn_r.push_back(std::move(r));
+      }
+      const std::vector<std::vector<double>> adv = turn_advantages(turn_r, n, o.normalize_std);
+      for (size_t i = 0; i < kept.size(); ++i) {
+        kept[i].advantage.clear();
+        for (int64_t k : kept[i].token_turn)
+          kept[i].advantage.push_back(adv[i][std::min(size_t(k), adv[i].size() - 1)]);
+      }
     } else {
       std::vector<double> rewards = kept_rewards;
       for (size_t i = 0; i < kept.size(); ++i)
@@ -495,6 +524,10 @@ struct UpdatePhases {
       const std::vector<double> adv = grpo_advantages(rewards, n, o.normalize_std);
       for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage.assign(kept[i].s.response.size(), adv[i]);
     }
+    // Observation tokens carry no advantage (their weight is 0 as well: the same as a prompt token's).
+    for (Kept& x : kept)
+      for (size_t j = 0; j < x.advantage.size(); ++j)
+        if (!model_token(x.s, j)) x.advantage[j] = 0;
   }
 
   // 3. Mini-batches of whole groups, micro-batches of samples; each packed once, and the old (and
@@ -512,7 +545,8 @@ struct UpdatePhases {
       // set below, once the mini-batch's old log-probs are known: the masks decide its normalisers).
       int64_t mb_tokens = 0;
       for (size_t i = s0; i < s1; ++i)
-        if (!kept[i].filtered) mb_tokens += int64_t(kept[i].s.response.size());
+        if (!kept[i].filtered)
+          for (size_t j = 0; j < kept[i].s.response.size(); ++j) mb_tokens += model_token(kept[i].s, j);
       const size_t per = o.micro_batch_samples > 0 ? size_t(o.micro_batch_samples) : s1 - s0;
       for (size_t c0 = s0; c0 < s1; c0 += per) {
         UpdateMicroBatch u;
@@ -544,6 +578,8 @@ struct UpdatePhases {
           const Kept& x = kept[u.samples[k]];
           const int64_t len = int64_t(x.s.response.size());
           for (int64_t j = 0; j < len; ++j) {
+            if (!model_token(x.s, size_t(j))) continue;  // observations: in no metric, as prompt tokens
+            ++tokens_all;
             adv_sum += x.advantage[size_t(j)];
             adv_sq += x.advantage[size_t(j)] * x.advantage[size_t(j)];
             if (!own.empty()) {
@@ -562,7 +598,6 @@ struct UpdatePhases {
             ent_sum += ent[k][size_t(j)];
             if (reference) ref_kl_sum += kl_value(o.loss.kl, old[k][size_t(j)], ref[k][size_t(j)]);
           }
-          tokens_all += len;
           adv_t.emplace_back(x.advantage.begin(), x.advantage.end());
         }
         set_token_values(u.p, PolicyObjective::kAdvantage, adv_t);
@@ -599,14 +634,16 @@ struct UpdatePhases {
       // normaliser over the mini-batch's tokens and samples that neither overlong filtering nor a mask left out.
       std::vector<std::vector<double>> old_d, roll_d;
       std::vector<bool> filtered;
+      std::vector<std::vector<uint8_t>> masks;
       for (size_t i = s0; i < s1; ++i) {
+        masks.push_back(kept[i].s.model_mask);
         roll_d.emplace_back(kept[i].s.logprobs.begin(), kept[i].s.logprobs.end());
         // On-policy there is no mismatch correction: the weights need only the lengths.
         old_d.push_back(on_policy ? roll_d.back() : std::vector<double>(kept[i].old_lp.begin(), kept[i].old_lp.end()));
         filtered.push_back(kept[i].filtered);
       }
       const MiniBatchWeights mw =
-          minibatch_weights(old_d, roll_d, filtered, o.aggregation, double(o.max_new_tokens), o.mismatch);
+          minibatch_weights(old_d, roll_d, filtered, o.aggregation, double(o.max_new_tokens), o.mismatch, masks);
       masked_tokens += mw.masked;
       for (UpdateMicroBatch& u : minis[size_t(b)]) {
         std::vector<std::vector<float>> w_t;
@@ -835,6 +872,15 @@ void validate(const GrpoOptions& o) {
        {std::pair<const char*, double>{"aux_loss_coef", o.aux_loss_coef}, {"router_z_loss_coef", o.router_z_loss_coef}})
     if (!(v >= 0) || !std::isfinite(v)) MT_THROW("grpo: ", name, " ", v, "; need a finite value >= 0 (0: off)");
   validate(o.loss);
+  if (o.env) {
+    validate(o.multi_turn);
+    if (!o.codec.decode || !o.codec.encode)
+      MT_THROW("grpo: an environment needs a turn codec (GrpoOptions::codec: decode and encode)");
+    if (o.multi_turn.credit == TurnCredit::PerTurn && o.overlong_penalty > 0)
+      MT_THROW("grpo: overlong_penalty ", o.overlong_penalty,
+               " shapes the episode's reward, which per-turn credit does not train on (it takes the turns' "
+               "rewards); use final credit or no penalty");
+  }
 }
 
 bool is_router_weight(const std::string& name) {
@@ -945,9 +991,18 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   if (groups % dp != 0)
     MT_THROW("grpo: groups = ", groups, " prompts per step cannot be split evenly over ", dp,
              " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dp);
+  if (o.env) {
+    if (dist.distributed())
+      MT_THROW("grpo: an environment under ", dist.world_size(),
+               " ranks is not supported (the round's exchange carries no episodes); run multi-turn on one process");
+    if (o.token_reward) MT_THROW("grpo: an environment gives the rewards; token_reward must be unset with it");
+    if (critic) MT_THROW("grpo: an environment with PPO's critic is not supported; use grpo or dr-grpo");
+  }
   const ModelConfig& cfg = session.config();
   const int64_t n = o.n;
   GrpoMetrics m;
+  int64_t episodes = 0, turns_sum = 0, obs_sum = 0, cut = 0;
+  std::map<std::string, std::pair<double, int64_t>> env_sums;
 
   // 1. Generate, reward, keep: rounds of `groups` prompts until `groups` groups are kept. Each rank
   //    generates its share; after the exchange every rank holds the whole round.
@@ -984,10 +1039,23 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       reqs.push_back(std::move(r));
     }
     drawn += groups;
-    const std::vector<GenerateRequest> mine(reqs.begin() + g0, reqs.begin() + g1);
+    std::vector<GenerateRequest> mine(reqs.begin() + g0, reqs.begin() + g1);
     if (o.before_generate) m.weight_sync_s += o.before_generate();
     const double sync_before = engine.stats().weight_sync_seconds;
-    std::vector<GeneratedSample> gen = engine.generate(mine);  // collective under FSDP and ep
+    std::vector<GeneratedSample> gen;
+    MultiTurnRound episode_round;
+    if (o.env) {
+      // Episode ids unique in the run: the step and the round's first sample.
+      const int64_t first_id = (step << 24) + drawn * n;
+      std::vector<nlohmann::json> meta;
+      if (o.episode_metadata)
+        for (int64_t g = g0; g < g1; ++g) meta.push_back(o.episode_metadata(g));
+      episode_round = run_episodes(engine, mine, *o.env, o.codec, o.multi_turn, first_id, meta);
+      gen = std::move(episode_round.samples);
+      for (size_t i = 0; i < mine.size(); ++i) reqs[size_t(g0) + i].prompt = mine[i].prompt;  // init's observations
+    } else {
+      gen = engine.generate(mine);  // collective under FSDP and ep
+    }
     m.weight_sync_s += engine.stats().weight_sync_seconds - sync_before;
     m.generate_s += seconds_since(t);
     ++m.generate_rounds;
@@ -1001,7 +1069,11 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     try {
       if (int64_t(gen.size()) != (g1 - g0) * n)
         MT_THROW("grpo: the engine returned ", gen.size(), " samples for ", g1 - g0, " prompts x ", n);
-      rewards = reward(reqs, gen);
+      if (o.env) {
+        for (const EpisodeResult& e : episode_round.episodes) rewards.push_back(e.final_reward());
+      } else {
+        rewards = reward(reqs, gen);
+      }
       if (rewards.size() != gen.size()) MT_THROW("grpo: ", rewards.size(), " rewards for ", gen.size(), " samples");
       for (size_t i = 0; i < gen.size(); ++i)
         if (!std::isfinite(rewards[i]))
@@ -1043,6 +1115,19 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       }
     }
     samples_seen += int64_t(gen.size());
+    if (o.env) {
+      for (const EpisodeResult& e : episode_round.episodes) {
+        ++episodes;
+        turns_sum += int64_t(e.turn_rewards.size());
+        obs_sum += e.observation_tokens;
+        cut += e.error.empty() && !e.done;
+      }
+      m.env_errors += episode_round.errors;
+      for (const auto& [k, v] : episode_round.env_metrics) {
+        env_sums[k].first += v.first;
+        env_sums[k].second += v.second;
+      }
+    }
     for (int64_t g = 0; g < groups; ++g) {
       bool any = false, correct = false;
       for (int64_t j = 0; j < n; ++j) {
@@ -1057,7 +1142,19 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       for (size_t i = 0; i < gen.size(); ++i)
         rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
                                             o.overlong_penalty);
-    const std::vector<bool> constant = o.token_reward ? constant_step_groups(steps, n) : constant_groups(rewards, n);
+    std::vector<bool> constant;
+    if (o.env && o.multi_turn.credit == TurnCredit::PerTurn) {
+      // Per-turn credit: a group carries a gradient when its turns' returns (turn_advantages) differ.
+      std::vector<std::vector<double>> returns;
+      for (const EpisodeResult& e : episode_round.episodes) {
+        std::vector<double> ret = e.turn_rewards.empty() ? std::vector<double>{0.0} : e.turn_rewards;
+        for (size_t k = ret.size() - 1; k-- > 0;) ret[k] += ret[k + 1];
+        returns.push_back(std::move(ret));
+      }
+      constant = constant_step_groups(returns, n);
+    } else {
+      constant = o.token_reward ? constant_step_groups(steps, n) : constant_groups(rewards, n);
+    }
     for (int64_t g = 0; g < groups; ++g) {
       m.groups_zero_variance += constant[size_t(g)];
       if ((o.dynamic_sampling && constant[size_t(g)]) || m.groups_kept >= groups) continue;
@@ -1072,6 +1169,11 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
         k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
         k.filtered = o.overlong_filter && x.finish_reason == "length";
         if (o.token_reward) k.step_rewards = steps[i];
+        if (o.env) {
+          k.s.model_mask = x.model_mask;
+          k.turn_rewards = episode_round.episodes[i].turn_rewards;
+          k.token_turn = token_turns(x);
+        }
         kept.push_back(std::move(k));
         kept_rewards.push_back(rewards[i]);
       }
@@ -1087,6 +1189,13 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
   m.groups_correct /= double(m.groups_generated);
   m.groups_zero_variance /= double(m.groups_generated);
   m.rollout_tokens_per_s = per_second(gen_tokens, m.generate_s);
+  if (episodes > 0) {
+    m.turns_mean = double(turns_sum) / double(episodes);
+    m.observation_tokens_mean = double(obs_sum) / double(episodes);
+    m.env_error_fraction = double(m.env_errors) / double(episodes);
+    m.episodes_cut_fraction = double(cut) / double(episodes);
+    for (const auto& [k, v] : env_sums) m.env_metrics[k] = v.first / double(std::max<int64_t>(v.second, 1));
+  }
   if (kept.empty()) {
     if (dist.rank() == 0)
       log_info("grpo: step ", step, ": no group with differing rewards in ", m.generate_rounds,
@@ -1101,6 +1210,10 @@ GrpoMetrics grpo_update(TrainSession& session, const RolloutGroups& r, const Grp
                         TrainSession* reference, TrainSession* critic) {
   validate(o);
   check_sessions(session, o, reference, critic);
+  if (o.env)
+    MT_THROW(
+        "grpo_update: GrpoOptions::env is set, but the update takes given rollouts (their model_mask marks "
+        "the observations); unset it");
   const size_t N = r.samples.size(), n = size_t(o.n);
   if (N == 0 || N % n != 0)
     MT_THROW("grpo_update: ", N, " samples; need whole groups of n = ", o.n, " (a positive multiple of n)");

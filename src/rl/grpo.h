@@ -23,11 +23,13 @@
 // does not. Layouts: FSDP, HSDP, ep, tp and sp, alone or combined (tp and sp generate on a TpGenerator copy).
 #pragma once
 #include <functional>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
 #include "rl/advantages.h"
+#include "rl/multiturn.h"
 #include "rl/policy_loss.h"
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
@@ -102,6 +104,16 @@ struct GrpoOptions {
   // Called on every rank before each generate round, its seconds added to weight_sync_s: the refresh of a
   // generator copy (TpGenerator::refresh), which generation under tp needs.
   std::function<double()> before_generate;
+  // Multi-turn (rl/multiturn.h, docs/rl.md "Multi-turn GRPO"): with an environment each sample is an episode
+  // of model turns and appended observations, its rewards the environment's (the RewardFn is not called);
+  // the observation tokens are read by every forward and trained on by none. max_new_tokens caps the whole
+  // response (turns and observations). Not with token_reward, a critic or several ranks.
+  Environment* env = nullptr;
+  TurnCodec codec;  // the environment's text <-> the model's tokens
+  // The round's prompt k's metadata for its episodes (EnvEpisode::metadata; e.g. a prompt line's "answer");
+  // unset: none.
+  std::function<nlohmann::json(int64_t k)> episode_metadata;
+  MultiTurnOptions multi_turn;
 };
 void validate(const GrpoOptions& o);  // errors name the field, its value and what is allowed
 // A sparse layer's router (`model.layers.L.mlp.gate.weight`): what freeze_router holds fixed.
@@ -155,6 +167,13 @@ struct GrpoMetrics {
   double value_loss = 0, value_mean = 0, explained_variance = 0, value_clip_frac = 0, critic_grad_norm = 0;
   double critic_update_s = 0, critic_value_s = 0;
   double generate_s = 0, reward_s = 0, logprob_s = 0, ref_logprob_s = 0, update_s = 0, weight_sync_s = 0;
+  // Multi-turn (over every episode generated this step): model turns and observation tokens per episode, the
+  // episodes an environment error ended (reward 0) and those a limit ended before the environment said done,
+  // and the mean of each numeric field of the environment's step metadata over the steps reporting it (e.g.
+  // retry's first_try_correct). Empty / 0 without an environment.
+  double turns_mean = 0, observation_tokens_mean = 0, env_error_fraction = 0, episodes_cut_fraction = 0;
+  int64_t env_errors = 0;
+  std::map<std::string, double> env_metrics;
 };
 // The record as metrics.jsonl writes it (every field above by its name, the phases' seconds under "time_s";
 // the loop adds step, lr and elapsed_s) and the log's one line for step `step` of `steps` (the reference's and

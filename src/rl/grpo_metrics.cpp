@@ -66,8 +66,26 @@ nlohmann::json to_json(const GrpoMetrics& m) {
       {"generate", m.generate_s},           {"reward", m.reward_s},          {"logprob", m.logprob_s},
       {"ref_logprob", m.ref_logprob_s},     {"update", m.update_s},          {"critic_values", m.critic_value_s},
       {"critic_update", m.critic_update_s}, {"weight_sync", m.weight_sync_s}};
+  if (m.turns_mean > 0) {  // multi-turn
+    j["turns_mean"] = m.turns_mean;
+    j["observation_tokens_mean"] = m.observation_tokens_mean;
+    j["env_errors"] = m.env_errors;
+    j["env_error_fraction"] = m.env_error_fraction;
+    j["episodes_cut_fraction"] = m.episodes_cut_fraction;
+    j["env"] = nlohmann::json::object();
+    for (const auto& [k, v] : m.env_metrics) j["env"][k] = v;
+  }
   return j;
 }
+
+namespace {
+// The environment's metadata means, " name value" each.
+std::string env_text(const GrpoMetrics& m) {
+  std::string s;
+  for (const auto& [k, v] : m.env_metrics) s += str(" ", k, " ", v);
+  return s;
+}
+}  // namespace
 
 std::string step_line(const GrpoMetrics& m, int64_t step, int64_t steps, bool with_reference, bool with_critic) {
   return str(
@@ -79,6 +97,9 @@ std::string step_line(const GrpoMetrics& m, int64_t step, int64_t steps, bool wi
       m.logprob_diff_mean_no_replay >= 0 ? str(" (own routing: ", m.logprob_diff_mean_no_replay, ")") : std::string(),
       " ratio ", m.importance_weight_mean, " [", m.importance_weight_min, ", ", m.importance_weight_max, "]",
       with_critic ? str(" | value loss ", m.value_loss, " explained variance ", m.explained_variance) : std::string(),
+      m.turns_mean > 0 ? str(" | turns ", m.turns_mean, " obs tokens ", m.observation_tokens_mean, " env errors ",
+                             m.env_errors, env_text(m))
+                       : std::string(),
       " | tokens/s generate ", std::lround(m.rollout_tokens_per_s), " logprob ", std::lround(m.logprob_tokens_per_s),
       with_reference ? str(" ref ", std::lround(m.ref_logprob_tokens_per_s)) : std::string(), " update ",
       std::lround(m.train_tokens_per_s),

@@ -141,17 +141,41 @@ std::vector<double> token_weights(std::span<const double> old_logp, std::span<co
 MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_logp,
                                    const std::vector<std::vector<double>>& rollout_logp,
                                    const std::vector<bool>& filtered, LossAggregation a, double constant,
-                                   const MismatchConfig& m) {
+                                   const MismatchConfig& m, const std::vector<std::vector<uint8_t>>& model_mask) {
   const size_t B = old_logp.size();
   if (rollout_logp.size() != B || filtered.size() != B)
     MT_THROW("minibatch_weights: ", B, " samples of trainer log-probs, ", rollout_logp.size(),
              " of rollout log-probs and ", filtered.size(), " filter flags; need one each per sample");
+  if (!model_mask.empty() && model_mask.size() != B)
+    MT_THROW("minibatch_weights: ", model_mask.size(), " model masks for ", B, " samples; need one per sample or none");
   MiniBatchWeights out;
   out.w.resize(B);
   std::vector<int64_t> length(B, 0);
   for (size_t i = 0; i < B; ++i) {
     std::vector<bool> kept;
-    out.w[i] = corrections(old_logp[i], rollout_logp[i], m, kept);
+    const std::vector<uint8_t>* mask = model_mask.empty() || model_mask[i].empty() ? nullptr : &model_mask[i];
+    if (mask) {
+      // The corrections over the model's tokens alone, scattered back; observations get 0 and count nowhere.
+      if (mask->size() != old_logp[i].size() || rollout_logp[i].size() != old_logp[i].size())
+        MT_THROW("minibatch_weights: sample ", i, " has ", mask->size(), " model-mask entries, ", old_logp[i].size(),
+                 " trainer and ", rollout_logp[i].size(), " rollout log-probs; need one of each per response token");
+      std::vector<double> o_m, r_m;
+      for (size_t t = 0; t < mask->size(); ++t)
+        if ((*mask)[t]) {
+          o_m.push_back(old_logp[i][t]);
+          r_m.push_back(rollout_logp[i][t]);
+        }
+      std::vector<bool> kept_m;
+      const std::vector<double> w_m = corrections(o_m, r_m, m, kept_m);
+      out.w[i].assign(mask->size(), 0.0);
+      for (size_t t = 0, k = 0; t < mask->size(); ++t)
+        if ((*mask)[t]) {
+          out.w[i][t] = w_m[k];
+          kept.push_back(kept_m[k++]);
+        }
+    } else {
+      out.w[i] = corrections(old_logp[i], rollout_logp[i], m, kept);
+    }
     if (filtered[i]) {
       std::fill(out.w[i].begin(), out.w[i].end(), 0.0);
       continue;

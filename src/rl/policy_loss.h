@@ -80,6 +80,10 @@ double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, 
 // mini-batch's unmasked tokens of unfiltered samples, `samples` its unfiltered samples with at least one of
 // them, and a sample's length (seq-mean-token-mean) its unmasked tokens; so masking a sample's every token
 // trains the same update as filtering it. old_logp / rollout_logp: per sample, per response token.
+// model_mask (multi-turn, rl/multiturn.h): empty, or per sample per response token 1 for the model's tokens
+// and 0 for the observations an environment appended (a sample's row may be empty: all the model's). An
+// observation token is treated as a prompt token: weight 0, in no denominator and no mismatch correction
+// (the masks, TIS and the geometric mean see the model's tokens only), not counted as masked.
 struct MiniBatchWeights {
   std::vector<std::vector<double>> w;  // per sample, per response token
   int64_t tokens = 0, samples = 0;     // the normaliser's counts
@@ -88,7 +92,7 @@ struct MiniBatchWeights {
 MiniBatchWeights minibatch_weights(const std::vector<std::vector<double>>& old_logp,
                                    const std::vector<std::vector<double>>& rollout_logp,
                                    const std::vector<bool>& filtered, LossAggregation a, double constant,
-                                   const MismatchConfig& m);
+                                   const MismatchConfig& m, const std::vector<std::vector<uint8_t>>& model_mask = {});
 
 // Metrics of the last coefficients() calls (sums; the loop divides by the token counts it knows), over the
 // trained tokens: target rows of weight w_t != 0.
@@ -110,8 +114,8 @@ struct PolicyMetrics {
 
 // The objective of an RL update. MicroBatch::token_values, shifted with the labels: [0] advantage,
 // [1] old log-prob, [2] token weight w_t, [3] reference log-prob (when kl_coef > 0, or for the on-policy
-// metrics), [4] the sample's id within the micro-batch (GSPO). Rows with label -100 (prompt, padding)
-// contribute nothing.
+// metrics), [4] the sample's id within the micro-batch (GSPO). Rows with label -100 (prompt, padding, a
+// multi-turn observation) contribute nothing.
 // on_policy (one epoch of one mini-batch): the old log-prob is the current one, detached (the ratio is 1),
 // as when the trainer's forward before the update gave it; slot [1] then carries the rollout engine's
 // log-probs, for the mismatch metrics only. No forward before the update is needed.

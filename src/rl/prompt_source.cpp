@@ -91,6 +91,7 @@ class FileSource : public PromptSource {
   std::vector<std::vector<double>> token_rewards(const std::vector<GeneratedSample>&) override {
     MT_THROW("grpo: a prompt file has no per-token rewards (use --advantage outcome)");
   }
+  json metadata(int64_t k) const override { return run_.train.prompts[size_t(round_.at(size_t(k)))].meta; }
   double evaluate(RolloutEngine& engine) override {
     std::vector<GenerateRequest> reqs;
     std::vector<int64_t> which;

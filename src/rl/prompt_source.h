@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "rl/tasks/addition.h"
 #include "rl/prompt_file.h"
+#include "rl/tasks/addition.h"
 #include "rollout/engine.h"
 
 namespace mt::rl {
@@ -23,6 +23,12 @@ class PromptSource {
   virtual std::vector<double> rewards(const std::vector<GeneratedSample>& g) = 0;
   // Per response token (process supervision); only the built-in task has them.
   virtual std::vector<std::vector<double>> token_rewards(const std::vector<GeneratedSample>& g) = 0;
+  // The last call's prompt k's metadata (a prompt line's other fields; an object), which an environment's
+  // episodes receive (EnvEpisode::metadata); the built-in task's problems have none.
+  virtual nlohmann::json metadata(int64_t k) const {
+    (void)k;
+    return nlohmann::json::object();
+  }
   // The greedy held-out score: percent right (exact, math), or the mean reward of a program.
   virtual double evaluate(RolloutEngine& engine) = 0;
   virtual bool has_eval() const = 0;

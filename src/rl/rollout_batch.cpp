@@ -17,6 +17,9 @@ PackedRollouts pack_rollouts(const std::vector<RolloutSample>& samples, int64_t 
     if (s.prompt.empty() || s.response.empty())
       MT_THROW("pack_rollouts: sample ", i, " has a prompt of ", s.prompt.size(), " and a response of ",
                s.response.size(), " tokens; both must be non-empty");
+    if (!s.model_mask.empty() && s.model_mask.size() != s.response.size())
+      MT_THROW("pack_rollouts: sample ", i, " has a model mask of ", s.model_mask.size(), " entries for ",
+               s.response.size(), " response tokens; need one per token (or none)");
     p.prompt_len.push_back(int64_t(s.prompt.size()));
     p.response_len.push_back(int64_t(s.response.size()));
     p.S = std::max(p.S, int64_t(s.prompt.size() + s.response.size()));
@@ -39,7 +42,11 @@ PackedRollouts pack_rollouts(const std::vector<RolloutSample>& samples, int64_t 
     int64_t* lab = labels.data<int64_t>() + b * S;
     const int64_t L = p.prompt_len[size_t(b)];
     for (int64_t t = 0; t < L; ++t) id[t] = s.prompt[size_t(t)];
-    for (int64_t j = 0; j < p.response_len[size_t(b)]; ++j) id[L + j] = lab[L + j] = s.response[size_t(j)];
+    for (int64_t j = 0; j < p.response_len[size_t(b)]; ++j) {
+      id[L + j] = s.response[size_t(j)];
+      const bool model = s.model_mask.empty() || s.model_mask[size_t(j)] != 0;
+      if (model) lab[L + j] = s.response[size_t(j)];  // an observation token stays -100, as the prompt's
+    }
   }
   p.mb = MicroBatch{ids, labels};
   if (with_routing) {

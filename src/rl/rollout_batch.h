@@ -8,6 +8,10 @@
 // RoutingRecord, which covers every token the engine read (prompt + response - 1); the last response
 // token and the padding, which no target depends on, route to experts 0..K-1 as the batch planner's
 // padding does.
+// Multi-turn samples (rl/multiturn.h): the response interleaves the model's turns with the observations the
+// environment appended; model_mask marks which is which, and an observation token (mask 0) is labelled
+// -100 like a prompt token: the forwards read it (positions and routing line up with the engine's), no
+// loss, KL or entropy term is taken on it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -21,6 +25,9 @@ struct RolloutSample {
   std::vector<int32_t> prompt, response;
   std::vector<float> logprobs;  // the engine's, one per response token
   RoutingRecord routing;        // empty: no replay
+  // Per response token: 1 the model sampled it, 0 the environment appended it (an observation). Empty: every
+  // response token is the model's.
+  std::vector<uint8_t> model_mask;
 };
 
 struct PackedRollouts {
@@ -30,7 +37,7 @@ struct PackedRollouts {
 };
 
 // Errors name the sample: an empty response, a record that does not cover prompt + response - 1 tokens,
-// records on some samples only.
+// records on some samples only, a model mask of another length than the response.
 PackedRollouts pack_rollouts(const std::vector<RolloutSample>& samples, int64_t top_k);
 // Token value k (MicroBatch::token_values[k], created as zeros up to k) from per-sample, per-response-token
 // values: v[i][j] for response token j of sample i.

@@ -24,8 +24,8 @@
 // core/options.h) and every prompt is checked before any work starts; under `moetrain launch` every rank runs it.
 #include "rl/grpo.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -39,11 +39,14 @@
 #include "core/interrupt.h"
 #include "core/log.h"
 #include "ops/threads.h"
-#include "rl/tasks/addition.h"
+#include "rl/env/env_program.h"
 #include "rl/grpo_checkpoint.h"
+#include "rl/grpo_env.h"
 #include "rl/grpo_sessions.h"
+#include "rl/multiturn.h"
 #include "rl/prompt_file.h"
 #include "rl/prompt_source.h"
+#include "rl/tasks/addition.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -92,8 +95,8 @@ int grpo_main(const std::vector<std::string>& args) {
   // A preset (--model qwen3-30b-a3b) starts from its random init at --seed: a model of any size without a
   // directory (a benchmark, or LoRA on a base no file holds here).
   const std::vector<std::string> presets = preset_names();
-  const bool preset = !fs::is_directory(ga.model_dir) &&
-                      std::find(presets.begin(), presets.end(), ga.model_dir) != presets.end();
+  const bool preset =
+      !fs::is_directory(ga.model_dir) && std::find(presets.begin(), presets.end(), ga.model_dir) != presets.end();
   if (!preset && !fs::exists(ga.model_dir + "/config.json"))
     MT_THROW("grpo: --model ", ga.model_dir, " has no config.json (nor is it a preset such as qwen3-30b-a3b)");
   // The reference is the frozen initial model: a resumed run reads it again and it must be unchanged.
@@ -161,6 +164,15 @@ int grpo_main(const std::vector<std::string>& args) {
       ga.from_file ? rl::file_source(*prompt_run, uint64_t(ga.seed), ga.o.max_new_tokens, ga.o.stop_token_ids)
                    : rl::addition_source(ga.task, ga.eval_n, uint64_t(ga.seed), ga.reward_kind);
   if (resuming) source->restore(state);
+  // Multi-turn (--env): the environment, the codec between its text and the model's tokens, and the held-out
+  // prompts its greedy episodes are measured on (the built-in task's held-out problems, or --eval-prompts).
+  rl::GrpoEnvRun env_run;
+  if (!ga.env_spec.empty())
+    env_run =
+        rl::open_grpo_env({ga.env_spec, ga.env_builtin, ga.env_program, ga.reward_timeout, ga.reward_stop}, ga.task,
+                          ga.eval_n, uint64_t(ga.seed), prompt_run.get(), cfg, ga.model_dir, *source, ga.o);
+  const std::unique_ptr<rl::Environment>& env = env_run.env;
+  const std::vector<std::vector<int32_t>>& env_eval = env_run.eval;
   // The rollout engine, its KV cache sized for the larger of a step's rollouts and the evaluation.
   const int64_t eval_count =
       ga.from_file ? std::max<int64_t>(1, std::min<int64_t>(source->eval_size(), 256)) : ga.eval_n;
@@ -181,6 +193,14 @@ int grpo_main(const std::vector<std::string>& args) {
           start_step);
     before = evaluate();
   }
+  // The environment's greedy episodes before training (measured again at the end, not kept in checkpoints).
+  auto evaluate_env = [&] {
+    if (generator.tp_copy) generator.tp_copy->refresh();
+    return rl::evaluate_episodes(engine, *env, ga.o.codec, env_eval, ga.o.multi_turn, ga.o.max_new_tokens,
+                                 ga.o.stop_token_ids, int64_t(1) << 62);
+  };
+  rl::EpisodeEval env_before;
+  if (env && !env_eval.empty()) env_before = evaluate_env();
   std::filesystem::create_directories(ga.run_dir);
   MetricsWriter metrics(ga.run_dir + "/metrics.jsonl", lead, true,
                         resuming ? start_step : -1);  // and a TensorBoard event file beside it
@@ -228,7 +248,12 @@ int grpo_main(const std::vector<std::string>& args) {
              "; ", resuming ? str("steps ", start_step + 1, "..", stop, " of ") : std::string(), ga.steps, " steps of ",
              ga.per_step, " prompts x ", ga.o.n, " samples, ",
              rl::recipe_text(ga.o, ga.ppo, ga.process, ga.per_position, ga.aggregation_name, reference != nullptr,
-                             critic != nullptr));
+                             critic != nullptr),
+             env ? str(", env ", ga.env_spec, ": up to ", ga.o.multi_turn.max_turns, " turns, turn credit ",
+                       ga.o.multi_turn.credit == rl::TurnCredit::PerTurn ? "per-turn" : "final",
+                       env_eval.empty() ? std::string()
+                                        : str("; greedy episodes before: success ", 100 * env_before.success, "%"))
+                 : std::string());
     const rl::PromptFn draw = [&](int64_t count) { return source->draw(count); };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
       return source->rewards(g);
@@ -271,15 +296,33 @@ int grpo_main(const std::vector<std::string>& args) {
     return 128 + stop_sig;
   }
   log_info("grpo: ", std::round(elapsed()), " s of ", ga.baseline.empty() ? "GRPO" : "SFT");
+  // A reward or environment program that failed on every sample taught nothing: the run fails, naming the
+  // first error (checked after the last collective, so every rank ends; each rank has its own program).
+  auto verdict = [&] {
+    std::string all_failed =
+        prompt_run && prompt_run->program
+            ? rl::all_failed_message(prompt_run->program->tally(), "grpo: the reward program", "sample")
+            : std::string();
+    if (const auto* ep = dynamic_cast<const rl::EnvProgram*>(env.get()); ep && all_failed.empty())
+      all_failed = rl::all_failed_message(ep->tally(), "grpo: the environment program", "episode");
+    if (all_failed.empty()) return 0;
+    log_info(all_failed);
+    return 1;
+  };
   if (!source->has_eval()) {
     if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
-    return 0;
+    return verdict();
   }
   const double after = evaluate();
-  if (!lead) return 0;
+  if (env && !env_eval.empty()) {
+    const std::string line =
+        rl::env_eval_line(ga.env_spec, env_before, evaluate_env(), ga.from_file ? "prompts" : "problems");
+    if (lead) std::printf("%s\n", line.c_str());
+  }
+  if (!lead) return verdict();
   std::printf("grpo: %s %s -> %s on %lld held-out %s\n", source->eval_name().c_str(), source->shown(before).c_str(),
               source->shown(after).c_str(), (long long)source->eval_size(), ga.from_file ? "prompts" : "problems");
-  return 0;
+  return verdict();
 }
 
 }  // namespace mt

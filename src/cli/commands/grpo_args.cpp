@@ -1,6 +1,7 @@
 // `moetrain grpo`'s options and their rules (grpo_args.h).
 #include "cli/commands/grpo_args.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/cli_args.h"
@@ -8,6 +9,7 @@
 #include "core/options.h"
 #include "data/synthetic.h"
 #include "model/lora.h"
+#include "rl/env/builtin_envs.h"
 #include "rl/policy_loss.h"
 
 namespace mt {
@@ -117,6 +119,30 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   opt.add("max-digits", &task.hi, "(the demo is trained on 1..3)").at_least(1).at_most(kMaxAdditionDigits);
   opt.add("longest", &task.longest, "built-in task: at least one operand has max digits");
   opt.add("eval-problems", &eval_n, "built-in task: held-out problems").at_least(1);
+
+  opt.group("multi-turn environments");
+  opt.add("env", &a.env_spec,
+          "episodes of several turns against an environment, which gives the rewards: builtin:retry (a wrong answer "
+          "is asked again: 1 right at once, 0.5 at the second try), builtin:calculator (a '?' answer calls a tool "
+          "that shows the sum), both on the built-in task's problems; or program:\"CMD ARGS\" (a JSON-lines "
+          "process, docs/rl.md \"Environments\") on --prompts")
+      .var("builtin:NAME|program:CMD");
+  opt.add("max-turns", &o.multi_turn.max_turns, "--env: model turns per episode").at_least(1);
+  opt.add("max-turn-tokens", &o.multi_turn.max_turn_tokens,
+          "--env: tokens per model turn (built-in environments: the answer's length)")
+      .at_least(0)
+      .says("0: the response limit only");
+  opt.add("max-observation-tokens", &o.multi_turn.max_observation_tokens,
+          "--env: tokens of one step's observations; a longer one is an environment error (built-in: 6 x "
+          "max-digits + 8)")
+      .at_least(1);
+  opt.custom(
+         "turn-credit", cli::Kind::Text,
+         "--env: final, the episode's last reward for every turn's tokens; per-turn, each turn's tokens the sum "
+         "of the rewards from that turn on, normalised over the group's turns",
+         [&](const std::string& v) { o.multi_turn.credit = rl::parse_turn_credit(v); },
+         [&] { return std::string(o.multi_turn.credit == rl::TurnCredit::PerTurn ? "per-turn" : "final"); })
+      .one_of({"final", "per-turn"});
 
   opt.group("algorithm");
   opt.custom(
@@ -312,6 +338,40 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   reward_given = opt.given("reward");
   // Every check before any work.
   from_file = !prompts_path.empty();
+  const bool env = !a.env_spec.empty();
+  if (env) {
+    if (a.env_spec.rfind("builtin:", 0) == 0) {
+      a.env_builtin = a.env_spec.substr(8);
+      const std::vector<std::string> names = rl::builtin_env_names();
+      if (std::find(names.begin(), names.end(), a.env_builtin) == names.end())
+        rl::make_builtin_env(a.env_builtin);  // its error names the value and the built-in environments
+      if (from_file)
+        MT_THROW("grpo: --env ", a.env_spec,
+                 " draws the built-in task's addition problems; drop --prompts (or use "
+                 "--env program:CMD with it)");
+    } else if (a.env_spec.rfind("program:", 0) == 0) {
+      a.env_program = a.env_spec.substr(8);
+      if (a.env_program.find_first_not_of(" \t") == std::string::npos)
+        MT_THROW("grpo: --env program: needs a command, e.g. --env program:\"python3 env.py\"");
+      if (!from_file) MT_THROW("grpo: --env ", a.env_spec, " runs on the prompts of --prompts FILE.jsonl; give them");
+    } else {
+      MT_THROW("grpo: --env '", a.env_spec, "' is unknown; use builtin:NAME (", rl::builtin_env_names().front(), ", ",
+               rl::builtin_env_names().back(), ") or program:CMD");
+    }
+    if (opt.given("reward"))
+      MT_THROW("grpo: --reward ", reward_spec, " with --env ", a.env_spec, ": the environment gives the rewards");
+    if (ppo) MT_THROW("grpo: --env with --algorithm ppo is not supported; use grpo or dr-grpo");
+    if (!advantage_given.empty() && advantage_given != "outcome")
+      MT_THROW("grpo: --advantage ", advantage_given,
+               " with --env: the advantages come from the environment's "
+               "rewards (--turn-credit final or per-turn)");
+    if (!baseline.empty()) MT_THROW("grpo: --baseline sft compares single-turn runs; drop --env");
+    process = per_position = false;
+  } else {
+    for (const char* f : {"max-turns", "max-turn-tokens", "max-observation-tokens", "turn-credit"})
+      if (opt.given(f))
+        MT_THROW("grpo: --", f, " sets a multi-turn episode; there is none without --env builtin:NAME or program:CMD");
+  }
   // GSPO's objective is a mean over sequences (seq-mean-token-mean); the others' default is token-mean.
   if (aggregation_name.empty()) {
     aggregation_name = o.loss.kind == rl::PolicyLoss::Gspo ? "seq-mean-token-mean" : "token-mean";
@@ -399,6 +459,19 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
       MT_THROW("grpo: --reward '", reward_spec, "' is unknown; use digits, prefix or exact");
   }
   o.max_new_tokens = from_file ? max_new_tokens : max_answer_tokens(task.hi);
+  if (env && !from_file) {
+    // The built-in environments: each turn an answer's length, each observation a problem or a tool's answer
+    // (builtin_envs.h), the response room for every turn and observation.
+    if (!opt.given("max-turn-tokens")) o.multi_turn.max_turn_tokens = max_answer_tokens(task.hi);
+    if (!opt.given("max-observation-tokens")) o.multi_turn.max_observation_tokens = 6 * task.hi + 8;
+    const int64_t turn = o.multi_turn.max_turn_tokens > 0 ? o.multi_turn.max_turn_tokens : max_answer_tokens(task.hi);
+    o.max_new_tokens =
+        o.multi_turn.max_turns * turn + (o.multi_turn.max_turns - 1) * o.multi_turn.max_observation_tokens;
+  }
+  if (env) {
+    o.multi_turn.stop_on_error = reward_stop;
+    o.env = nullptr;  // the command makes it (a process, or a built-in); the options are checked here
+  }
   rl::validate(o);
   // The soft overlong penalty is added to the sample's reward; per-token rewards replace that reward in the
   // advantages (and in PPO's returns), so the penalty would only change the reward metrics.
@@ -412,9 +485,9 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
     if (opt.given(flag) && !applies) MT_THROW("grpo: ", flag, " ", why);
   };
   for (const char* f : {"--reward-timeout", "--reward-on-error"})
-    refines(f, file_reward == FileReward::Program && from_file,
-            "sets the reward program's deadline or failure handling; there is no program without --prompts FILE "
-            "--reward program:CMD");
+    refines(f, (file_reward == FileReward::Program && from_file) || env,
+            "sets the reward program's (or --env's) deadline or failure handling; there is neither without "
+            "--prompts FILE --reward program:CMD or --env");
   refines("--tis-level", o.mismatch.tis_cap > 0,
           "chooses the level of truncated importance sampling, which is off without --tis-cap C");
   refines("--overlong-buffer", o.overlong_penalty > 0,

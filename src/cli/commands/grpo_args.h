@@ -8,9 +8,9 @@
 
 #include "cli/common_options.h"
 #include "parallel/mesh.h"
-#include "rl/tasks/addition.h"
 #include "rl/grpo.h"
 #include "rl/prompt_file.h"
+#include "rl/tasks/addition.h"
 
 namespace mt {
 
@@ -46,6 +46,8 @@ struct GrpoArgs {
   std::vector<std::string> task_flags;
   rl::FileReward file_reward = rl::FileReward::Exact;
   std::string program_cmd;
+  // Multi-turn (--env): "builtin:NAME" or "program:CMD" as given, split into its kind and the rest.
+  std::string env_spec, env_builtin, env_program;
 };
 
 // Parses and checks the command line into `a`; false (and the long help in *help) when --help was asked.

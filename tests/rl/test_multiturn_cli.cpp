@@ -1,0 +1,114 @@
+// `moetrain grpo --env` and the multi-turn options (cli/commands/grpo_args.h) without starting a run: the
+// built-in environments' defaults (an answer per turn, a problem per observation, the response room for both),
+// and each refusal naming the option, its value and what is allowed.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli/commands/grpo_args.h"
+#include "data/synthetic.h"
+#include "parallel/launch_test_util.h"
+#include "test_util.h"
+
+using namespace mt;
+
+namespace {
+
+GrpoArgs parsed(const std::vector<std::string>& args) {
+  GrpoArgs a;
+  std::string help;
+  EXPECT_TRUE(parse_grpo_args(args, a, &help));
+  return a;
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  GrpoArgs a;
+  std::string help;
+  return testutil::error_of([&] { parse_grpo_args(args, a, &help); });
+}
+
+}  // namespace
+
+TEST(MultiTurnCli, BuiltinEnvironmentsSizeTheirTurnsAndResponse) {
+  const GrpoArgs a = parsed({"--env", "builtin:retry"});
+  EXPECT_EQ(a.env_builtin, "retry");
+  EXPECT_EQ(a.o.multi_turn.max_turns, 2);
+  EXPECT_EQ(a.o.multi_turn.max_turn_tokens, max_answer_tokens(3));  // 5
+  EXPECT_EQ(a.o.multi_turn.max_observation_tokens, 6 * 3 + 8);
+  EXPECT_EQ(a.o.max_new_tokens, 2 * 5 + 26);
+  EXPECT_EQ(a.o.multi_turn.credit, rl::TurnCredit::Final);
+  const GrpoArgs b = parsed({"--env", "builtin:calculator", "--max-turns", "3", "--turn-credit", "per-turn",
+                             "--max-observation-tokens", "30", "--reward-on-error", "stop"});
+  EXPECT_EQ(b.env_builtin, "calculator");
+  EXPECT_EQ(b.o.max_new_tokens, 3 * 5 + 2 * 30);
+  EXPECT_EQ(b.o.multi_turn.credit, rl::TurnCredit::PerTurn);
+  EXPECT_TRUE(b.o.multi_turn.stop_on_error);
+}
+
+TEST(MultiTurnCli, RefusalsNameTheValue) {
+  EXPECT_NE(error_of({"--env", "builtin:chess"})
+                .find("--env builtin:chess is unknown; the built-in environments are "
+                      "builtin:retry and builtin:calculator"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "python3 env.py"}).find("--env 'python3 env.py' is unknown; use builtin:NAME"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "program:python3 env.py"}).find("runs on the prompts of --prompts FILE.jsonl"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "program: "}).find("--env program: needs a command"), std::string::npos);
+  EXPECT_NE(error_of({"--max-turns", "3"}).find("--max-turns sets a multi-turn episode; there is none without --env"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--turn-credit", "all"}).find("turn-credit"), std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--max-turns", "0"}).find("max-turns"), std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--reward", "exact"}).find("the environment gives the rewards"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--algorithm", "ppo"}).find("--env with --algorithm ppo"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--advantage", "position"}).find("--advantage position with --env"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--env", "builtin:retry", "--prompts", "p.jsonl"}).find("drop --prompts"), std::string::npos);
+}
+
+// The real binary on the tiny golden model, one step against builtin:retry: the step line counts turns and
+// the environment's metadata, and the run ends with the greedy episodes' line beside the exact match.
+TEST(MultiTurnCli, OneStepAgainstRetryEndsWithTheEpisodesLine) {
+  const mt::test::ShellRun r =
+      mt::test::sh(mt::test::kMoetrainBin + " grpo --device cpu --model " + mt::test::kGoldens +
+                   "/tiny --steps 1 --prompts-per-step 2 --n 2 --min-digits 1 --max-digits 2 --eval-problems 4 "
+                   "--dynamic-sampling off --env builtin:retry --out-dir " +
+                   mt::test::tmp_path("multiturncli", "retry"));
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("env builtin:retry: up to 2 turns, turn credit final"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" | turns "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("first_try_correct"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grpo: env builtin:retry success "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("% on 4 held-out problems (greedy episodes; mean reward "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("grpo: exact-match "), std::string::npos) << r.out;
+}
+
+// --env program: examples/env_retry.py on a tiny text model (one SFT step from the preset, the test tokenizer):
+// a wrong first answer hears "wrong, try again" (rendered as the chat's next user turn and tokenised), so every
+// episode has two turns and observation tokens; the run ends with the greedy episodes' line.
+TEST(MultiTurnCli, ProgramEnvironmentRunsTwoTurnEpisodes) {
+  const std::string dir = mt::test::tmp_path("multiturncli", "program");
+  const std::string src = MT_SOURCE_DIR;
+  mt::test::ShellRun r =
+      mt::test::sh(mt::test::kMoetrainBin + " sft --device cpu --model tiny --tokenizer " + src +
+                   "/tests/assets/tokenizer/trained/tokenizer.json --data " + src +
+                   "/examples/chat_small.jsonl --steps 1 --warmup-steps 0 --seq-len 64 --out-dir " + dir + "/sft");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = mt::test::sh(
+      "printf '%s\\n' '{\"prompt\": \"What is 2 + 2?\", \"answer\": 4}' '{\"messages\": [{\"role\": "
+      "\"user\", \"content\": \"What is 3 + 5?\"}], \"answer\": 8}' > " +
+      dir + "/p.jsonl");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = mt::test::sh(mt::test::kMoetrainBin + " grpo --device cpu --model " + dir +
+                   "/sft/checkpoint-1 --steps 1 --prompts-per-step 2 --n 2 --max-new-tokens 40 --max-turn-tokens 8 "
+                   "--prompts " +
+                   dir + "/p.jsonl --eval-prompts " + dir + "/p.jsonl --env program:\"python3 " + src +
+                   "/examples/env_retry.py\" --run-dir " + dir + "/run");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find(" | turns 2 obs tokens "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" env errors 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("% on 2 held-out prompts (greedy episodes; mean reward "), std::string::npos) << r.out;
+}
