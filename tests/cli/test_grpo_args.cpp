@@ -8,31 +8,14 @@
 #include <vector>
 
 #include "cli/commands/grpo_args.h"
+#include "cli/grpo_args_test_util.h"
 #include "core/error.h"
 #include "test_util.h"
 
 using namespace mt;
 
-namespace {
-
-GrpoArgs parsed(const std::vector<std::string>& args) {
-  GrpoArgs a;
-  std::string help;
-  EXPECT_TRUE(parse_grpo_args(args, a, &help));
-  return a;
-}
-
-// The error parse_grpo_args throws for `args` (a test failure when it throws none).
-std::string error_of(const std::vector<std::string>& args) {
-  GrpoArgs a;
-  std::string help;
-  return testutil::error_of([&] { parse_grpo_args(args, a, &help); });
-}
-
-}  // namespace
-
 TEST(GrpoArgs, TaskPresetsAreTheDefaultsAndOptionsOverrideThem) {
-  GrpoArgs s = parsed({});
+  GrpoArgs s = testutil::parsed_grpo_args({});
   EXPECT_EQ(s.preset.name, "sharpen");
   EXPECT_EQ(s.steps, 1500);
   EXPECT_FLOAT_EQ(s.o.sampling.temperature, 1.0f);
@@ -44,14 +27,14 @@ TEST(GrpoArgs, TaskPresetsAreTheDefaultsAndOptionsOverrideThem) {
   EXPECT_EQ(s.seed, 1234);
   EXPECT_EQ(s.keep_last, 2);
   EXPECT_EQ(s.o.max_new_tokens, 5) << "the 1..3-digit task's answers";
-  GrpoArgs e = parsed({"--task=extend"});
+  GrpoArgs e = testutil::parsed_grpo_args({"--task=extend"});
   EXPECT_EQ(e.steps, 500);
   EXPECT_FLOAT_EQ(e.o.sampling.temperature, 1.5f);
   EXPECT_EQ(e.task.hi, 4);
   EXPECT_TRUE(e.task.longest);
   EXPECT_TRUE(e.process && e.per_position);
   EXPECT_EQ(e.reward_kind, rl::addition::Reward::Digits);
-  GrpoArgs o = parsed({"--task", "extend", "--steps=7", "--temperature", "0.9", "--advantage", "outcome",
+  GrpoArgs o = testutil::parsed_grpo_args({"--task", "extend", "--steps=7", "--temperature", "0.9", "--advantage", "outcome",
                        "--dynamic-sampling", "off", "--n=4"});
   EXPECT_EQ(o.steps, 7);
   EXPECT_FLOAT_EQ(o.o.sampling.temperature, 0.9f);
@@ -61,17 +44,17 @@ TEST(GrpoArgs, TaskPresetsAreTheDefaultsAndOptionsOverrideThem) {
 }
 
 TEST(GrpoArgs, PpoHasItsOwnLrUnlessGivenAndPromptFilesTheirOwnDefaults) {
-  EXPECT_DOUBLE_EQ(parsed({"--algorithm", "ppo"}).o.lr, kPpoLr);
-  EXPECT_DOUBLE_EQ(parsed({"--algorithm", "ppo", "--lr", "3e-4"}).o.lr, 3e-4);
-  EXPECT_FALSE(parsed({"--algorithm=dr-grpo"}).o.normalize_std);
-  GrpoArgs f = parsed({"--prompts", "p.jsonl"});
+  EXPECT_DOUBLE_EQ(testutil::parsed_grpo_args({"--algorithm", "ppo"}).o.lr, kPpoLr);
+  EXPECT_DOUBLE_EQ(testutil::parsed_grpo_args({"--algorithm", "ppo", "--lr", "3e-4"}).o.lr, 3e-4);
+  EXPECT_FALSE(testutil::parsed_grpo_args({"--algorithm=dr-grpo"}).o.normalize_std);
+  GrpoArgs f = testutil::parsed_grpo_args({"--prompts", "p.jsonl"});
   EXPECT_TRUE(f.from_file);
   EXPECT_FLOAT_EQ(f.o.sampling.temperature, 1.0f) << "a user's model samples at T 1 unless told";
   EXPECT_EQ(f.o.max_new_tokens, 256);
   EXPECT_EQ(f.file_reward, rl::FileReward::Exact);
-  EXPECT_NE(error_of({"--task", "extend", "--prompts", "p.jsonl"}).find("--task sets the built-in addition task"),
+  EXPECT_NE(testutil::grpo_args_error({"--task", "extend", "--prompts", "p.jsonl"}).find("--task sets the built-in addition task"),
             std::string::npos);
-  GrpoArgs g = parsed({"--prompts", "p.jsonl", "--reward", "program:python3 score.py", "--reward-on-error", "stop"});
+  GrpoArgs g = testutil::parsed_grpo_args({"--prompts", "p.jsonl", "--reward", "program:python3 score.py", "--reward-on-error", "stop"});
   EXPECT_EQ(g.file_reward, rl::FileReward::Program);
   EXPECT_EQ(g.program_cmd, "python3 score.py");
   EXPECT_TRUE(g.reward_stop);
@@ -95,7 +78,7 @@ TEST(GrpoArgs, RulesOverSeveralOptionsNameWhatIsWrong) {
       {{"--stpes", "3"}, "unknown option --stpes; did you mean --steps?"},
   };
   for (const auto& [args, want] : cases) {
-    const std::string got = error_of(args);
+    const std::string got = testutil::grpo_args_error(args);
     EXPECT_NE(got.find(want), std::string::npos) << args[0] << ": " << got;
   }
 }
@@ -109,17 +92,17 @@ TEST(GrpoArgs, HelpShowsTheTaskPresetsDefaults) {
 }
 
 TEST(GrpoArgs, LoraAndRecomputeOptions) {
-  const GrpoArgs plain = parsed({});
+  const GrpoArgs plain = testutil::parsed_grpo_args({});
   EXPECT_EQ(plain.lora.rank, 0);
   EXPECT_EQ(plain.recompute, "none");
-  const GrpoArgs a = parsed({"--lora-rank=8", "--lora-alpha", "4", "--lora-targets", "attn,router", "--recompute", "full"});
+  const GrpoArgs a = testutil::parsed_grpo_args({"--lora-rank=8", "--lora-alpha", "4", "--lora-targets", "attn,router", "--recompute", "full"});
   EXPECT_EQ(a.lora.rank, 8);
   EXPECT_DOUBLE_EQ(a.lora.scale(), 0.5);
   EXPECT_TRUE(a.lora[LoraTarget::Router]);
   EXPECT_FALSE(a.lora[LoraTarget::ExpertsGateUp]);
   EXPECT_EQ(a.recompute, "full");
-  EXPECT_NE(error_of({"--lora-rank", "4", "--lora-targets", "attn,qq"}).find("unknown target 'qq'"), std::string::npos);
-  EXPECT_NE(error_of({"--lora-rank", "4", "--algorithm", "ppo"}).find("the critic has no LoRA form"), std::string::npos);
-  EXPECT_NE(error_of({"--recompute", "some"}).find("--recompute"), std::string::npos);
-  EXPECT_NE(error_of({"--lora-rank", "-1"}).find("--lora-rank"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--lora-rank", "4", "--lora-targets", "attn,qq"}).find("unknown target 'qq'"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--lora-rank", "4", "--algorithm", "ppo"}).find("the critic has no LoRA form"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--recompute", "some"}).find("--recompute"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--lora-rank", "-1"}).find("--lora-rank"), std::string::npos);
 }

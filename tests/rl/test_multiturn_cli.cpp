@@ -9,36 +9,20 @@
 #include "cli/commands/grpo_args.h"
 #include "data/synthetic.h"
 #include "parallel/launch_test_util.h"
+#include "cli/grpo_args_test_util.h"
 #include "test_util.h"
 
 using namespace mt;
 
-namespace {
-
-GrpoArgs parsed(const std::vector<std::string>& args) {
-  GrpoArgs a;
-  std::string help;
-  EXPECT_TRUE(parse_grpo_args(args, a, &help));
-  return a;
-}
-
-std::string error_of(const std::vector<std::string>& args) {
-  GrpoArgs a;
-  std::string help;
-  return testutil::error_of([&] { parse_grpo_args(args, a, &help); });
-}
-
-}  // namespace
-
 TEST(MultiTurnCli, BuiltinEnvironmentsSizeTheirTurnsAndResponse) {
-  const GrpoArgs a = parsed({"--env", "builtin:retry"});
+  const GrpoArgs a = testutil::parsed_grpo_args({"--env", "builtin:retry"});
   EXPECT_EQ(a.env_builtin, "retry");
   EXPECT_EQ(a.o.multi_turn.max_turns, 2);
   EXPECT_EQ(a.o.multi_turn.max_turn_tokens, max_answer_tokens(3));  // 5
   EXPECT_EQ(a.o.multi_turn.max_observation_tokens, 6 * 3 + 8);
   EXPECT_EQ(a.o.max_new_tokens, 2 * 5 + 26);
   EXPECT_EQ(a.o.multi_turn.credit, rl::TurnCredit::Final);
-  const GrpoArgs b = parsed({"--env", "builtin:calculator", "--max-turns", "3", "--turn-credit", "per-turn",
+  const GrpoArgs b = testutil::parsed_grpo_args({"--env", "builtin:calculator", "--max-turns", "3", "--turn-credit", "per-turn",
                              "--max-observation-tokens", "30", "--reward-on-error", "stop"});
   EXPECT_EQ(b.env_builtin, "calculator");
   EXPECT_EQ(b.o.max_new_tokens, 3 * 5 + 2 * 30);
@@ -47,26 +31,26 @@ TEST(MultiTurnCli, BuiltinEnvironmentsSizeTheirTurnsAndResponse) {
 }
 
 TEST(MultiTurnCli, RefusalsNameTheValue) {
-  EXPECT_NE(error_of({"--env", "builtin:chess"})
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:chess"})
                 .find("--env builtin:chess is unknown; the built-in environments are "
                       "builtin:retry and builtin:calculator"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "python3 env.py"}).find("--env 'python3 env.py' is unknown; use builtin:NAME"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "python3 env.py"}).find("--env 'python3 env.py' is unknown; use builtin:NAME"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "program:python3 env.py"}).find("runs on the prompts of --prompts FILE.jsonl"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "program:python3 env.py"}).find("runs on the prompts of --prompts FILE.jsonl"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "program: "}).find("--env program: needs a command"), std::string::npos);
-  EXPECT_NE(error_of({"--max-turns", "3"}).find("--max-turns sets a multi-turn episode; there is none without --env"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "program: "}).find("--env program: needs a command"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--max-turns", "3"}).find("--max-turns sets a multi-turn episode; there is none without --env"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--turn-credit", "all"}).find("turn-credit"), std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--max-turns", "0"}).find("max-turns"), std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--reward", "exact"}).find("the environment gives the rewards"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--turn-credit", "all"}).find("turn-credit"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--max-turns", "0"}).find("max-turns"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--reward", "exact"}).find("the environment gives the rewards"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--algorithm", "ppo"}).find("--env with --algorithm ppo"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--algorithm", "ppo"}).find("--env with --algorithm ppo"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--advantage", "position"}).find("--advantage position with --env"),
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--advantage", "position"}).find("--advantage position with --env"),
             std::string::npos);
-  EXPECT_NE(error_of({"--env", "builtin:retry", "--prompts", "p.jsonl"}).find("drop --prompts"), std::string::npos);
+  EXPECT_NE(testutil::grpo_args_error({"--env", "builtin:retry", "--prompts", "p.jsonl"}).find("drop --prompts"), std::string::npos);
 }
 
 // The real binary on the tiny golden model, one step against builtin:retry: the step line counts turns and
