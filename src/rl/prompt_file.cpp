@@ -22,7 +22,7 @@ PromptFile load_prompt_file(const std::string& path, const ModelConfig& cfg, int
   PromptFile f;
   f.path = path;
   f.prompts = read_prompts(path, cfg.vocab_size, room, tok);  // errors name the line (and the tokenizer's absence)
-  const bool needs_answer = reward != FileReward::Program;
+  const bool needs_answer = reward == FileReward::Exact || reward == FileReward::Math;
   for (const Prompt& p : f.prompts) {
     const std::string where = path + ":" + std::to_string(p.line);
     auto it = p.meta.find("answer");
@@ -90,6 +90,8 @@ std::string decode_text(const Tokenizer& tok, const std::vector<int32_t>& ids) {
 
 std::vector<double> FileRewarder::operator()(const PromptFile& f, const std::vector<int64_t>& which,
                                              const std::vector<GeneratedSample>& gen) const {
+  if (kind == FileReward::Environment)
+    MT_THROW("grpo: the prompt file's rewarder was asked for rewards the environment gives (--env)");
   std::vector<double> r(gen.size(), 0.0);
   std::vector<RewardRequest> reqs;
   for (size_t i = 0; i < gen.size(); ++i) {
@@ -148,8 +150,9 @@ std::unique_ptr<PromptRun> open_prompt_run(const std::string& train_path, const 
       run->eval.prompts.empty() ? std::string() : str(", ", run->eval.prompts.size(), " held-out from ", eval_path),
       "; reward ",
       reward == FileReward::Exact  ? (tok ? "exact match (text)" : "exact match (token ids)")
-      : reward == FileReward::Math ? "math"
-                                   : "program: " + program.command,
+      : reward == FileReward::Math        ? "math"
+      : reward == FileReward::Environment ? "the environment's (--env)"
+                                          : "program: " + program.command,
       tok ? "; tokenizer " + tokenizer_path : std::string("; no tokenizer"));
   return run;
 }

@@ -16,7 +16,8 @@
 
 namespace mt::rl {
 
-enum class FileReward { Exact, Math, Program };
+// Environment: --env gives the rewards (its steps'); the lines need no "answer" and no reward program runs.
+enum class FileReward { Exact, Math, Program, Environment };
 
 struct PromptFile {
   std::string path;

@@ -109,7 +109,8 @@ class FileSource : public PromptSource {
     for (double x : r) sum += accuracy() ? (x >= 1.0 ? 1.0 : 0.0) : x;
     return (accuracy() ? 100.0 : 1.0) * sum / double(r.size());
   }
-  bool has_eval() const override { return !run_.eval.prompts.empty(); }
+  // With --env the environment's greedy episodes are the evaluation (the file has no reward of its own).
+  bool has_eval() const override { return !run_.eval.prompts.empty() && run_.rewarder.kind != FileReward::Environment; }
   int64_t eval_size() const override { return int64_t(run_.eval.prompts.size()); }
   std::string eval_name() const override {
     return run_.rewarder.kind == FileReward::Exact  ? "exact-match"

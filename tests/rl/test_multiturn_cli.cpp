@@ -95,4 +95,16 @@ TEST(MultiTurnCli, ProgramEnvironmentRunsTwoTurnEpisodes) {
   EXPECT_NE(r.out.find(" | turns 2 obs tokens "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" env errors 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("% on 2 held-out prompts (greedy episodes; mean reward "), std::string::npos) << r.out;
+  // With --env the prompt lines need no "answer": the environment gives the rewards (here the test program's
+  // reward, the turn's length).
+  r = mt::test::sh("printf '%s\\n' '{\"prompt\": \"Say hi\"}' '{\"prompt\": \"Say bye\"}' > " + dir + "/q.jsonl");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = mt::test::sh(mt::test::kMoetrainBin + " grpo --device cpu --model " + dir +
+                   "/sft/checkpoint-1 --steps 1 --prompts-per-step 2 --n 2 --max-new-tokens 40 --max-turn-tokens 8 "
+                   "--prompts " +
+                   dir + "/q.jsonl --env program:\"python3 " + src + "/tests/assets/env/env_modes.py plain\" --run-dir " +
+                   dir + "/run2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("; reward the environment's (--env)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" env errors 0"), std::string::npos) << r.out;
 }

@@ -309,15 +309,17 @@ int grpo_main(const std::vector<std::string>& args) {
     log_info(all_failed);
     return 1;
   };
-  if (!source->has_eval()) {
-    if (lead) std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
-    return verdict();
-  }
-  const double after = evaluate();
-  if (env && !env_eval.empty()) {
+  const bool single_eval = source->has_eval(), env_evaluates = env && !env_eval.empty();
+  const double after = single_eval ? evaluate() : 0;
+  if (env_evaluates) {
     const std::string line =
         rl::env_eval_line(ga.env_spec, env_before, evaluate_env(), ga.from_file ? "prompts" : "problems");
     if (lead) std::printf("%s\n", line.c_str());
+  }
+  if (!single_eval) {
+    if (lead && !env_evaluates)
+      std::printf("grpo: %lld steps done; evaluation skipped (no --eval-prompts)\n", (long long)steps_done);
+    return verdict();
   }
   if (!lead) return verdict();
   std::printf("grpo: %s %s -> %s on %lld held-out %s\n", source->eval_name().c_str(), source->shown(before).c_str(),

@@ -421,7 +421,9 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
                prompts_path);
     if (!baseline.empty()) MT_THROW("grpo: --baseline sft compares on the built-in task; drop --prompts");
     if (!reward_given) reward_spec = "exact";  // the task's reward is not a prompt file's
-    if (reward_spec == "exact")
+    if (env)
+      file_reward = FileReward::Environment;  // the environment's steps give the rewards: no "answer" needed
+    else if (reward_spec == "exact")
       file_reward = FileReward::Exact;
     else if (reward_spec == "math")
       file_reward = FileReward::Math;

@@ -4,6 +4,7 @@
 python3 env_modes.py MODE [N]; MODE:
   ordered    answer each request at once: init -> one observation "hello <id>", step -> reward len(text),
              done, metadata {"turn", "tool"}
+  plain      as ordered, but init gives no observation (the n episodes of a prompt then start alike)
   reverse N  collect N requests, then answer them last first
   banner     write "loading..." first, then as ordered
   crash N    answer N requests, then exit with status 3
@@ -21,6 +22,8 @@ count = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 
 def reply(req):
     if req["type"] == "init":
+        if mode == "plain":
+            return {"id": req["id"], "observations": []}
         return {"id": req["id"], "observations": [{"role": "user", "content": "hello %d" % req["id"]}]}
     tool = req["tool_call"]["name"] if req["tool_call"] else None
     r = {"id": req["id"], "reward": len(req["text"]), "done": True, "metadata": {"turn": req["turn"], "tool": tool}}
