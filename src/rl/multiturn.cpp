@@ -50,7 +50,13 @@ class Episodes {
         EnvEpisode e;
         e.id = first_id + int64_t(eps.size());
         e.prompt = text;
-        if (!metadata.empty() && metadata[p].is_object()) e.metadata = metadata[p];
+        if (!metadata.empty() && metadata[p].is_object()) {  // a chat's messages go apart from the other fields
+          e.metadata = metadata[p];
+          if (auto m = e.metadata.find("messages"); m != e.metadata.end()) {
+            if (m->is_array()) e.messages = *m;
+            e.metadata.erase(m);
+          }
+        }
         eps.push_back(std::move(e));
       }
     }

@@ -266,11 +266,14 @@ TEST(MultiTurnEpisodes, TurnsObservationsRewardsAndClose) {
   std::vector<GenerateRequest> reqs = requests(2, 3, 12);
   const std::vector<int32_t> prompt0 = reqs[0].prompt;
   const MultiTurnRound round = run_episodes(*r.engine, reqs, env, number_codec(), two_turns(), 100,
-                                            {nlohmann::json{{"answer", 3}}, nlohmann::json::object()});
+                                            {nlohmann::json{{"answer", 3}},
+                                             nlohmann::json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}}});
   ASSERT_EQ(round.samples.size(), 6u);
   ASSERT_EQ(env.inited.size(), 6u);
   EXPECT_EQ(env.inited[2].metadata, (nlohmann::json{{"answer", 3}})) << "the prompt's metadata, every sample";
-  EXPECT_EQ(env.inited[3].metadata, nlohmann::json::object());
+  EXPECT_EQ(env.inited[2].messages, nlohmann::json::array());
+  EXPECT_EQ(env.inited[3].metadata, nlohmann::json::object()) << "a chat's messages go to messages, not metadata";
+  EXPECT_EQ(env.inited[3].messages, (nlohmann::json{{{"role", "user"}, {"content", "hi"}}}));
   EXPECT_EQ(env.inited[0].prompt, number_codec().decode(prompt0));
   std::vector<int32_t> want_prompt = prompt0;
   want_prompt.insert(want_prompt.end(), {9, 9});
