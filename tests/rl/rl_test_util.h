@@ -2,8 +2,13 @@
 // (no weight decay) and a rollout engine on its weights (routing recorded), a PPO critic started from the
 // policy, fixed prompts, and a reward that varies inside a group.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/config.h"
@@ -71,6 +76,16 @@ inline std::vector<std::vector<int32_t>> fixed_prompts(int count) {
   std::vector<std::vector<int32_t>> p;
   for (int i = 0; i < count; ++i) p.push_back({int32_t(100 + 7 * i), int32_t(200 + i), int32_t(300 + 3 * i)});
   return p;
+}
+
+// Expects f to throw (any std::exception) with `needle` in its message.
+inline void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << needle;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace mt::rltest

@@ -31,15 +31,6 @@ using namespace mt::rltest;
 
 namespace {
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << needle;
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 double rel_l2(const Tensor& a, const Tensor& b) {
   double num = 0, den = 0;
   for (int64_t i = 0; i < a.numel(); ++i) {

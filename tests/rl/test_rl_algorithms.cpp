@@ -30,7 +30,8 @@ void expect_vec(const std::vector<double>& got, const std::vector<double>& want,
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << what << " [" << i << "]";
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
+// Expects f to throw an mt::Error with `needle` in its message.
+void expect_mt_error(const std::function<void()>& f, const std::string& needle) {
   try {
     f();
     ADD_FAILURE() << "no error; expected '" << needle << "'";
@@ -59,10 +60,10 @@ TEST(RlAdvantages, GrpoDrGrpoRlooAndBatchNormalisedByHand) {
   EXPECT_EQ(constant_groups(std::vector<double>{1, 1, 1, 1, 0, 1, 0, 1}, 4), (std::vector<bool>{true, false}));
   // A constant group has zero advantages under every group estimator (eps keeps GRPO finite).
   expect_vec(grpo_advantages(std::vector<double>{3, 3}, 2, true), {0, 0}, 0, "constant group");
-  expect_error([] { grpo_advantages(kRewards, 1, true); }, "group size 1 < 2");
-  expect_error([] { rloo_advantages(std::vector<double>(7, 0.0), 4); },
+  expect_mt_error([] { grpo_advantages(kRewards, 1, true); }, "group size 1 < 2");
+  expect_mt_error([] { rloo_advantages(std::vector<double>(7, 0.0), 4); },
                "7 rewards are not a whole number of groups of 4");
-  expect_error([] { grpo_advantages(std::vector<double>{1, NAN}, 2, true); }, "reward 1 is nan");
+  expect_mt_error([] { grpo_advantages(std::vector<double>{1, NAN}, 2, true); }, "reward 1 is nan");
 }
 
 TEST(RlAdvantages, GaeByHand) {
@@ -73,8 +74,8 @@ TEST(RlAdvantages, GaeByHand) {
   // gamma 0.9, lambda 1: deltas 0.04, 0.03, 0.3; A = 0.31, 0.3, 0.3.
   g = gae(std::vector<double>{0, 0, 1}, std::vector<double>{0.5, 0.6, 0.7}, 0.9, 1.0);
   expect_vec(g.advantages, {0.31, 0.3, 0.3}, 1e-12, "gae gamma 0.9");
-  expect_error([] { gae(std::vector<double>{0}, std::vector<double>{0}, 1.5, 1); }, "gamma 1.5 must be in [0, 1]");
-  expect_error([] { gae(std::vector<double>{0, 1}, std::vector<double>{0}, 1, 1); }, "2 token rewards but 1 values");
+  expect_mt_error([] { gae(std::vector<double>{0}, std::vector<double>{0}, 1.5, 1); }, "gamma 1.5 must be in [0, 1]");
+  expect_mt_error([] { gae(std::vector<double>{0, 1}, std::vector<double>{0}, 1, 1); }, "2 token rewards but 1 values");
 }
 
 TEST(RlPolicyLoss, PpoClipDualClipClipHigherAndPlainPgByHand) {
@@ -137,12 +138,12 @@ TEST(RlPolicyLoss, PpoClipDualClipClipHigherAndPlainPgByHand) {
   t = policy_term(c, 0.7, 2.0);
   EXPECT_NEAR(t.loss, -2.0 * std::exp(0.7), 1e-12);
   EXPECT_NEAR(t.dlogp, -2.0 * std::exp(0.7), 1e-12);
-  expect_error([] { validate(PolicyLossConfig{.dual_clip = 0.5}); }, "dual_clip (0.5) must be > 1");
+  expect_mt_error([] { validate(PolicyLossConfig{.dual_clip = 0.5}); }, "dual_clip (0.5) must be > 1");
   // Infinite coefficients would turn the loss into inf or nan: refused.
-  expect_error([] { validate(PolicyLossConfig{.kl_coef = INFINITY}); }, "kl_coef (inf) must be finite");
-  expect_error([] { validate(PolicyLossConfig{.clip_high = INFINITY}); }, "clip_high (inf) must be finite");
-  expect_error([] { validate(PolicyLossConfig{.dual_clip = INFINITY}); }, "dual_clip (inf) must be > 1 and finite");
-  expect_error([] { parse_policy_loss("ppo2"); }, "unknown policy loss 'ppo2'; allowed: ppo, gspo, pg");
+  expect_mt_error([] { validate(PolicyLossConfig{.kl_coef = INFINITY}); }, "kl_coef (inf) must be finite");
+  expect_mt_error([] { validate(PolicyLossConfig{.clip_high = INFINITY}); }, "clip_high (inf) must be finite");
+  expect_mt_error([] { validate(PolicyLossConfig{.dual_clip = INFINITY}); }, "dual_clip (inf) must be > 1 and finite");
+  expect_mt_error([] { parse_policy_loss("ppo2"); }, "unknown policy loss 'ppo2'; allowed: ppo, gspo, pg");
 }
 
 TEST(RlPolicyLoss, KlEstimatorsAndTheirGradients) {
@@ -225,7 +226,7 @@ TEST(RlPolicyLoss, MismatchCorrectionsAndAggregationByHand) {
   EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::SeqMeanTokenSum, 10, 100, 4, 0), 0.25);
   EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::SeqMeanTokenMean, 10, 100, 4, 0), 0.025);
   EXPECT_DOUBLE_EQ(aggregation_norm(LossAggregation::Constant, 10, 100, 4, 512), 1.0 / 2048);
-  expect_error([] { aggregation_norm(LossAggregation::Constant, 10, 100, 4, 0); }, "constant normaliser 0 must be > 0");
+  expect_mt_error([] { aggregation_norm(LossAggregation::Constant, 10, 100, 4, 0); }, "constant normaliser 0 must be > 0");
 }
 
 // The mini-batch's weights: the masks decide the normalisers. Four samples; sample 2 overlong-filtered.
@@ -275,7 +276,7 @@ TEST(RlPolicyLoss, MiniBatchWeightsLeaveMaskedTokensOutOfTheDenominators) {
   const MiniBatchWeights none = minibatch_weights({{-1}}, {{-9}}, {false}, LossAggregation::TokenMean, 0, band);
   EXPECT_EQ(none.tokens, 0);
   expect_vec(none.w[0], {0}, 0, "all masked");
-  expect_error([&] { minibatch_weights(old, roll, {false}, LossAggregation::TokenMean, 0, {}); }, "1 filter flags");
+  expect_mt_error([&] { minibatch_weights(old, roll, {false}, LossAggregation::TokenMean, 0, {}); }, "1 filter flags");
 }
 
 namespace {
@@ -483,7 +484,7 @@ TEST(RlShaping, OverlongPenaltyDynamicSamplingAndKlInRewardByHand) {
   EXPECT_DOUBLE_EQ(soft_overlong_penalty(90, 100, 20, 1.0), -0.5);
   EXPECT_DOUBLE_EQ(soft_overlong_penalty(100, 100, 20, 1.0), -1.0);
   EXPECT_DOUBLE_EQ(soft_overlong_penalty(101, 100, 20, 0.5), -0.5);
-  expect_error([] { soft_overlong_penalty(10, 100, 0, 1.0); }, "buffer 0");
+  expect_mt_error([] { soft_overlong_penalty(10, 100, 0, 1.0); }, "buffer 0");
   // Groups of 3: all ones, mixed, all zeros, mixed.
   EXPECT_EQ(informative_groups(std::vector<double>{1, 1, 1, 0, 1, 0, 0, 0, 0, 2, 2, 3}, 3),
             (std::vector<int64_t>{1, 3}));

@@ -40,15 +40,6 @@ using namespace mt::rltest;
 
 namespace {
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << needle;
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 // Samples of 3 prompts x 2 at temperature T, with the routing recorded.
 std::vector<RolloutSample> sample_at(Qwen3MoeModel& m, float T) {
   const ModelConfig& c = m.config();
