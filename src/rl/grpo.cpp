@@ -203,9 +203,82 @@ uint64_t get_u64(const int32_t*& p) {
   return lo | (hi << 32);
 }
 
+// Text as words, four bytes each (the length first); read back by get_text.
+void put_text(std::vector<int32_t>& w, const std::string& s) {
+  w.push_back(int32_t(s.size()));
+  for (size_t i = 0; i < s.size(); i += 4) {
+    uint32_t v = 0;
+    for (size_t b = 0; b < 4 && i + b < s.size(); ++b) v |= uint32_t(static_cast<unsigned char>(s[i + b])) << (8 * b);
+    w.push_back(int32_t(v));
+  }
+}
+std::string get_text(const int32_t*& p) {
+  const size_t len = size_t(uint32_t(*p++));
+  std::string s(len, '\0');
+  for (size_t i = 0; i < len; ++i) s[i] = char((uint32_t(p[i / 4]) >> (8 * (i % 4))) & 0xff);
+  p += (len + 3) / 4;
+  return s;
+}
+
+// A multi-turn round's share of a rank as JSON: the prompts its init calls extended, its episodes (turn
+// rewards, error, done, observation tokens, the steps' metadata), each sample's model mask and turn starts,
+// its error count and first error, and its environment metric sums.
+nlohmann::json episodes_to_json(const MultiTurnRound& round, const std::vector<GeneratedSample>& samples,
+                                const std::vector<GenerateRequest>& mine) {
+  nlohmann::json j;
+  j["prompts"] = nlohmann::json::array();
+  for (const GenerateRequest& r : mine) j["prompts"].push_back(r.prompt);
+  j["episodes"] = nlohmann::json::array();
+  for (size_t i = 0; i < round.episodes.size(); ++i) {
+    const EpisodeResult& e = round.episodes[i];
+    const GeneratedSample& g = samples.at(i);
+    j["episodes"].push_back({{"id", e.id},
+                             {"turn_rewards", e.turn_rewards},
+                             {"error", e.error},
+                             {"done", e.done},
+                             {"observation_tokens", e.observation_tokens},
+                             {"metadata", e.metadata},
+                             {"model_mask", g.model_mask},
+                             {"turn_starts", g.turn_starts}});
+  }
+  j["errors"] = round.errors;
+  j["first_error"] = round.first_error;
+  j["env_metrics"] = nlohmann::json::object();
+  for (const auto& [k, v] : round.env_metrics) j["env_metrics"][k] = {v.first, v.second};
+  return j;
+}
+
+// The round's episodes from every data-parallel rank's share, in rank order (the order of the samples);
+// the rank's extended prompts placed at its groups.
+void merge_episodes(const nlohmann::json& share, int64_t g0, std::vector<std::vector<int32_t>>& prompts,
+                    MultiTurnRound& round, std::vector<std::pair<std::vector<uint8_t>, std::vector<int64_t>>>& masks) {
+  const nlohmann::json& ps = share.at("prompts");
+  for (size_t i = 0; i < ps.size(); ++i) prompts[size_t(g0) + i] = ps[i].get<std::vector<int32_t>>();
+  for (const nlohmann::json& e : share.at("episodes")) {
+    EpisodeResult r;
+    r.id = e.at("id").get<int64_t>();
+    r.turn_rewards = e.at("turn_rewards").get<std::vector<double>>();
+    r.error = e.at("error").get<std::string>();
+    r.done = e.at("done").get<bool>();
+    r.observation_tokens = e.at("observation_tokens").get<int64_t>();
+    r.metadata = e.at("metadata").get<std::vector<nlohmann::json>>();
+    round.episodes.push_back(std::move(r));
+    masks.emplace_back(e.at("model_mask").get<std::vector<uint8_t>>(), e.at("turn_starts").get<std::vector<int64_t>>());
+  }
+  round.errors += share.at("errors").get<int64_t>();
+  if (round.first_error.empty()) round.first_error = share.at("first_error").get<std::string>();
+  for (const auto& [k, v] : share.at("env_metrics").items()) {
+    round.env_metrics[k].first += v[0].get<double>();
+    round.env_metrics[k].second += v[1].get<int64_t>();
+  }
+}
+
+// `episodes` (multi-turn, else null): this rank's episodes in, the whole round's out (in the order of the
+// samples), and `requests` (every prompt of the round) get every rank's init-extended prompts.
 void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector<std::vector<int32_t>>& prompts,
                     const std::string& error, std::vector<GeneratedSample>& gen, std::vector<double>& rewards,
-                    std::vector<std::vector<double>>& steps, bool with_steps) {
+                    std::vector<std::vector<double>>& steps, bool with_steps, MultiTurnRound* episodes = nullptr,
+                    std::vector<GenerateRequest>* requests = nullptr, int64_t groups_per_rank = 0) {
   uint64_t hash = 0x5eed;
   for (const std::vector<int32_t>& p : prompts) {
     hash = mix64(hash ^ p.size());
@@ -218,6 +291,11 @@ void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector
   w.push_back(int32_t(msg.size()));
   for (char c : msg) w.push_back(int32_t(static_cast<unsigned char>(c)));
   if (msg.empty()) {
+    if (episodes) {
+      const std::vector<GenerateRequest> mine(requests->begin() + int64_t(dist.dp_rank()) * groups_per_rank,
+                                              requests->begin() + int64_t(dist.dp_rank() + 1) * groups_per_rank);
+      put_text(w, episodes_to_json(*episodes, gen, mine).dump());
+    }
     w.push_back(int32_t(gen.size()));
     for (size_t i = 0; i < gen.size(); ++i) {
       const GeneratedSample& g = gen[i];
@@ -259,21 +337,38 @@ void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector
     GeneratedSample g;
     double reward;
     std::vector<double> steps;
+    EpisodeResult episode;  // multi-turn
   };
   std::vector<Row> rows;
-  std::vector<bool> seen(size_t(dist.dp_size()), false);
+  std::vector<const int32_t*> share_of(size_t(dist.dp_size()), nullptr);  // one rank per data-parallel rank
   for (size_t r = 0; r < all.size(); ++r) {
-    const int32_t* p = all[r].data();
-    const int32_t dp_rank = *p++;
-    p += 3;  // hash, error length 0
-    if (seen[size_t(dp_rank)]) continue;
-    seen[size_t(dp_rank)] = true;
+    const int32_t dp_rank = all[r][0];
+    if (!share_of[size_t(dp_rank)]) share_of[size_t(dp_rank)] = all[r].data() + 4;  // past hash, error length 0
+  }
+  MultiTurnRound merged;  // episodes left empty: they travel in the rows
+  std::vector<std::pair<std::vector<uint8_t>, std::vector<int64_t>>> masks;
+  std::vector<std::vector<int32_t>> extended;
+  size_t next_episode = 0;
+  if (episodes) {
+    for (const GenerateRequest& q : *requests) extended.push_back(q.prompt);
+  }
+  for (int dp_rank = 0; dp_rank < dist.dp_size(); ++dp_rank) {
+    const int32_t* p = share_of[size_t(dp_rank)];
+    MT_CHECK(p, "grpo: no rank of data-parallel rank ", dp_rank, " in the round's exchange");
+    if (episodes)
+      merge_episodes(nlohmann::json::parse(get_text(p)), int64_t(dp_rank) * groups_per_rank, extended, merged, masks);
     const int32_t count = *p++;
     for (int32_t s = 0; s < count; ++s) {
       Row row;
       row.g.prompt_index = p[0];
       row.g.sample_index = p[1];
       row.g.finish_reason = p[2] ? "stop" : "length";
+      if (episodes) {
+        row.episode = std::move(merged.episodes.at(next_episode));
+        row.g.model_mask = std::move(masks.at(next_episode).first);
+        row.g.turn_starts = std::move(masks.at(next_episode).second);
+        ++next_episode;
+      }
       const int32_t T = p[3];
       p += 4;
       row.g.tokens.assign(p, p + T);
@@ -310,6 +405,14 @@ void exchange_round(DistContext& dist, const ModelConfig& cfg, const std::vector
     gen.push_back(std::move(r.g));
     rewards.push_back(r.reward);
     if (with_steps) steps.push_back(std::move(r.steps));
+  }
+  if (episodes) {
+    MT_CHECK(next_episode == merged.episodes.size(), "grpo: ", merged.episodes.size(), " episodes exchanged for ",
+             next_episode, " samples");
+    merged.episodes.clear();
+    for (Row& r : rows) merged.episodes.push_back(std::move(r.episode));
+    *episodes = std::move(merged);
+    for (size_t i = 0; i < extended.size(); ++i) (*requests)[i].prompt = std::move(extended[i]);
   }
 }
 
@@ -992,9 +1095,6 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     MT_THROW("grpo: groups = ", groups, " prompts per step cannot be split evenly over ", dp,
              " data-parallel ranks (dp_replicate x dp_shard); use a multiple of ", dp);
   if (o.env) {
-    if (dist.distributed())
-      MT_THROW("grpo: an environment under ", dist.world_size(),
-               " ranks is not supported (the round's exchange carries no episodes); run multi-turn on one process");
     if (o.token_reward) MT_THROW("grpo: an environment gives the rewards; token_reward must be unset with it");
     if (critic) MT_THROW("grpo: an environment with PPO's critic is not supported; use grpo or dr-grpo");
   }
@@ -1046,7 +1146,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
     MultiTurnRound episode_round;
     if (o.env) {
       // Episode ids unique in the run: the step and the round's first sample.
-      const int64_t first_id = (step << 24) + drawn * n;
+      const int64_t first_id = (step << 24) + drawn * n + g0 * n;  // one process's ids
       std::vector<nlohmann::json> meta;
       if (o.episode_metadata)
         for (int64_t g = g0; g < g1; ++g) meta.push_back(o.episode_metadata(g));
@@ -1093,7 +1193,9 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
       error = e.what();
     }
     m.reward_s += seconds_since(t);
-    if (dist.distributed()) exchange_round(dist, cfg, prompts, error, gen, rewards, steps, o.token_reward != nullptr);
+    if (dist.distributed())
+      exchange_round(dist, cfg, prompts, error, gen, rewards, steps, o.token_reward != nullptr,
+                     o.env ? &episode_round : nullptr, &reqs, groups / dp);
     // From here on every rank holds the whole round: what follows is the same computation everywhere.
     // Metrics over everything generated (the policy's behaviour), on the rewards as the function gave them.
     for (size_t i = 0; i < gen.size(); ++i) {
@@ -1166,7 +1268,10 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
           MT_THROW("grpo: the engine's sample ", i, " is prompt ", x.prompt_index, " sample ", x.sample_index,
                    "; expected prompt ", g, " sample ", j);
         Kept k;
-        k.s = {reqs[size_t(g)].prompt, x.tokens, x.logprobs, o.replay_routing ? x.routing : RoutingRecord()};
+        k.s.prompt = reqs[size_t(g)].prompt;
+        k.s.response = x.tokens;
+        k.s.logprobs = x.logprobs;
+        if (o.replay_routing) k.s.routing = x.routing;
         k.filtered = o.overlong_filter && x.finish_reason == "length";
         if (o.token_reward) k.step_rewards = steps[i];
         if (o.env) {

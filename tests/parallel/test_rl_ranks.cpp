@@ -218,3 +218,60 @@ TEST(RlRouter, FrozenUpdateEqualsOneProcessUnderDpShardAndEp) {
   expect_layout_equal("--freeze-router --mini-batches 1", "--dp-shard 2", "frozen");
   expect_layout_equal("--freeze-router --mini-batches 1", "--ep 2", "frozen");
 }
+
+// Multi-turn GRPO under launch: `grpo --env program:` (tests/assets/env/env_modes.py twoturn: a shared initial
+// observation, a first turn rewarded by its length and answered "again", a second turn rewarded by its length
+// plus 0.5 for an odd episode id) on a tiny text model. Each data-parallel rank runs its own environment
+// program on its share of the episodes (the ids one process gives them: n = 3 makes rank 1's first id odd), and
+// the exchange carries the episodes (init-extended prompts, model masks, turn starts, turn rewards, metadata):
+// under dp_shard 2, ep 2, tp 2 and sp 2 every step's reward, turn count, observation tokens and the
+// environment's metadata equal one process's, and the loss and grad norm follow, with the final reward and with
+// per-turn credit.
+TEST(RlRanks, GrpoEnvCommandUnderLaunchFollowsOneProcess) {
+  MT_SKIP_WITHOUT_GLOO();
+  const std::string dir = tmp_path("rl_ranks", "env");
+  const std::string src = MT_SOURCE_DIR;
+  ShellRun r = sh(kMoetrainBin + " sft --device cpu --model tiny --tokenizer " + src +
+                  "/tests/assets/tokenizer/trained/tokenizer.json --data " + src +
+                  "/examples/chat_small.jsonl --steps 1 --warmup-steps 0 --seq-len 64 --out-dir " + dir + "/sft");
+  ASSERT_EQ(r.code, 0) << r.out;
+  {
+    std::ofstream f(dir + "/p.jsonl");
+    f << "{\"prompt\": \"What is 2 + 2?\"}\n{\"prompt\": \"Say hi\"}\n{\"prompt\": \"Name a color\"}\n"
+         "{\"prompt\": \"Count to three\"}\n";
+  }
+  const std::string args = " grpo --device cpu --model " + dir + "/sft/checkpoint-1 --prompts " + dir +
+                           "/p.jsonl --env 'program:python3 " + src +
+                           "/tests/assets/env/env_modes.py twoturn' --prompts-per-step 2 --n 3 --steps 2 "
+                           "--max-new-tokens 48 --max-turn-tokens 8 --temperature 1 --dynamic-sampling off ";
+  for (const std::string credit : {"final", "per-turn"}) {
+    const std::string base = dir + "/" + credit;
+    r = sh(kMoetrainBin + args + "--turn-credit " + credit + " --run-dir " + base + "_one");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::vector<nlohmann::json> one = read_step_metrics(base + "_one/metrics.jsonl");
+    ASSERT_EQ(one.size(), 2u);
+    for (const auto& j : one) {
+      EXPECT_EQ(j["turns_mean"].get<double>(), 2.0) << "every episode has two turns: " << j.dump();
+      EXPECT_GT(j["grad_norm"].get<double>(), 0) << "the groups' rewards differ: " << j.dump();
+    }
+    const std::vector<std::string> layouts =
+        credit == "final" ? std::vector<std::string>{"--dp-shard 2", "--ep 2", "--tp 2", "--sp 2"}
+                          : std::vector<std::string>{"--dp-shard 2", "--tp 2"};
+    for (const std::string& layout : layouts) {
+      const std::string run = base + "_" + layout.substr(2, 2);
+      r = sh(kMoetrainBin + " launch --nproc-per-node 2 --" + args + "--turn-credit " + credit + " --run-dir " + run +
+             " " + layout);
+      ASSERT_EQ(r.code, 0) << layout << "\n" << r.out;
+      const std::vector<nlohmann::json> got = read_step_metrics(run + "/metrics.jsonl");
+      ASSERT_EQ(got.size(), 2u) << layout << ": one writer";
+      for (size_t s = 0; s < 2; ++s) {
+        for (const char* k : {"reward_mean", "turns_mean", "observation_tokens_mean", "env_errors"})
+          EXPECT_EQ(got[s][k], one[s][k]) << credit << " " << layout << " step " << s << " " << k;
+        EXPECT_EQ(got[s]["env"], one[s]["env"]) << credit << " " << layout << " step " << s;
+        for (const char* k : {"loss", "grad_norm"})
+          EXPECT_NEAR(got[s][k].get<double>(), one[s][k].get<double>(), 1e-4 * (1 + std::abs(one[s][k].get<double>())))
+              << credit << " " << layout << " step " << s << " " << k;
+      }
+    }
+  }
+}

@@ -5,6 +5,9 @@ python3 env_modes.py MODE [N]; MODE:
   ordered    answer each request at once: init -> one observation "hello <id>", step -> reward len(text),
              done, metadata {"turn", "tool"}
   plain      as ordered, but init gives no observation (the n episodes of a prompt then start alike)
+  twoturn    init -> "hello" (shared by a prompt's episodes); step 0 -> reward len(text) % 3, observation
+             "again", not done; step 1 -> reward len(text) % 4 + 0.5 * (the id is odd), done, metadata
+             {"first": the first turn's reward}
   reverse N  collect N requests, then answer them last first
   banner     write "loading..." first, then as ordered
   crash N    answer N requests, then exit with status 3
@@ -20,7 +23,19 @@ mode = sys.argv[1]
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 
 
+first = {}
+
+
 def reply(req):
+    if mode == "twoturn":
+        if req["type"] == "init":
+            return {"id": req["id"], "observations": [{"role": "user", "content": "hello"}]}
+        if req["turn"] == 0:
+            first[req["id"]] = len(req["text"]) % 3
+            return {"id": req["id"], "reward": first[req["id"]], "done": False,
+                    "observations": [{"role": "user", "content": "again"}]}
+        return {"id": req["id"], "reward": len(req["text"]) % 4 + 0.5 * (req["id"] % 2), "done": True,
+                "metadata": {"first": first.pop(req["id"], -1)}}
     if req["type"] == "init":
         if mode == "plain":
             return {"id": req["id"], "observations": []}
