@@ -13,6 +13,8 @@ int convert_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
 int grads_main(const std::vector<std::string>& args);
 int grpo_main(const std::vector<std::string>& args);
+struct GrpoHooks;  // cli/commands/grpo_args.h: the Python API's in-process reward function and environment
+int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks);
 int launch_main(const std::vector<std::string>& args);
 int plot_main(const std::vector<std::string>& args);
 int selftest_main(const std::vector<std::string>& args);  // hidden: _selftest comm|dist|rl

@@ -128,9 +128,8 @@ MicroBatch pad_rows(const MicroBatch& mb, int multiple, int64_t K) {
 // on every rank: each data-parallel rank runs the forward on its rows (under tp each rank holds a slice of
 // them), then one all-gather per tensor over the ranks with rows of their own, in rank order (dp-major, tp
 // within). Host f32 [B S], the layout of a one-process forward. Collective over the world.
-struct HeadRows {
-  Tensor logp, entropy, value;
-};
+}  // namespace
+
 HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOptions& po) {
   DistContext& d = s.dist();
   const int dp = d.dp_size(), sp = d.mesh().size(Axis::Sp);
@@ -187,6 +186,8 @@ HeadRows forward_rows(TrainSession& s, const MicroBatch& whole, const PassOption
   };
   return HeadRows{full(lp.logp), full(lp.entropy), full(lp.value)};
 }
+
+namespace {
 
 // The exchange of one generate round. Each rank's words: its data-parallel rank, a hash of the round's
 // prompts, its error (if any), then its samples (global prompt index, sample index, finish, tokens,

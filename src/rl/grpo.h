@@ -245,6 +245,14 @@ struct RolloutGroups {
 GrpoMetrics grpo_update(TrainSession& session, const RolloutGroups& rollouts, const GrpoOptions& opt, int64_t step,
                         TrainSession* reference = nullptr, TrainSession* critic = nullptr);
 
+// The head's per-target rows (log-probs, entropies, values; PassOptions says which) of a micro-batch of whole
+// sequences, every row on every rank: each data-parallel rank runs the forward on its rows, then the rows are
+// gathered over the ranks. Host f32 [B S], the layout of a one-process forward. Collective over the world.
+struct HeadRows {
+  Tensor logp, entropy, value;
+};
+HeadRows forward_rows(TrainSession& session, const MicroBatch& whole, const PassOptions& po);
+
 // The same prompts every round (tests, fixed prompt sets).
 GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
                       const RewardFn& reward, const GrpoOptions& opt, int64_t step, TrainSession* reference = nullptr,

@@ -15,24 +15,27 @@ GrpoEnvRun open_grpo_env(const GrpoEnvSpec& spec, const addition::Task& task, in
                          PromptSource& source, GrpoOptions& o) {
   GrpoEnvRun r;
   if (!spec.builtin.empty()) {
-    r.env = make_builtin_env(spec.builtin);
+    r.owned = make_builtin_env(spec.builtin);
     o.codec = demo_codec();
     for (const Problem& p : task.eval(eval_n, seed + 7))  // addition_source's held-out set
       r.eval.push_back(addition::ids32(p.prompt_ids));
   } else {
     if (!run || !run->tokenizer)
       MT_THROW("grpo: --env ", spec.spec, " speaks text; ", model_dir, " has no tokenizer.json to decode turns");
-    EnvProgramOptions eo;
-    eo.command = spec.program;
-    eo.timeout_s = spec.timeout_s;
-    eo.stop_on_error = spec.stop_on_error;
-    r.env = std::make_unique<EnvProgram>(eo);
+    if (!spec.given) {
+      EnvProgramOptions eo;
+      eo.command = spec.program;
+      eo.timeout_s = spec.timeout_s;
+      eo.stop_on_error = spec.stop_on_error;
+      r.owned = std::make_unique<EnvProgram>(eo);
+    }
     std::vector<int32_t> stops = o.stop_token_ids;
     if (cfg.eos_token_id >= 0) stops.push_back(int32_t(cfg.eos_token_id));
     o.codec = chat_codec(*run->tokenizer, stops);
     for (size_t i = 0; i < run->eval.prompts.size() && i < 256; ++i) r.eval.push_back(run->eval.prompts[i].ids);
   }
-  o.env = r.env.get();
+  r.env = r.owned ? r.owned.get() : spec.given;
+  o.env = r.env;
   o.episode_metadata = [&source](int64_t k) { return source.metadata(k); };
   return r;
 }

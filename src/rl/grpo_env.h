@@ -24,10 +24,12 @@ struct GrpoEnvSpec {
   std::string program;    // CMD, or "" for a built-in
   double timeout_s = 60;  // the program's deadline per call
   bool stop_on_error = false;
+  Environment* given = nullptr;  // spec "python": the caller's environment (not owned), spoken to like a program
 };
 
 struct GrpoEnvRun {
-  std::unique_ptr<Environment> env;
+  std::unique_ptr<Environment> owned;  // a built-in or a program; null for a given environment
+  Environment* env = nullptr;
   std::vector<std::vector<int32_t>> eval;  // held-out prompts (empty: no greedy episodes)
 };
 

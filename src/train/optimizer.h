@@ -55,6 +55,8 @@ class AdamW {
   // forward reads the weights or the optimizer state: a checkpoint, an evaluation, the end of training).
   void join() { ready_.compute_waits_all(); }
   int64_t steps_taken() const { return step_; }
+  const AdamWConfig& config() const { return cfg_; }
+  void set_config(const AdamWConfig& c) { cfg_ = c; }  // betas, eps, decay, clipping from the next step (moments kept)
   int64_t steps_skipped() const { return skipped_; }
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }

@@ -99,12 +99,20 @@ AdamW& TrainSession::optimizer() {
 }
 
 StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const StepOptions& so) {
-  AdamW& opt = optimizer();
+  if (grads_pending_)
+    MT_THROW("train_step: forward_backward left gradients that no optimizer_step applied; a step starts afresh");
+  StepResult r = forward_backward(global, so);
+  optimizer_step(so, r);
+  return r;
+}
+
+StepResult TrainSession::forward_backward(const std::vector<MicroBatch>& global, const StepOptions& so) {
   Qwen3MoeModel& model = *model_;
   FsdpParams* fs = fsdp();
   const int rank = dist_->rank();
-  const int64_t step = ++steps_;  // 1-based
-  if (debug_hit("MOETRAIN_DEBUG_KILL", rank, step)) std::raise(SIGKILL);
+  const bool first = !grads_pending_;  // the first pass of a step writes the gradients; later ones add
+  const int64_t step = steps_ + 1;     // 1-based
+  if (first && debug_hit("MOETRAIN_DEBUG_KILL", rank, step)) std::raise(SIGKILL);
   if (global.empty()) MT_THROW("train_step: no micro-batches");
   if (so.router_bias_update_rate > 0 && !model.router_bias().defined())
     MT_THROW("train_step: router_bias_update_rate ", so.router_bias_update_rate,
@@ -120,14 +128,14 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   }
   if (r.targets == 0) MT_THROW("step ", step, ": no target tokens in any micro-batch (every label is -100)");
   const int64_t n = int64_t(local.size());
-  if (so.zero_grads && !fs) {
-    opt.join();  // the last overlapped update still reads the gradients
+  if (so.zero_grads && !fs && first) {
+    if (opt_) opt_->join();  // the last overlapped update still reads the gradients
     if (lora_)
       lora_->grads().zero_();
     else
       model.zero_grads();
   }
-  if (fs) fs->zero_grads();  // the local shards: the reduced unit gradients are added into them
+  if (fs && first) fs->zero_grads();  // the local shards: the reduced unit gradients are added into them
   PassOptions po;
   po.objective = so.objective;
   po.temperature = so.temperature;
@@ -138,12 +146,12 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
   // z-loss: the mean over the router rows of the whole step (every micro-batch, every rank).
   po.z_loss_scale = n_sparse_ > 0 ? so.router_z_loss_coef / double(r.real_tokens * n_sparse_) : 0.0;
   po.recompute = recompute_;
-  model.reset_expert_load();
+  if (first) model.reset_expert_load();
   double ce_sum = 0, obj_sum = 0, aux_sum = 0, z_sum = 0;
   for (int64_t m = 0; m < n; ++m) {
     // The first micro-batch writes the gradients (=): no zeroing pass. Under FSDP every micro-batch
     // gets fresh unit gradient buffers unless they stay unreduced until the last one.
-    po.overwrite_grads = !so.zero_grads && (m == 0 || (fs && grad_sync_ == GradSync::EveryMicroBatch));
+    po.overwrite_grads = !so.zero_grads && ((first && m == 0) || (fs && grad_sync_ == GradSync::EveryMicroBatch));
     if (fs) fs->set_last_micro_batch(m + 1 == n);
     LossParts lp = model.forward_backward(local[size_t(m)], po);
     ce_sum += lp.ce_sum;
@@ -153,8 +161,38 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
     r.dropped_rank0 += lp.dropped_assignments;
     r.forward_s += model.last_forward_seconds();
     r.backward_s += model.last_backward_seconds();
+    grads_pending_ = true;
     if (so.on_micro_batch) so.on_micro_batch(m, n, lp);
   }
+  // Metrics: the sums add up over ranks (dp, tp and sp ranks hold rows or tokens of their own).
+  if (dist_->distributed()) {
+    const std::vector<double> all = comm::all_gather_doubles(*dist_->world(), {ce_sum, obj_sum, z_sum});
+    ce_sum = obj_sum = z_sum = 0;
+    for (int k = 0; k < dist_->world_size(); ++k) {
+      ce_sum += all[3 * size_t(k)];
+      obj_sum += all[3 * size_t(k) + 1];
+      z_sum += all[3 * size_t(k) + 2];
+    }
+  }
+  r.ce_sum = ce_sum;
+  r.objective_sum = obj_sum;
+  r.z_sum = z_sum;
+  r.aux = aux_sum / double(n);
+  r.ce = ce_sum / double(r.targets);
+  r.z = n_sparse_ > 0 ? z_sum / double(r.real_tokens * n_sparse_) : 0.0;
+  r.loss = (so.objective ? obj_sum : r.ce) + (model.aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
+           so.router_z_loss_coef * r.z;
+  return r;
+}
+
+void TrainSession::optimizer_step(const StepOptions& so, StepResult& r) {
+  if (!grads_pending_) MT_THROW("optimizer_step: no gradients; run forward_backward first");
+  AdamW& opt = optimizer();
+  Qwen3MoeModel& model = *model_;
+  FsdpParams* fs = fsdp();
+  const int rank = dist_->rank();
+  const int64_t step = ++steps_;  // 1-based
+  grads_pending_ = false;
   auto to = Clock::now();
   if (debug_hit("MOETRAIN_DEBUG_INF_GRAD", rank, step)) {
     Tensor inf = Tensor::empty({1});
@@ -212,24 +250,16 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
     r.has_load = true;
     r.load = expert_load_stats(load);
   }
-  // Metrics: one collective per step, after the optimizer: every rank's sums, communication time and
-  // memory; the sums add up over ranks (dp, tp and sp ranks hold rows or tokens of their own), and the
-  // slowest rank's communication wait and the largest peak are reported.
+  // Metrics: one collective per step, after the optimizer: every rank's communication time and memory (the
+  // loss sums were reduced by forward_backward); the slowest rank's wait and the largest peak are reported.
   const double peak = double(device_ == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
   r.peak_bytes_max_rank = peak;
   if (dist_->distributed()) {
     r.comm_wait_s = fs ? fs->take_comm_seconds() : 0;
-    constexpr size_t kVals = 5;
-    const std::vector<double> all =
-        comm::all_gather_doubles(*dist_->world(), {ce_sum, obj_sum, z_sum, r.comm_wait_s, peak});
-    ce_sum = obj_sum = z_sum = 0;
+    const std::vector<double> all = comm::all_gather_doubles(*dist_->world(), {r.comm_wait_s, peak});
     for (int k = 0; k < dist_->world_size(); ++k) {
-      const double* v = all.data() + kVals * size_t(k);
-      ce_sum += v[0];
-      obj_sum += v[1];
-      z_sum += v[2];
-      r.comm_wait_max_s = std::max(r.comm_wait_max_s, v[3]);
-      r.peak_bytes_max_rank = std::max(r.peak_bytes_max_rank, v[4]);
+      r.comm_wait_max_s = std::max(r.comm_wait_max_s, all[2 * size_t(k)]);
+      r.peak_bytes_max_rank = std::max(r.peak_bytes_max_rank, all[2 * size_t(k) + 1]);
     }
     if (so.schedule_check_every > 0 && step % so.schedule_check_every == 0) {
       dist_->check_schedules();
@@ -242,15 +272,6 @@ StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const
       }
     }
   }
-  r.ce_sum = ce_sum;
-  r.objective_sum = obj_sum;
-  r.z_sum = z_sum;
-  r.aux = aux_sum / double(n);
-  r.ce = ce_sum / double(r.targets);
-  r.z = n_sparse_ > 0 ? z_sum / double(r.real_tokens * n_sparse_) : 0.0;
-  r.loss = (so.objective ? obj_sum : r.ce) + (model.aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
-           so.router_z_loss_coef * r.z;
-  return r;
 }
 
 void TrainSession::init_weights(uint64_t seed) {

@@ -152,9 +152,20 @@ class TrainSession {
   // beside the next forward (train/optimizer.h). Once, before the first train_step.
   void make_optimizer(const AdamWConfig& oc, bool overlap);
   AdamW& optimizer();
+  bool optimizer_ready() const { return opt_ != nullptr; }
   // One training step over global micro-batches of whole sequences (the same on every rank; each rank
   // takes its part): see the file comment. Collective over the world.
   StepResult train_step(const std::vector<MicroBatch>& global, const StepOptions& opt);
+  // train_step in its two halves (the Python trainer's forward_backward and optim_step): the forward and
+  // backward of global micro-batches, whose gradients add to those of the earlier calls since the last
+  // optimizer_step (the first call writes them; the CE normaliser is each call's own target count), its loss
+  // metrics reduced over the ranks; then the optimizer on the accumulated gradients (clipping, frozen
+  // parameters, the expert load and balancing bias), filling r's optimizer fields. Both collective.
+  StepResult forward_backward(const std::vector<MicroBatch>& global, const StepOptions& opt);
+  void optimizer_step(const StepOptions& opt, StepResult& r);
+  bool grads_pending() const { return grads_pending_; }
+  // Drops the accumulated gradients (an interrupted forward_backward): the next forward_backward writes afresh.
+  void discard_grads() { grads_pending_ = false; }
   int64_t steps_done() const { return steps_; }
   void set_steps_done(int64_t steps) { steps_ = steps; }  // a resumed run continues the count
   MicroBatch local_micro_batch(const Tensor& ids_BS, const Tensor& labels_BS) {
@@ -175,6 +186,7 @@ class TrainSession {
   std::unique_ptr<AdamW> opt_;
   int64_t steps_ = 0;
   int64_t n_sparse_ = 0;
+  bool grads_pending_ = false;  // forward_backward ran since the last optimizer_step
 };
 
 }  // namespace mt

@@ -13,10 +13,20 @@
 
 #include "model/config.h"
 #include "rl/grpo.h"
+#include "rl/rewards/rewards.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
 namespace mt::rltest {
+
+// A reward program's options: its command, the deadline, the error policy.
+inline rl::RewardProgramOptions program_options(const std::string& command, double timeout_s, bool stop_on_error) {
+  rl::RewardProgramOptions o;
+  o.command = command;
+  o.timeout_s = timeout_s;
+  o.stop_on_error = stop_on_error;
+  return o;
+}
 
 inline ModelConfig tiny() {
   ModelConfig c = preset_model_config("tiny");

@@ -15,6 +15,9 @@
 #include "parallel/launch_test_util.h"
 #include "rl/env/env_program.h"
 #include "rl/rewards/rewards.h"
+#include "rl/rl_test_util.h"
+
+using mt::rltest::program_options;
 
 using namespace mt;
 using namespace mt::rl;
@@ -238,8 +241,8 @@ std::vector<RewardRequest> responses(std::vector<std::string> texts) {
 }  // namespace
 
 TEST(RewardProgram, RepliesByOrderAndById) {
-  RewardProgram order({reward_cmd("order"), 10, false});
-  RewardProgram ids({reward_cmd("ids_reverse"), 10, false});
+  RewardProgram order(program_options(reward_cmd("order"), 10, false));
+  RewardProgram ids(program_options(reward_cmd("ids_reverse"), 10, false));
   for (int round = 0; round < 2; ++round) {
     for (RewardProgram* p : {&order, &ids}) {
       const RewardBatch b = p->score(responses({"a", "bb", "ccc", "dddd"}));
@@ -256,7 +259,7 @@ TEST(RewardProgram, ABannerIsAStrayLineQuotedNotAShift) {
   for (const char* mode : {"order_banner", "ids_banner", "order_log"}) {
     const std::string line = mode == std::string("order_log") ? "line '{\"log\": \"starting\"}' is not a reply"
                                                               : "line 'loading...' is not JSON";
-    RewardProgram p({reward_cmd(mode), 10, false});
+    RewardProgram p(program_options(reward_cmd(mode), 10, false));
     for (int round = 0; round < 2; ++round) {
       const RewardBatch b = p.score(responses({"a", "bb", "ccc"}));
       EXPECT_EQ(b.rewards, (std::vector<double>{1, 2, 3})) << mode;
@@ -267,7 +270,7 @@ TEST(RewardProgram, ABannerIsAStrayLineQuotedNotAShift) {
       }
     }
   }
-  RewardProgram strict({reward_cmd("ids_banner"), 10, true});
+  RewardProgram strict(program_options(reward_cmd("ids_banner"), 10, true));
   expect_error([&] { strict.score(responses({"a"})); }, "reward program: line 'loading...' is not JSON");
 }
 
@@ -275,7 +278,7 @@ TEST(RewardProgram, AGarbageReplyFailsItsSampleOnly) {
   const std::string sh = test::tmp_path("envprogram", "garbage.sh");
   std::ofstream(sh) << "#!/bin/sh\nread a; echo 1; read b; echo oops; read c; echo 3; while read d; do echo 4; done\n";
   std::filesystem::permissions(sh, std::filesystem::perms::owner_all);
-  RewardProgram p({sh, 10, false});
+  RewardProgram p(program_options(sh, 10, false));
   RewardBatch b = p.score(responses({"a", "b", "c"}));
   EXPECT_EQ(b.rewards, (std::vector<double>{1, 0, 3}));
   EXPECT_EQ(b.failures, 1);
@@ -291,7 +294,7 @@ TEST(RewardProgram, AProgramThatEndsBetweenBatchesIsStartedAgain) {
   const std::string sh = test::tmp_path("envprogram", "once.sh");
   std::ofstream(sh) << "#!/bin/sh\nread a; echo 1\n";
   std::filesystem::permissions(sh, std::filesystem::perms::owner_all);
-  RewardProgram p({sh, 10, false});
+  RewardProgram p(program_options(sh, 10, false));
   for (int round = 0; round < 2; ++round) {
     EXPECT_EQ(p.score(responses({"a"})).rewards, (std::vector<double>{1}));
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it has exited by now

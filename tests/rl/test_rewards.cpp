@@ -13,6 +13,9 @@
 #include "core/error.h"
 #include "parallel/launch_test_util.h"
 #include "rl/rewards/rewards.h"
+#include "rl/rl_test_util.h"
+
+using mt::rltest::program_options;
 
 using namespace mt;
 using namespace mt::rl;
@@ -68,7 +71,7 @@ TEST(Rewards, ProgramRepliesAsNumbersAndObjects) {
              "    r = json.loads(line)\n"
              "    if r['metadata']['i'] % 2: print(json.dumps({'reward': len(r['response'])}), flush=True)\n"
              "    else: print(len(r['response']) + 0.5, flush=True)\n");
-  RewardProgram p({py, 10, false});
+  RewardProgram p(program_options(py, 10, false));
   for (int round = 0; round < 2; ++round) {  // started once, used twice
     const RewardBatch b = p.score(requests(5));
     EXPECT_EQ(b.rewards, (std::vector<double>{0.5, 1, 2.5, 3, 4.5}));
@@ -80,7 +83,7 @@ TEST(Rewards, ProgramRepliesAsNumbersAndObjects) {
 TEST(Rewards, CrashMalformedAndLateRepliesGiveZeroAndNeverHang) {
   // Answers two requests, then exits 3.
   const std::string crash = script("crash.sh", "#!/bin/sh\nread a; echo 1; read b; echo 2; exit 3\n");
-  RewardProgram c({crash, 10, false});
+  RewardProgram c(program_options(crash, 10, false));
   RewardBatch b = c.score(requests(4));
   EXPECT_EQ(b.rewards, (std::vector<double>{1, 2, 0, 0}));
   EXPECT_EQ(b.failures, 2);
@@ -90,13 +93,13 @@ TEST(Rewards, CrashMalformedAndLateRepliesGiveZeroAndNeverHang) {
   EXPECT_EQ(c.restarts(), 1);
 
   const std::string bad = script("bad.sh", "#!/bin/sh\nwhile read l; do echo oops; done\n");
-  RewardProgram m({bad, 10, false});
+  RewardProgram m(program_options(bad, 10, false));
   b = m.score(requests(3));
   EXPECT_EQ(b.failures, 3);
   EXPECT_NE(b.errors[0].find("malformed reply 'oops'"), std::string::npos) << b.errors[0];
 
   const std::string slow = script("slow.sh", "#!/bin/sh\nread a; echo 1; sleep 30\n");
-  RewardProgram s({slow, 0.5, false});
+  RewardProgram s(program_options(slow, 0.5, false));
   const auto t = std::chrono::steady_clock::now();
   b = s.score(requests(3));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -104,19 +107,19 @@ TEST(Rewards, CrashMalformedAndLateRepliesGiveZeroAndNeverHang) {
   EXPECT_EQ(b.rewards, (std::vector<double>{1, 0, 0}));
   EXPECT_NE(b.errors[1].find("no reply within"), std::string::npos) << b.errors[1];
 
-  RewardProgram strict({bad, 10, true});
+  RewardProgram strict(program_options(bad, 10, true));
   expect_error([&] { strict.score(requests(2)); }, "sample 0: malformed reply 'oops'");
 }
 
 TEST(Rewards, MissingOrNonExecutableProgramsAreRefusedUpFront) {
   expect_error(
       [] {
-        RewardProgram p({"/nonexistent/reward.py --x", 10, false});
+        RewardProgram p(program_options("/nonexistent/reward.py --x", 10, false));
       },
       "reward program '/nonexistent/reward.py' does not exist");
   const std::string plain = test::tmp_path("rewards", "plain.txt");
   std::ofstream(plain) << "not a program\n";
   ::chmod(plain.c_str(), 0644);
-  expect_error([&] { RewardProgram p({plain, 10, false}); }, "is not an executable file");
-  expect_error([] { RewardProgram p({"no-such-reward-program-xyz", 10, false}); }, "is not an executable on PATH");
+  expect_error([&] { RewardProgram p(program_options(plain, 10, false)); }, "is not an executable file");
+  expect_error([] { RewardProgram p(program_options("no-such-reward-program-xyz", 10, false)); }, "is not an executable on PATH");
 }

@@ -61,7 +61,13 @@ using json = nlohmann::json;
 }  // namespace
 
 int grpo_main(const std::vector<std::string>& args) {
+  return grpo_main(args, GrpoHooks{});
+}
+
+int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks) {
   GrpoArgs ga;
+  ga.python_reward = bool(hooks.reward);
+  ga.python_env = hooks.env != nullptr;
   std::string help;
   if (!parse_grpo_args(args, ga, &help)) {
     std::printf("%s", help.c_str());
@@ -115,6 +121,7 @@ int grpo_main(const std::vector<std::string>& args) {
     po.command = ga.program_cmd;
     po.timeout_s = ga.reward_timeout;
     po.stop_on_error = ga.reward_stop;
+    if (ga.reward_spec == "python") po.function = hooks.reward;
     prompt_run = rl::open_prompt_run(ga.prompts_path, ga.eval_prompts_path, ga.model_dir, cfg, ga.o.max_new_tokens,
                                      ga.file_reward, po);
     if (resuming && state.contains("prompts") &&
@@ -169,9 +176,10 @@ int grpo_main(const std::vector<std::string>& args) {
   rl::GrpoEnvRun env_run;
   if (!ga.env_spec.empty())
     env_run =
-        rl::open_grpo_env({ga.env_spec, ga.env_builtin, ga.env_program, ga.reward_timeout, ga.reward_stop}, ga.task,
-                          ga.eval_n, uint64_t(ga.seed), prompt_run.get(), cfg, ga.model_dir, *source, ga.o);
-  const std::unique_ptr<rl::Environment>& env = env_run.env;
+        rl::open_grpo_env({ga.env_spec, ga.env_builtin, ga.env_program, ga.reward_timeout, ga.reward_stop,
+                           ga.env_spec == "python" ? hooks.env : nullptr},
+                          ga.task, ga.eval_n, uint64_t(ga.seed), prompt_run.get(), cfg, ga.model_dir, *source, ga.o);
+  rl::Environment* const env = env_run.env;
   const std::vector<std::vector<int32_t>>& env_eval = env_run.eval;
   // The rollout engine, its KV cache sized for the larger of a step's rollouts and the evaluation.
   const int64_t eval_count =
@@ -303,7 +311,7 @@ int grpo_main(const std::vector<std::string>& args) {
         prompt_run && prompt_run->program
             ? rl::all_failed_message(prompt_run->program->tally(), "grpo: the reward program", "sample")
             : std::string();
-    if (const auto* ep = dynamic_cast<const rl::EnvProgram*>(env.get()); ep && all_failed.empty())
+    if (const auto* ep = dynamic_cast<const rl::EnvProgram*>(env); ep && all_failed.empty())
       all_failed = rl::all_failed_message(ep->tally(), "grpo: the environment program", "episode");
     if (all_failed.empty()) return 0;
     log_info(all_failed);

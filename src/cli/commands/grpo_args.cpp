@@ -349,6 +349,11 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
         MT_THROW("grpo: --env ", a.env_spec,
                  " draws the built-in task's addition problems; drop --prompts (or use "
                  "--env program:CMD with it)");
+    } else if (a.env_spec == "python") {
+      if (!a.python_env)
+        MT_THROW("grpo: --env python is the Python API's (moetrain.rl.GRPO(...).run(env=...)); on the command line "
+                 "use builtin:NAME or program:CMD");
+      if (!from_file) MT_THROW("grpo: an environment object runs on the prompts of a prompt file; give prompts=FILE");
     } else if (a.env_spec.rfind("program:", 0) == 0) {
       a.env_program = a.env_spec.substr(8);
       if (a.env_program.find_first_not_of(" \t") == std::string::npos)
@@ -427,7 +432,13 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
       file_reward = FileReward::Exact;
     else if (reward_spec == "math")
       file_reward = FileReward::Math;
-    else if (reward_spec.rfind("program:", 0) == 0) {
+    else if (reward_spec == "python") {
+      if (!a.python_reward)
+        MT_THROW("grpo: --reward python is the Python API's (moetrain.rl.GRPO(...).run(reward_fn=...)); on the "
+                 "command line use exact, math or program:CMD");
+      file_reward = FileReward::Program;
+      program_cmd = "python";
+    } else if (reward_spec.rfind("program:", 0) == 0) {
       file_reward = FileReward::Program;
       program_cmd = reward_spec.substr(8);
       if (program_cmd.find_first_not_of(" \t") == std::string::npos)

@@ -2,13 +2,16 @@
 // preset's values as their defaults, and every rule over several options; parse_grpo_args runs them all
 // and touches nothing else (no file, no device), so the whole option surface is testable without a run.
 #pragma once
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/common_options.h"
 #include "parallel/mesh.h"
+#include "rl/env/environment.h"
 #include "rl/grpo.h"
+#include "rl/rewards/rewards.h"
 #include "rl/prompt_file.h"
 #include "rl/tasks/addition.h"
 
@@ -48,6 +51,16 @@ struct GrpoArgs {
   std::string program_cmd;
   // Multi-turn (--env): "builtin:NAME" or "program:CMD" as given, split into its kind and the rest.
   std::string env_spec, env_builtin, env_program;
+  // Set by the caller before parsing (the Python API, moetrain.rl.GRPO): `--reward python` and `--env python`
+  // name its in-process reward function and environment (GrpoHooks); the command line refuses them.
+  bool python_reward = false, python_env = false;
+};
+
+// What the Python API hands `grpo` in-process: a reward function over a prompt file's samples (--reward
+// python) and an environment (--env python), called from the run's own thread.
+struct GrpoHooks {
+  std::function<std::vector<double>(const std::vector<rl::RewardRequest>&)> reward;
+  rl::Environment* env = nullptr;
 };
 
 // Parses and checks the command line into `a`; false (and the long help in *help) when --help was asked.

@@ -54,10 +54,15 @@ EnvProgramOptions checked(EnvProgramOptions opt) {
 }  // namespace
 
 EnvProgram::EnvProgram(EnvProgramOptions opt) : opt_(checked(std::move(opt))) {
-  if (opt_.reward_only)
-    reward_ = std::make_unique<RewardProgram>(RewardProgramOptions{opt_.command, opt_.timeout_s, opt_.stop_on_error});
-  else
+  if (opt_.reward_only) {
+    RewardProgramOptions ro;
+    ro.command = opt_.command;
+    ro.timeout_s = opt_.timeout_s;
+    ro.stop_on_error = opt_.stop_on_error;
+    reward_ = std::make_unique<RewardProgram>(ro);
+  } else {
     proc_ = std::make_unique<ChildProcess>(kWhat, opt_.command);
+  }
 }
 
 EnvProgram::~EnvProgram() = default;

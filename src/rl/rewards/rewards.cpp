@@ -121,8 +121,31 @@ RewardProgramOptions checked(RewardProgramOptions opt) {
 
 }  // namespace
 
-RewardProgram::RewardProgram(RewardProgramOptions opt)
-    : opt_(checked(std::move(opt))), proc_("reward program", opt_.command) {}
+RewardProgram::RewardProgram(RewardProgramOptions opt) : opt_(checked(std::move(opt))) {
+  if (!opt_.function) proc_ = std::make_unique<ChildProcess>("reward program", opt_.command);
+}
+
+RewardBatch RewardProgram::score_function(const std::vector<RewardRequest>& batch) {
+  const size_t n = batch.size();
+  RewardBatch out{std::vector<double>(n, 0.0), std::vector<std::string>(n), 0, {}};
+  try {
+    const std::vector<double> r = opt_.function(batch);
+    if (r.size() != n) {
+      for (std::string& e : out.errors) e = str("the function returned ", r.size(), " rewards for ", n, " samples");
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        if (std::isfinite(r[i]))
+          out.rewards[i] = r[i];
+        else
+          out.errors[i] = str("reward ", r[i], " is not finite");
+      }
+    }
+  } catch (const std::exception& e) {
+    for (std::string& err : out.errors) err = str("the function raised: ", e.what());
+  }
+  account(batch, out);
+  return out;
+}
 
 RewardProgram::~RewardProgram() = default;
 
@@ -130,10 +153,12 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   const size_t n = batch.size();
   RewardBatch out{std::vector<double>(n, 0.0), std::vector<std::string>(n), 0, {}};
   if (n == 0) return out;
+  if (!proc_) return score_function(batch);
+  ChildProcess& proc = *proc_;
   // Lines written after the last batch was complete answer nothing here.
   auto stray = [&](const std::string& why) { out.stray.push_back(why); };
   {
-    std::istringstream left(proc_.take_leftover());
+    std::istringstream left(proc.take_leftover());
     for (std::string line; std::getline(left, line);)
       if (line.find_first_not_of(" \t\r") != std::string::npos)
         stray(str("line ", quoted(line), " came after the previous batch was answered"));
@@ -208,7 +233,7 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
     }
     return id_count + ordered_count() >= n;
   };
-  const std::string failure = proc_.exchange(send, opt_.timeout_s, on_line);
+  const std::string failure = proc.exchange(send, opt_.timeout_s, on_line);
   auto has_text_line = [&] {
     for (const Line& l : seq)
       if (!l.reply_like) return true;
@@ -217,7 +242,7 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
   const bool in_doubt = !ids_seen && has_text_line();
   if (in_doubt && failure.empty()) {
     // One more line within the grace means a line that was no reply was extra (a banner), not a reply gone wrong.
-    proc_.exchange("", std::min(opt_.timeout_s, kOrderGraceS), [&](const std::string& line) {
+    proc.exchange("", std::min(opt_.timeout_s, kOrderGraceS), [&](const std::string& line) {
       seq.push_back(line_of(line));
       return true;
     });
@@ -263,7 +288,14 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
     stray(str("reply ", quoted(matched[k]->text), " has no id and every request of the batch was answered"));
   // A line that was no reply took a sample's place: had it been a stray line after all, the reply it displaced
   // would come later and be read as the next batch's first; start the program afresh instead.
-  if (took_place) proc_.stop();
+  if (took_place) proc.stop();
+  account(batch, out);
+  return out;
+}
+
+void RewardProgram::account(const std::vector<RewardRequest>& batch, RewardBatch& out) {
+  const size_t n = batch.size();
+  const char* what = opt_.function ? "reward function" : "reward program";
   for (size_t i = 0; i < n; ++i)
     if (!out.errors[i].empty()) {
       out.rewards[i] = 0;
@@ -277,15 +309,14 @@ RewardBatch RewardProgram::score(const std::vector<RewardRequest>& batch) {
     size_t first = 0;
     while (first < n && out.errors[first].empty()) ++first;
     std::string msg =
-        first < n ? str("reward program: ", out.failures, " of ", n, " samples without a reward; sample ", first, ": ",
+        first < n ? str(what, ": ", out.failures, " of ", n, " samples without a reward; sample ", first, ": ",
                         out.errors[first], " (response: '", batch[first].response.substr(0, 80), "')")
-                  : str("reward program: ", out.stray.front());
+                  : str(what, ": ", out.stray.front());
     if (first < n && !out.stray.empty()) msg += str("; and ", out.stray.size(), " stray line(s): ", out.stray.front());
     tally_.note(msg);
     if (opt_.stop_on_error) MT_THROW(msg);
     log_info("warning: ", msg, first < n ? "; they get reward 0" : "");
   }
-  return out;
 }
 
 }  // namespace mt::rl

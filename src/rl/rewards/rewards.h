@@ -17,6 +17,8 @@
 // samples get reward 0 (or the call throws, RewardProgramOptions::stop_on_error); a dead or late program is
 // restarted for the next batch, and nothing ever waits past the deadline.
 #pragma once
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -42,6 +44,10 @@ struct RewardProgramOptions {
   std::string command;    // run with /bin/sh -c; its first word must name an executable
   double timeout_s = 60;  // per batch
   bool stop_on_error = false;
+  // In-process instead (the Python API's reward function; `command` then only names it in messages): one call
+  // per batch, one reward per request. An exception, a result of the wrong count or a non-finite reward fails
+  // the samples it concerns, with the same policy and tally as a program's failures; no deadline.
+  std::function<std::vector<double>(const std::vector<RewardRequest>&)> function;
 };
 
 struct RewardBatch {
@@ -61,14 +67,18 @@ class RewardProgram {
   RewardProgram& operator=(const RewardProgram&) = delete;
 
   RewardBatch score(const std::vector<RewardRequest>& batch);
-  int64_t restarts() const { return proc_.restarts(); }
+  int64_t restarts() const { return proc_ ? proc_->restarts() : 0; }
   // Every batch's failures and stray lines over the program's life.
   const FailureTally& tally() const { return tally_; }
   const std::string& command() const { return opt_.command; }
 
  private:
+  RewardBatch score_function(const std::vector<RewardRequest>& batch);
+  // The batch's failures into the tally, logged (or thrown under stop_on_error).
+  void account(const std::vector<RewardRequest>& batch, RewardBatch& out);
+
   RewardProgramOptions opt_;
-  ChildProcess proc_;
+  std::unique_ptr<ChildProcess> proc_;  // null for an in-process function
   FailureTally tally_;
 };
 
