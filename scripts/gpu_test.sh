@@ -9,7 +9,11 @@ cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 regex=${2:-.}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > "$build.configure.log" 2>&1 \
+# The Python module too when nanobind is there (.deps/pip, or the machine's Python).
+python_module=OFF
+if [ -f .deps/pip/nanobind/cmake/nanobind-config.cmake ] || python3 -c "import nanobind" 2>/dev/null; then python_module=ON; fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMT_BUILD_TESTS=ON \
+  -DMT_PYTHON=$python_module > "$build.configure.log" 2>&1 \
   || { cat "$build.configure.log"; exit 1; }
 grep "moetrain:" "$build.configure.log" || true
 cmake --build "$build" -j "$(nproc)" 2>&1 | grep -E "error|warning: .*(unused|uninit)" || true
