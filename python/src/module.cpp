@@ -743,7 +743,13 @@ std::string decode(const Model& m, const std::vector<int32_t>& ids, bool skip_sp
     }
     return m.tok->decode(u, skip_special);
   }
-  if (m.char_vocab) return CharTokenizer().decode(std::vector<int64_t>(ids.begin(), ids.end()), skip_special);
+  if (m.char_vocab) {  // the demo's characters; an id of the padded vocabulary beyond them has none (U+FFFD)
+    std::string out;
+    const CharTokenizer ct;
+    for (int32_t id : ids)
+      out += id >= 0 && id < CharTokenizer::kVocabSize ? ct.decode({int64_t(id)}, skip_special) : "\xEF\xBF\xBD";
+    return out;
+  }
   throw nb::value_error(str("decode: ", m.source, " has no tokenizer.json").c_str());
 }
 

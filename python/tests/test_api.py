@@ -205,3 +205,14 @@ def test_text_in_and_out(text_model_dir):
     assert m.decode(ids) == "What is 2 + 2?"
     out = m.sampler.sample(["What is 2 + 2?"], n=2, max_new_tokens=5, seed=1)
     assert all(isinstance(s.text, str) for s in out[0])
+
+
+def test_demo_vocabulary_text():
+    """The demo's character vocabulary (no tokenizer.json): encode, decode, and ids beyond its characters (the
+    vocabulary is padded to 32) decode as U+FFFD instead of failing the sample."""
+    m = mt.Model("demo", device="cpu", seed=1)
+    ids = m.encode("12+34=")
+    assert m.decode(ids) == "12+34="
+    assert m.decode([ids[0], 30]) == "1\ufffd"
+    out = m.sampler.sample([[1] + ids], n=4, max_new_tokens=8, seed=2)
+    assert all(isinstance(s.text, str) for s in out[0])
