@@ -24,7 +24,7 @@ test: build
 	  if [ "$$n" != 0 ]; then echo "$$n GPU tests skipped: no GPU (run scripts/gpu_test.sh on a GPU machine)"; fi
 	rm -rf $(BUILD)/venv && python3 -m venv $(BUILD)/venv
 	$(BUILD)/venv/bin/pip install -q --config-settings=build-dir=$(BUILD) ".[test]"
-	$(BUILD)/venv/bin/python -m pytest -q python/tests examples/python
+	MOETRAIN_BIN=$(abspath $(BUILD))/moetrain $(BUILD)/venv/bin/python -m pytest -q python/tests examples/python
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

@@ -198,7 +198,11 @@ TEST(GoldenGradsCommand, WritesWhatTransformersComputes) {
     const std::string dir = kGoldens + c;
     std::string out = (fs::temp_directory_path() / ("moetrain_grads_" + std::string(c) + std::to_string(getpid()) +
                                                     ".safetensors")).string();
-    GradsOptions opt{dir, dir + "/batch.safetensors", out, Recompute::Full};
+    GradsOptions opt;
+    opt.model_dir = dir;
+    opt.batch_path = dir + "/batch.safetensors";
+    opt.out_path = out;
+    opt.recompute = Recompute::Full;
     run_grads(opt);
     SafetensorsFile got(out), exp(dir + "/expected.safetensors");
     std::set<std::string> want_names;

@@ -438,7 +438,7 @@ TEST(RlRolloutBatch, PackedRolloutsGiveTheEnginesLogprobsInTheTrainer) {
   const std::vector<GeneratedSample> gen = engine.generate(reqs);
   std::vector<RolloutSample> samples;
   for (const GeneratedSample& g : gen)
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
   PackedRollouts p = pack_rollouts(samples, c.num_experts_per_tok);
   ASSERT_EQ(p.mb.input_ids.size(0), 6);
   PassOptions po;

@@ -60,7 +60,7 @@ std::vector<RolloutSample> sample_at(Qwen3MoeModel& m, float T) {
   RolloutEngine engine(m, eo);
   std::vector<RolloutSample> samples;
   for (const GeneratedSample& g : engine.generate(reqs))
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
   return samples;
 }
 
@@ -268,7 +268,7 @@ TEST(RlUpdate, OneMiniBatchOneEpochEqualsTheSingleUpdateAndMicroBatchesAccumulat
   std::vector<RolloutSample> samples;
   int64_t tokens = 0;
   for (const GeneratedSample& g : gen) {
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
     tokens += int64_t(g.tokens.size());
   }
   PackedRollouts p = pack_rollouts(samples, b.s->model().config().num_experts_per_tok);
@@ -545,7 +545,7 @@ RolloutGroups engine_rollouts(Rig& r, int prompts, int64_t new_tokens) {
   const std::vector<GeneratedSample> gen = r.engine->generate(reqs);
   RolloutGroups groups;
   for (const GeneratedSample& g : gen) {
-    groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing});
+    groups.samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
     groups.rewards.push_back(double(g.tokens.empty() ? 0 : g.tokens[0] % 3));
   }
   return groups;

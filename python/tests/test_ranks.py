@@ -1,0 +1,34 @@
+"""The API under launched ranks: `moetrain launch --exe python -- script.py` runs the same script on every rank
+(RANK, WORLD_SIZE, MASTER_ADDR/PORT from the launcher), Model(mesh=...) lays the model out over them, and each
+rank's sampler, loss, gradient norm and log-probs after the step equal one process's."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+BIN = os.environ.get("MOETRAIN_BIN", str(HERE.parents[1] / "build" / "moetrain"))
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [json.loads(l[l.index("{"):]) for l in r.stdout.splitlines() if '"rank"' in l]
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason=f"no moetrain binary at {BIN} (set MOETRAIN_BIN)")
+@pytest.mark.parametrize("mesh", [{"dp_shard": 2}, {"ep": 2}])
+def test_launched_ranks_equal_one_process(mesh):
+    script = str(HERE / "mesh_script.py")
+    one = run([sys.executable, script, "{}"])[0]
+    ranks = run([BIN, "launch", "--nproc-per-node", "2", "--exe", sys.executable, "--", script, json.dumps(mesh)])
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["world"] == 2
+        assert r["tokens"] == one["tokens"]
+        assert r["loss"] == pytest.approx(one["loss"], rel=1e-6)
+        assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        assert r["lp"] == pytest.approx(one["lp"], rel=1e-5)
