@@ -13,10 +13,10 @@ engine's message, bad arguments as ValueError / TypeError before any work, Ctrl-
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-import numpy as np
-
+# numpy is imported where it is used, so that importing the package (the stub generator at build time, where
+# only the build's requirements are installed) needs only the module.
 from ._moetrain import Error, __version__, _load_model, _presets
 from . import rl, tasks  # noqa: F401
 
@@ -58,11 +58,11 @@ class Sample:
 
     prompt_index: int
     sample_index: int
-    tokens: np.ndarray
-    logprobs: np.ndarray
+    tokens: Any  # numpy.ndarray
+    logprobs: Any  # numpy.ndarray
     finish_reason: str
     text: Optional[str] = None
-    routing: Optional[np.ndarray] = None
+    routing: Any = None  # numpy.ndarray or None
 
 
 def Datum(prompt, response, *, weights=None, advantages=None, logprobs=None, ref_logprobs=None, mask=None,
@@ -82,6 +82,8 @@ def Datum(prompt, response, *, weights=None, advantages=None, logprobs=None, ref
 
 
 def _ids(model: "Model", p, what: str):
+    import numpy as np
+
     if isinstance(p, str):
         return model.encode(p)
     if isinstance(p, np.ndarray):
@@ -157,6 +159,8 @@ class Trainer:
         return self._custom(list(batch), loss_fn, options)
 
     def _custom(self, batch: list, fn: LossFn, options: dict) -> dict:
+        import numpy as np
+
         temperature = float(options.get("temperature", 1.0))
         max_tokens = int(options.get("max_tokens", 8192))
         logprobs = [r["logprobs"] for r in self.forward(batch, temperature=temperature, max_tokens=max_tokens)]
