@@ -198,19 +198,18 @@ std::shared_ptr<Model> make_model(const std::string& path, const std::string& de
 }
 
 // The sampler's engine, with a KV budget for these requests (grown when a call needs more).
-RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs, bool routing) {
+RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs) {
   const int64_t need = RolloutEngine::kv_bytes_needed(m.s().model(), reqs, 16);
   if (!m.engine || need > m.engine_kv) {
     m.engine.reset();
     EngineOptions eo;
     eo.kv_cache_bytes = std::max<int64_t>(need, int64_t(64) << 20);
-    eo.record_routing = true;  // a few host bytes a token; the sample carries it when asked
+    eo.record_routing = true;  // a few host bytes a token (routing_record.h); a sample returns it when asked
     eo.on_step = [](const EngineProgress&) { SigintGuard::poll(); };
     eo.lockstep = m.s().dist().ep();
     m.engine = std::make_unique<RolloutEngine>(m.s().model(), eo);
     m.engine_kv = eo.kv_cache_bytes;
   }
-  (void)routing;
   return *m.engine;
 }
 
@@ -242,7 +241,7 @@ nb::list sample(Model& m, const std::vector<std::vector<int32_t>>& prompts, int6
   {
     nb::gil_scoped_release release;
     SigintGuard guard;
-    RolloutEngine& e = engine_for(m, reqs, routing);
+    RolloutEngine& e = engine_for(m, reqs);
     gen = e.generate(reqs);
     ++m.generate_calls;
   }
