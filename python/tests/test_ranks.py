@@ -4,6 +4,7 @@ rank's sampler, loss, gradient norm and log-probs after the step equal one proce
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -32,3 +33,18 @@ def test_launched_ranks_equal_one_process(mesh):
         assert r["loss"] == pytest.approx(one["loss"], rel=1e-6)
         assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         assert r["lp"] == pytest.approx(one["lp"], rel=1e-5)
+
+
+TORCHRUN = os.environ.get("TORCHRUN") or shutil.which("torchrun")
+
+
+@pytest.mark.skipif(not TORCHRUN, reason="no torchrun (set TORCHRUN=PATH, or install torch)")
+def test_torchrun_ranks_equal_one_process():
+    """Under torchrun (its agent's store on MASTER_PORT, ours on the next port) as under moetrain launch."""
+    script = str(HERE / "mesh_script.py")
+    one = run([sys.executable, script, "{}"])[0]
+    ranks = run([TORCHRUN, "--nproc-per-node", "2", script, json.dumps({"dp_shard": 2})])
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    for r in ranks:
+        assert r["tokens"] == one["tokens"]
+        assert r["loss"] == pytest.approx(one["loss"], rel=1e-6)

@@ -81,6 +81,13 @@ DistEnv from_torchrun(const Reader& r) {
   else if (d.world_size > 1)
     MT_THROW("MASTER_PORT is not set (needed with WORLD_SIZE = ", d.world_size, ")");
   validate(d, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", node_var, "MASTER_PORT"});
+  // torchrun's agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): ours takes the next port.
+  if (r.raw("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" && d.world_size > 1) {
+    if (d.master_port >= 65535)
+      MT_THROW("MASTER_PORT (", d.master_port, ") leaves no port after torchrun's store for moetrain's (port + 1)");
+    d.master_port += 1;
+    d.source = "torchrun";
+  }
   return d;
 }
 

@@ -51,6 +51,18 @@ TEST(DistEnv, TorchrunStyle) {
   EXPECT_EQ(d.node_rank, 1);
 }
 
+// Under torchrun the agent's own store listens on MASTER_PORT; the ranks rendezvous on the next port.
+TEST(DistEnv, UnderTorchrunTheStoreTakesTheNextPort) {
+  Env e = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"},
+           {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(detect(e).str(), "rank 1 of 2 (local 1 of 2, node 0), master h:29501, from torchrun");
+  e["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(detect(e).master_port, 29500);
+  e["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  e["MASTER_PORT"] = "65535";
+  EXPECT_NE(error_of([&] { detect(e); }).find("MASTER_PORT (65535) leaves no port"), std::string::npos);
+}
+
 TEST(DistEnv, TorchrunStyleWinsOverSlurmAndMpi) {
   Env e = {{"RANK", "1"},         {"WORLD_SIZE", "2"},   {"MASTER_ADDR", "a"},          {"MASTER_PORT", "9"},
            {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}};
