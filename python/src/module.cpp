@@ -401,7 +401,14 @@ class LinearObjective : public TokenObjective {
   }
 };
 
+void check_pass(const char* what, double temperature, int64_t max_tokens) {
+  if (!(temperature > 0))
+    throw nb::value_error(str(what, ": temperature = ", temperature, "; need > 0 (the sampler's, for its log-probs)").c_str());
+  if (max_tokens < 1) throw nb::value_error(str(what, ": max_tokens = ", max_tokens, "; need >= 1").c_str());
+}
+
 nb::list forward(Model& m, const nb::list& batch, bool entropy, double temperature, int64_t max_tokens) {
+  check_pass("forward", temperature, max_tokens);
   const std::vector<Datum> data = to_data(m, batch);
   std::vector<std::vector<float>> lps, ents;
   {
@@ -461,6 +468,7 @@ nb::dict forward_backward(Model& m, const nb::list& batch, const std::string& lo
                                 "clip_low, clip_high, dual_clip, kl_coef, kl, entropy_coef")
                                 .c_str());
   }
+  check_pass("forward_backward", temperature, max_tokens);
   const bool ce = loss == "cross_entropy", linear = loss == "linear";
   std::optional<rl::PolicyLoss> kind;
   if (!ce && !linear) {

@@ -138,6 +138,10 @@ def test_policy_losses_need_their_inputs(tiny):
         tiny.trainer.forward_backward(batch, loss="dpo")
     with pytest.raises(ValueError, match="unknown option 'clip'"):
         tiny.trainer.forward_backward(batch, loss="ppo", clip=0.2)
+    with pytest.raises(ValueError, match="temperature = 0; need > 0"):
+        tiny.trainer.forward_backward(batch, temperature=0)
+    with pytest.raises(ValueError, match="datum 0: unknown field 'advantage'"):
+        tiny.trainer.forward([dict(batch[0], advantage=[0] * 5)])
     with pytest.raises(ValueError, match="'advantages' has 2 values for 5 response tokens"):
         tiny.trainer.forward_backward([dict(batch[0], advantages=[1, 2], logprobs=[0] * 5)], loss="ppo")
 
