@@ -28,4 +28,24 @@ class DeterministicScope {
   bool prev_;
 };
 
+// The batch-invariant switch (MOETRAIN_BATCH_INVARIANT=1, or set_batch_invariant), CPU backend: every GEMM
+// computes each output row from its own input row in one fixed order (no BLAS blocking, which depends on the
+// number of rows), and the training attention computes each query row as the paged decode attention does (fp64
+// dots, softmax and weighted sum, in key order). A token's log-prob then depends on its sequence alone, not on
+// the batch around it, and the rollout engine's log-probs equal the trainer's forward on the same tokens bit for
+// bit. Slower (plain loops): for checking on-policy RL and for tests. The CUDA backend does not read it yet.
+bool batch_invariant();
+void set_batch_invariant(bool on);
+
+class BatchInvariantScope {
+ public:
+  explicit BatchInvariantScope(bool on);
+  ~BatchInvariantScope();
+  BatchInvariantScope(const BatchInvariantScope&) = delete;
+  BatchInvariantScope& operator=(const BatchInvariantScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace mt

@@ -16,6 +16,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 // The build's BLAS: gemm_openblas.cpp or gemm_noblas.cpp (checked arguments, K > 0, M, N > 0).
 void sgemm_backend(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                    const float* B, int ldb, float beta, float* C, int ldc);
+// The same in plain loops: each row of C from its own row of A, k in order (no blocking), so a row's bits do not
+// depend on M: the build without a BLAS, and the batch-invariant mode (core/determinism.h).
+void sgemm_rows(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                int ldb, float beta, float* C, int ldc);
 // Threads the BLAS may use (0 = its default); a no-op without a threaded BLAS.
 void set_blas_threads(int threads);
 const char* blas_name();
