@@ -3,6 +3,7 @@
 // line; bad options are errors before any work (none of these runs loads or trains a model).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -113,6 +114,29 @@ TEST(GrpoCli, PpoRunsWithACriticAndReportsTheValueLoss) {
     EXPECT_GT(j.at("critic_values_tokens_per_s").get<double>(), 0) << j;
     EXPECT_GT(j.at("critic_update_tokens_per_s").get<double>(), 0) << j;
   }
+}
+
+// --true-on-policy (the CPU's batch-invariant mode, docs/rl.md): the rollout/trainer log-prob mismatch the step
+// measures is exactly 0 at every step; without it, the same run's is not (a few 1e-7).
+TEST(GrpoCli, TrueOnPolicyMakesTheRolloutTrainerMismatchZero) {
+  double without = 0;
+  for (const bool on : {false, true}) {
+    const std::string out = tmp_path("grpocli", on ? "top_on" : "top_off");
+    const ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+                          "/tiny --steps 3 --prompts-per-step 2 --n 4 --min-digits 1 --max-digits 2 --eval-problems 4 "
+                          "--dynamic-sampling off --temperature 1 --run-dir " +
+                          out + (on ? " --true-on-policy" : ""));
+    ASSERT_EQ(r.code, 0) << r.out;
+    const std::vector<nlohmann::json> steps = read_step_metrics(out + "/metrics.jsonl");
+    ASSERT_EQ(steps.size(), 3u);
+    for (const nlohmann::json& j : steps) {
+      if (on)
+        EXPECT_EQ(j.at("logprob_diff_max").get<double>(), 0.0) << j;
+      else
+        without = std::max(without, j.at("logprob_diff_max").get<double>());
+    }
+  }
+  EXPECT_GT(without, 0.0) << "the test needs the default mode to differ";
 }
 
 // Each --advantage value reaches the loop as itself (`process` once ran as `position`: the default's

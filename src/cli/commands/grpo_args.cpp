@@ -324,6 +324,9 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   cli::add_device_options(opt, dev);
   opt.add("deterministic", &deterministic,
           "CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's top-p is not covered)");
+  opt.add("true-on-policy", &a.true_on_policy,
+          "CPU: batch-invariant kernels, so the rollout's log-probs equal the trainer's bit for bit (docs/rl.md; "
+          "slower: plain loops instead of BLAS)");
   cli::add_mesh_options(opt, mesh);
   opt.add("comm-timeout-s", &comm_timeout_s, "seconds before a stuck collective is an error naming it").at_least(1);
   if (!opt.parse(args)) {

@@ -33,6 +33,7 @@ struct GrpoArgs {
   cli::DeviceOptions dev;
   double sft_seconds = 0, reward_timeout = 60, comm_timeout_s = 300;
   bool reward_stop = false, deterministic = false;
+  bool true_on_policy = false;  // the CPU's batch-invariant mode (core/determinism.h)
   rl::addition::Task task;
   bool use_reference = true;
   rl::addition::Reward reward_kind = rl::addition::Reward::Digits;
