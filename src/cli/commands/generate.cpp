@@ -20,6 +20,7 @@
 #include "cli/common_options.h"
 #include "comm/gather_words.h"
 #include "core/cli_args.h"
+#include "core/determinism.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/options.h"
@@ -132,6 +133,10 @@ int generate_main(const std::vector<std::string>& args) {
   opt.add("kv-cache-fraction", &kv_fraction, "the share of free memory for the KV cache").above(0).at_most(1);
   opt.add("block-size", &eo.block_size, "tokens per KV-cache block").at_least(1);
   opt.add("max-running", &eo.max_running, "sequences decoded together at most").at_least(1);
+  bool true_on_policy = false;
+  opt.add("true-on-policy", &true_on_policy,
+          "CPU: batch-invariant kernels: a sample's tokens and log-probs do not depend on the batch around it, and "
+          "equal the trainer's forward bit for bit (docs/rl.md)");
   cli::add_device_options(opt, dev);
   cli::add_mesh_options(opt, mesh, {.replicate = false, .tp = false, .sp = false});
   if (!opt.parse(args)) {
@@ -148,6 +153,12 @@ int generate_main(const std::vector<std::string>& args) {
   }
   validate_sampling_params(base.sampling);
   const Device device = cli::apply_device_options(dev);
+  if (true_on_policy) {
+    if (device == Device::CUDA)
+      MT_THROW("generate: --true-on-policy runs on the CPU only (the CUDA kernels are not batch-invariant yet); "
+               "use --device cpu");
+    set_batch_invariant(true);
+  }
   const int dp_shard = mesh.dp_shard, ep = mesh.ep;
 
   ModelConfig cfg = load_model_config(model_dir);
