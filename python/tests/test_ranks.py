@@ -14,8 +14,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 BIN = os.environ.get("MOETRAIN_BIN", str(HERE.parents[1] / "build" / "moetrain"))
 
 
-def run(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     return [json.loads(l[l.index("{"):]) for l in r.stdout.splitlines() if '"rank"' in l]
 
@@ -48,3 +48,19 @@ def test_torchrun_ranks_equal_one_process():
     for r in ranks:
         assert r["tokens"] == one["tokens"]
         assert r["loss"] == pytest.approx(one["loss"], rel=1e-6)
+
+
+@pytest.mark.skipif(not os.path.exists(BIN), reason=f"no moetrain binary at {BIN} (set MOETRAIN_BIN)")
+@pytest.mark.parametrize("mesh", [{"dp_shard": 2}, {"ep": 2}])
+def test_batch_invariant_ranks_give_one_process_log_probs_bit_for_bit(mesh):
+    """MOETRAIN_BATCH_INVARIANT=1 (docs/rl.md "Bit-equal rollout and trainer log-probs"): under dp_shard and ep
+    the trainer's log-probs and the sampler's equal one process's bit for bit, and the trainer's equal the
+    sampler's on the sampled tokens."""
+    env = dict(os.environ, MOETRAIN_BATCH_INVARIANT="1")
+    script = str(HERE / "mesh_script.py")
+    one = run([sys.executable, script, "{}"], env)[0]
+    ranks = run([BIN, "launch", "--nproc-per-node", "2", "--exe", sys.executable, "--", script, json.dumps(mesh)], env)
+    for r in ranks:
+        assert r["tokens"] == one["tokens"]
+        assert r["sample_lp"] == one["sample_lp"]
+        assert r["lp0"] == one["lp0"]
