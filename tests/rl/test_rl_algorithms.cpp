@@ -414,20 +414,10 @@ TEST(RlPolicyLoss, GspoUsesTheSequenceRatioForEveryToken) {
   EXPECT_EQ(om.metrics().tokens, 4) << "a token of weight 0 is not a trained token of the metrics";
 }
 
-// The engine → trainer hand-off: samples generated with the routing record, packed into one micro-batch
-// and run through the trainer's forward with the replay, have the engine's log-probs (fp32 CPU: the
-// rollout/trainer mismatch is rounding only), the padding and prompts carry no target, and a policy
-// update through PolicyObjective runs on the packed batch with finite, non-zero gradients.
-// The batch-invariant mode (core/determinism.h) on the CPU: the engine's log-probs equal the trainer's forward on
-// the same tokens bit for bit, with the routing the trainer chooses itself (no replay); a sample's trainer
-// log-probs alone equal those in the batch; and a request generated alone gives the same tokens and log-probs
-// as among others. Without the mode the same run differs in the last bits (about 1 token in 10 by one ulp).
-TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
-  BatchInvariantScope invariant(true);
-  ModelConfig c = preset_model_config("tiny");
-  c.eos_token_id = -1;
-  Qwen3MoeModel m(c);
-  init_weights(c, m.table(), m.params(), 21);
+namespace {
+
+// Three prompts of the tiny model's vocabulary (4, 7, 10 tokens), two samples each at T = 1, 5-9 new tokens.
+std::vector<GenerateRequest> three_requests(const ModelConfig& c) {
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 3; ++i) {
     GenerateRequest r;
@@ -438,6 +428,22 @@ TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
     r.sampling.seed = uint64_t(i);
     reqs.push_back(r);
   }
+  return reqs;
+}
+
+}  // namespace
+
+// The batch-invariant mode (core/determinism.h) on the CPU: the engine's log-probs equal the trainer's forward on
+// the same tokens bit for bit, with the routing the trainer chooses itself (no replay); a sample's trainer
+// log-probs alone equal those in the batch; and a request generated alone gives the same tokens and log-probs
+// as among others. Without the mode the same run differs in the last bits (about 1 token in 10 by one ulp).
+TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
+  BatchInvariantScope invariant(true);
+  ModelConfig c = preset_model_config("tiny");
+  c.eos_token_id = -1;
+  Qwen3MoeModel m(c);
+  init_weights(c, m.table(), m.params(), 21);
+  const std::vector<GenerateRequest> reqs = three_requests(c);
   EngineOptions eo;
   eo.kv_cache_bytes = 16 << 20;
   eo.block_size = 4;
@@ -474,21 +480,16 @@ TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
   }
 }
 
+// The engine → trainer hand-off: samples generated with the routing record, packed into one micro-batch
+// and run through the trainer's forward with the replay, have the engine's log-probs (fp32 CPU: the
+// rollout/trainer mismatch is rounding only), the padding and prompts carry no target, and a policy
+// update through PolicyObjective runs on the packed batch with finite, non-zero gradients.
 TEST(RlRolloutBatch, PackedRolloutsGiveTheEnginesLogprobsInTheTrainer) {
   ModelConfig c = preset_model_config("tiny");
   c.eos_token_id = -1;
   Qwen3MoeModel m(c);
   init_weights(c, m.table(), m.params(), 21);
-  std::vector<GenerateRequest> reqs;
-  for (int i = 0; i < 3; ++i) {
-    GenerateRequest r;
-    for (int t = 0; t < 4 + 3 * i; ++t) r.prompt.push_back(int32_t((i * 37 + t * 11 + 5) % c.vocab_size));
-    r.max_new_tokens = 5 + 2 * i;
-    r.n = 2;
-    r.sampling.temperature = 1.0f;
-    r.sampling.seed = uint64_t(i);
-    reqs.push_back(r);
-  }
+  const std::vector<GenerateRequest> reqs = three_requests(c);
   EngineOptions eo;
   eo.kv_cache_bytes = 16 << 20;
   eo.block_size = 4;
