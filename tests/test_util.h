@@ -2,6 +2,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -27,6 +29,17 @@ std::string error_of(F&& f) {
 inline bool same_bits(const Tensor& a, const Tensor& b) {
   const Tensor x = a.is_cpu() ? a : a.to(Device::CPU), y = b.is_cpu() ? b : b.to(Device::CPU);
   return x.shape() == y.shape() && x.dtype() == y.dtype() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+// ||a - b|| / ||b|| over two host f32 tensors of b's size (a zero b makes any difference fail a tolerance).
+inline double rel_l2(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = double(a.data<float>()[i]) - b.data<float>()[i];
+    num += d * d;
+    den += double(b.data<float>()[i]) * b.data<float>()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 // A host f32 tensor of N(0, std^2) draws.

@@ -13,6 +13,7 @@
 #include "model/qwen3_moe.h"
 #include "ops/ops.h"
 #include "model/fd_check.h"
+#include "test_util.h"
 
 using namespace mt;
 
@@ -29,15 +30,7 @@ void init(Qwen3MoeModel& m, uint64_t seed) {
   init_weights(m.config(), m.table(), m.params(), seed);
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data<float>()[i]) - b.data<float>()[i];
-    num += d * d;
-    den += double(b.data<float>()[i]) * b.data<float>()[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testutil::rel_l2;
 
 // L = sum_t v_t logp_t + beta H_t over targets, v from the micro-batch's first token value: the form of
 // a policy-gradient loss with an entropy bonus.

@@ -24,6 +24,7 @@
 #include "rl/policy_loss.h"
 #include "rl/rl_test_util.h"
 #include "rl/rollout_batch.h"
+#include "test_util.h"
 
 using namespace mt;
 using namespace mt::rl;
@@ -31,15 +32,7 @@ using namespace mt::rltest;
 
 namespace {
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data<float>()[i]) - b.data<float>()[i];
-    num += d * d;
-    den += double(b.data<float>()[i]) * b.data<float>()[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testutil::rel_l2;
 
 // Ids as text "5 6 7" and back: a codec for the tiny model's vocabulary.
 TurnCodec number_codec() {

@@ -33,6 +33,7 @@
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
+#include "test_util.h"
 
 using namespace mt;
 using namespace mt::rl;
@@ -91,15 +92,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return d;
 }
 
-double rel_l2(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = double(a.data<float>()[i]) - b.data<float>()[i];
-    num += d * d;
-    den += double(b.data<float>()[i]) * b.data<float>()[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
+using testutil::rel_l2;
 
 }  // namespace
 
