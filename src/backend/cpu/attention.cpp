@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cpu/attention_row.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/gemm.h"
 #include "core/determinism.h"
@@ -84,32 +85,16 @@ void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_T
   float* out = out_THHd.data<float>();
   float* lse = lse_TH.data<float>();
   if (batch_invariant()) {
-    // Each query row as paged_attention_fwd computes it (fp64 dots, softmax and weighted sum, keys in order): the
-    // training forward equals the rollout engine's, bit for bit (core/determinism.h).
-    std::vector<double> w(static_cast<size_t>(S)), acc(static_cast<size_t>(Hd));
+    // Each query row through paged_attention_fwd's own function (attend_row): the training forward equals the
+    // rollout engine's, bit for bit (core/determinism.h).
+    std::vector<double> w, acc;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < S; ++i) {
           const int64_t g = h / group, j0 = first[size_t(b * S + i)];
-          const float* qh = q + (b * S + i) * ldq + h * Hd;
-          double mx = -std::numeric_limits<double>::infinity();
-          for (int64_t j = j0; j <= i; ++j) {
-            const float* kj = k + (b * S + j) * ldk + g * Hd;
-            double dot = 0;
-            for (int64_t e = 0; e < Hd; ++e) dot += double(qh[e]) * double(kj[e]);
-            w[size_t(j)] = dot * (1.0 / std::sqrt(double(Hd)));
-            mx = std::max(mx, w[size_t(j)]);
-          }
-          double sum = 0;
-          for (int64_t j = j0; j <= i; ++j) sum += (w[size_t(j)] = std::exp(w[size_t(j)] - mx));
-          std::fill(acc.begin(), acc.end(), 0.0);
-          for (int64_t j = j0; j <= i; ++j) {
-            const float* vj = v + (b * S + j) * ldk + g * Hd;
-            for (int64_t e = 0; e < Hd; ++e) acc[size_t(e)] += w[size_t(j)] * double(vj[e]);
-          }
-          float* oh = out + (b * S + i) * ldq + h * Hd;
-          for (int64_t e = 0; e < Hd; ++e) oh[e] = float(acc[size_t(e)] / sum);
-          lse[(b * S + i) * H + h] = float(mx + std::log(sum));
+          lse[(b * S + i) * H + h] = float(attend_row(
+              q + (b * S + i) * ldq + h * Hd, i - j0 + 1, Hd, [&](int64_t j) { return k + (b * S + j0 + j) * ldk + g * Hd; },
+              [&](int64_t j) { return v + (b * S + j0 + j) * ldk + g * Hd; }, w, acc, out + (b * S + i) * ldq + h * Hd));
         }
     return;
   }

@@ -1,10 +1,11 @@
-// CPU paged KV cache: the reference for the CUDA kernels and the CPU engine. Scores and the softmax
-// in double (one pass for the maximum, one for the weights), the output rounded once to f32.
+// CPU paged KV cache: the reference for the CUDA kernels and the CPU engine. Each query row through attend_row
+// (attention_row.h): scores and the softmax in double, the output rounded once to f32.
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <vector>
 
+#include "backend/cpu/attention_row.h"
 #include "backend/cpu/cpu_ops.h"
 
 namespace mt::cpu {
@@ -30,13 +31,11 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
   for (const Tensor* t : std::initializer_list<const Tensor*>{&block_table_BM, &seq_N, &pos_N}) check_dtype(*t, DType::I32, "paged_attention_fwd");
   const int64_t N = q_NHD.size(0), H = q_NHD.size(1), Hd = q_NHD.size(2), G = k_cache_SGD.size(1);
   const int64_t S = k_cache_SGD.size(0), B = block_table_BM.size(0), M = block_table_BM.size(1), group = H / G;
-  const double scale = 1.0 / std::sqrt(double(Hd));
   const float* q = q_NHD.data<float>();
   const float* kc = k_cache_SGD.data<float>();
   const float* vc = v_cache_SGD.data<float>();
   float* out = out_NHD.data<float>();
-  std::vector<double> w;
-  std::vector<double> acc(static_cast<size_t>(Hd));
+  std::vector<double> w, acc;
   std::vector<int64_t> slots;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = seq_N.data<int32_t>()[n], pos = pos_N.data<int32_t>()[n];
@@ -52,27 +51,11 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
         MT_THROW("paged_attention_fwd: block ", blk, " (position ", p, " of sequence ", b, ") is outside the cache");
       slots[size_t(p)] = s;
     }
-    w.resize(size_t(pos + 1));
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / group;
-      const float* qh = q + (n * H + h) * Hd;
-      double mx = -INFINITY;
-      for (int64_t p = 0; p <= pos; ++p) {
-        const float* kp = kc + (slots[size_t(p)] * G + g) * Hd;
-        double d = 0;
-        for (int64_t i = 0; i < Hd; ++i) d += double(qh[i]) * double(kp[i]);
-        w[size_t(p)] = d * scale;
-        mx = std::max(mx, w[size_t(p)]);
-      }
-      double sum = 0;
-      for (int64_t p = 0; p <= pos; ++p) sum += (w[size_t(p)] = std::exp(w[size_t(p)] - mx));
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t p = 0; p <= pos; ++p) {
-        const float* vp = vc + (slots[size_t(p)] * G + g) * Hd;
-        for (int64_t i = 0; i < Hd; ++i) acc[size_t(i)] += w[size_t(p)] * double(vp[i]);
-      }
-      float* oh = out + (n * H + h) * Hd;
-      for (int64_t i = 0; i < Hd; ++i) oh[i] = float(acc[size_t(i)] / sum);
+      attend_row(
+          q + (n * H + h) * Hd, pos + 1, Hd, [&](int64_t p) { return kc + (slots[size_t(p)] * G + g) * Hd; },
+          [&](int64_t p) { return vc + (slots[size_t(p)] * G + g) * Hd; }, w, acc, out + (n * H + h) * Hd);
     }
   }
 }
