@@ -30,6 +30,7 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/objective.h"
+#include "rl/env/env_program.h"
 #include "rl/grpo.h"
 #include "rl/grpo_checkpoint.h"
 #include "rl/policy_loss.h"
@@ -125,6 +126,7 @@ struct Model {
   bool char_vocab = false;       // the demo's character vocabulary (no tokenizer.json)
   std::unique_ptr<RolloutEngine> engine;
   int64_t engine_kv = 0;
+  bool engine_routing = false;  // the engine records the routing
   std::optional<AdamWConfig> adam;
   int64_t generate_calls = 0;
 
@@ -197,14 +199,16 @@ std::shared_ptr<Model> make_model(const std::string& path, const std::string& de
   return m;
 }
 
-// The sampler's engine, with a KV budget for these requests (grown when a call needs more).
-RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs) {
+// The sampler's engine, with a KV budget for these requests (grown when a call needs more), recording the routing
+// once a call asks for it (host bytes per token and layer: routing_record.h).
+RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs, bool routing) {
   const int64_t need = RolloutEngine::kv_bytes_needed(m.s().model(), reqs, 16);
-  if (!m.engine || need > m.engine_kv) {
+  if (!m.engine || need > m.engine_kv || (routing && !m.engine_routing)) {
     m.engine.reset();
     EngineOptions eo;
-    eo.kv_cache_bytes = std::max<int64_t>(need, int64_t(64) << 20);
-    eo.record_routing = true;  // a few host bytes a token (routing_record.h); a sample returns it when asked
+    eo.kv_cache_bytes = std::max<int64_t>(need, m.engine_kv > 0 ? m.engine_kv : int64_t(64) << 20);
+    eo.record_routing = routing || m.engine_routing;
+    m.engine_routing = eo.record_routing;
     eo.on_step = [](const EngineProgress&) { SigintGuard::poll(); };
     eo.lockstep = m.s().dist().ep();
     m.engine = std::make_unique<RolloutEngine>(m.s().model(), eo);
@@ -241,7 +245,7 @@ nb::list sample(Model& m, const std::vector<std::vector<int32_t>>& prompts, int6
   {
     nb::gil_scoped_release release;
     SigintGuard guard;
-    RolloutEngine& e = engine_for(m, reqs);
+    RolloutEngine& e = engine_for(m, reqs, routing);
     gen = e.generate(reqs);
     ++m.generate_calls;
   }
@@ -762,7 +766,10 @@ std::string decode(const Model& m, const std::vector<int32_t>& ids, bool skip_sp
 
 // ---- the GRPO loop: `moetrain grpo` with Python's reward function and environment in-process ----
 
-// An Environment over a Python object with init(episodes) and step(turns), both batched (lists of dicts).
+// An Environment over a Python object with init(episodes) and step(turns), both batched (lists of dicts): the
+// protocol's requests and replies (rl/env/env_program.h) as Python objects, checked as a program's are. Kept
+// from before the shared checks: a step without "done" ends the episode, and observations may be one string
+// (the user's turn).
 class PyEnvironment : public rl::Environment {
  public:
   explicit PyEnvironment(nb::object obj) : obj_(std::move(obj)) {}
@@ -772,19 +779,15 @@ class PyEnvironment : public rl::Environment {
     std::vector<rl::EnvInitResult> out(episodes.size());
     try {
       nb::list eps;
-      for (const rl::EnvEpisode& e : episodes) {
-        nb::dict d;
-        d["id"] = e.id;
-        d["prompt"] = e.prompt;
-        d["messages"] = json_to_py(e.messages);
-        d["metadata"] = json_to_py(e.metadata);
-        eps.append(d);
-      }
-      nb::object r = obj_.attr("init")(eps);
+      for (const rl::EnvEpisode& e : episodes) eps.append(request(rl::init_request(e)));
       size_t i = 0;
-      for (nb::handle x : r) {
+      for (nb::handle x : obj_.attr("init")(eps)) {
         if (i >= out.size()) break;
-        if (!x.is_none()) out[i].observations = observations(x);
+        if (!x.is_none()) {
+          nlohmann::json reply = nlohmann::json::object();
+          reply["observations"] = observations(py_to_json(x));
+          out[i].error = rl::parse_observations(reply, out[i].observations);
+        }
         ++i;
       }
       if (i != out.size())
@@ -799,38 +802,18 @@ class PyEnvironment : public rl::Environment {
     std::vector<rl::EnvStepResult> out(turns.size());
     try {
       nb::list ts;
-      for (const rl::EnvTurn& t : turns) {
-        nb::dict d;
-        d["id"] = t.id;
-        d["turn"] = t.turn;
-        d["text"] = t.text;
-        d["ids"] = t.ids;
-        d["finish_reason"] = t.finish_reason;
-        if (t.tool_call) {
-          nb::dict c;
-          c["name"] = t.tool_call->name;
-          c["arguments"] = json_to_py(t.tool_call->arguments);
-          d["tool_call"] = c;
-        } else {
-          d["tool_call"] = nb::none();
-        }
-        d["tool_call_error"] = t.tool_call_error;
-        ts.append(d);
-      }
-      nb::object r = obj_.attr("step")(ts);
+      for (const rl::EnvTurn& t : turns) ts.append(request(rl::step_request(t)));
       size_t i = 0;
-      for (nb::handle x : r) {
+      for (nb::handle x : obj_.attr("step")(ts)) {
         if (i >= out.size()) break;
         rl::EnvStepResult& s = out[i++];
-        nb::dict d = nb::cast<nb::dict>(x);
-        if (!d.contains("reward")) {
-          s.error = "the step result has no 'reward'";
-          continue;
+        nlohmann::json reply = py_to_json(x);
+        if (reply.is_object()) {
+          if (!reply.contains("done")) reply["done"] = true;
+          if (reply.contains("observations")) reply["observations"] = observations(reply["observations"]);
         }
-        s.reward = nb::cast<double>(d["reward"]);
-        s.done = d.contains("done") ? nb::cast<bool>(d["done"]) : true;
-        if (d.contains("observations") && !d["observations"].is_none()) s.observations = observations(d["observations"]);
-        if (d.contains("metadata") && !d["metadata"].is_none()) s.metadata = py_to_json(d["metadata"]);
+        s.error = reply.is_object() ? rl::parse_step_reply(reply, s)
+                                    : str("the step result is ", reply.dump(), ", not a dict");
       }
       if (i != out.size())
         for (auto& o : out) o.error = str("step returned ", i, " results for ", turns.size(), " turns");
@@ -856,20 +839,14 @@ class PyEnvironment : public rl::Environment {
   }
 
  private:
-  static std::vector<rl::EnvObservation> observations(nb::handle h) {
-    std::vector<rl::EnvObservation> out;
-    if (nb::isinstance<nb::str>(h)) {
-      out.push_back({"user", nb::cast<std::string>(h)});
-      return out;
-    }
-    for (nb::handle o : h) {
-      nb::dict d = nb::cast<nb::dict>(o);
-      rl::EnvObservation x;
-      if (d.contains("role")) x.role = nb::cast<std::string>(d["role"]);
-      x.content = nb::cast<std::string>(d["content"]);
-      out.push_back(std::move(x));
-    }
-    return out;
+  // A request as the object's argument: the protocol's fields but "type" (the method says it).
+  static nb::object request(nlohmann::json j) {
+    j.erase("type");
+    return json_to_py(j);
+  }
+  // One string is the user's turn.
+  static nlohmann::json observations(const nlohmann::json& o) {
+    return o.is_string() ? nlohmann::json::array({{{"role", "user"}, {"content", o}}}) : o;
   }
   nb::object obj_;
 };

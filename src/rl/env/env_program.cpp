@@ -26,6 +26,29 @@ std::string shown(const json& v) {
 }
 
 // "observations": absent, null or a list of {"role": "user" | "tool", "content": string}; "" or what is wrong.
+EnvProgramOptions checked(EnvProgramOptions opt) {
+  if (!(opt.timeout_s > 0)) MT_THROW(kWhat, ": the timeout (", opt.timeout_s, " s) must be > 0");
+  return opt;
+}
+
+}  // namespace
+
+json init_request(const EnvEpisode& e) {
+  return json{{"id", e.id}, {"type", "init"}, {"prompt", e.prompt}, {"messages", e.messages}, {"metadata", e.metadata}};
+}
+
+json step_request(const EnvTurn& t) {
+  return json{
+      {"id", t.id},
+      {"type", "step"},
+      {"turn", t.turn},
+      {"text", t.text},
+      {"ids", t.ids},
+      {"finish_reason", t.finish_reason},
+      {"tool_call", t.tool_call ? json{{"name", t.tool_call->name}, {"arguments", t.tool_call->arguments}} : json()},
+      {"tool_call_error", t.tool_call_error}};
+}
+
 std::string parse_observations(const json& j, std::vector<EnvObservation>& out) {
   auto it = j.find("observations");
   if (it == j.end() || it->is_null()) return {};
@@ -46,12 +69,21 @@ std::string parse_observations(const json& j, std::vector<EnvObservation>& out) 
   return {};
 }
 
-EnvProgramOptions checked(EnvProgramOptions opt) {
-  if (!(opt.timeout_s > 0)) MT_THROW(kWhat, ": the timeout (", opt.timeout_s, " s) must be > 0");
-  return opt;
+std::string parse_step_reply(const json& j, EnvStepResult& r) {
+  if (!j.contains("reward") || !j["reward"].is_number() || !std::isfinite(j["reward"].get<double>()))
+    return j.contains("reward") ? str("\"reward\" is ", shown(j["reward"]), ", not a finite number")
+                                : std::string("no \"reward\" (a finite number)");
+  if (!j.contains("done") || !j["done"].is_boolean())
+    return j.contains("done") ? str("\"done\" is ", shown(j["done"]), ", not true or false")
+                              : std::string("no \"done\" (true or false)");
+  r.reward = j["reward"].get<double>();
+  r.done = j["done"].get<bool>();
+  if (j.contains("metadata") && !j["metadata"].is_null()) {
+    if (!j["metadata"].is_object()) return str("\"metadata\" is ", shown(j["metadata"]), ", not an object");
+    r.metadata = j["metadata"];
+  }
+  return parse_observations(j, r.observations);
 }
-
-}  // namespace
 
 EnvProgram::EnvProgram(EnvProgramOptions opt) : opt_(checked(std::move(opt))) {
   if (opt_.reward_only) {
@@ -170,10 +202,7 @@ std::vector<EnvInitResult> EnvProgram::init(const std::vector<EnvEpisode>& episo
   for (const EnvEpisode& e : episodes) {
     failed_.erase(e.id);  // a new episode with the id of an earlier one
     ids.push_back(e.id);
-    send +=
-        json{{"id", e.id}, {"type", "init"}, {"prompt", e.prompt}, {"messages", e.messages}, {"metadata", e.metadata}}
-            .dump() +
-        "\n";
+    send += init_request(e).dump() + "\n";
   }
   const auto errors =
       call("init", ids, send, [&](size_t i, const json& j) { return parse_observations(j, out[i].observations); });
@@ -210,32 +239,10 @@ std::vector<EnvStepResult> EnvProgram::step(const std::vector<EnvTurn>& turns) {
   std::string send;
   for (const EnvTurn& t : turns) {
     ids.push_back(t.id);
-    json j{
-        {"id", t.id},
-        {"type", "step"},
-        {"turn", t.turn},
-        {"text", t.text},
-        {"ids", t.ids},
-        {"finish_reason", t.finish_reason},
-        {"tool_call", t.tool_call ? json{{"name", t.tool_call->name}, {"arguments", t.tool_call->arguments}} : json()},
-        {"tool_call_error", t.tool_call_error}};
-    send += j.dump() + "\n";
+    send += step_request(t).dump() + "\n";
   }
   const auto errors = call("step", ids, send, [&](size_t i, const json& j) -> std::string {
-    EnvStepResult& r = out[i];
-    if (!j.contains("reward") || !j["reward"].is_number() || !std::isfinite(j["reward"].get<double>()))
-      return j.contains("reward") ? str("\"reward\" is ", shown(j["reward"]), ", not a finite number")
-                                  : std::string("no \"reward\" (a finite number)");
-    if (!j.contains("done") || !j["done"].is_boolean())
-      return j.contains("done") ? str("\"done\" is ", shown(j["done"]), ", not true or false")
-                                : std::string("no \"done\" (true or false)");
-    r.reward = j["reward"].get<double>();
-    r.done = j["done"].get<bool>();
-    if (j.contains("metadata") && !j["metadata"].is_null()) {
-      if (!j["metadata"].is_object()) return str("\"metadata\" is ", shown(j["metadata"]), ", not an object");
-      r.metadata = j["metadata"];
-    }
-    return parse_observations(j, r.observations);
+    return parse_step_reply(j, out[i]);
   });
   for (size_t i = 0; i < out.size(); ++i)
     if (!errors[i].empty()) out[i] = EnvStepResult{{}, 0.0, true, json::object(), errors[i]};

@@ -30,6 +30,14 @@ struct EnvProgramOptions {
   bool reward_only = false;    // the command is a reward program: init is local, step sends a reward request
 };
 
+// The protocol's messages (docs/rl.md "Environments"), shared by EnvProgram and the Python API's in-process
+// environments: the init and step requests of an episode and a turn, and the replies' checks, each returning ""
+// or what is wrong with the reply (filling the result as it goes).
+nlohmann::json init_request(const EnvEpisode& e);
+nlohmann::json step_request(const EnvTurn& t);
+std::string parse_observations(const nlohmann::json& reply, std::vector<EnvObservation>& out);
+std::string parse_step_reply(const nlohmann::json& reply, EnvStepResult& r);
+
 class EnvProgram : public Environment {
  public:
   // Checks the options and that the command's program exists and is executable (an error naming it
