@@ -101,12 +101,29 @@ AdamW& TrainSession::optimizer() {
 StepResult TrainSession::train_step(const std::vector<MicroBatch>& global, const StepOptions& so) {
   if (grads_pending_)
     MT_THROW("train_step: forward_backward left gradients that no optimizer_step applied; a step starts afresh");
-  StepResult r = forward_backward(global, so);
-  optimizer_step(so, r);
+  // One collective for the step's metrics: the loss sums travel with the optimizer's (as before the split).
+  StepResult r = forward_backward(global, so, /*reduce_sums=*/false);
+  optimizer_step(so, r, /*reduce_sums=*/true);
   return r;
 }
 
 StepResult TrainSession::forward_backward(const std::vector<MicroBatch>& global, const StepOptions& so) {
+  return forward_backward(global, so, /*reduce_sums=*/true);
+}
+
+void TrainSession::optimizer_step(const StepOptions& so, StepResult& r) {
+  optimizer_step(so, r, /*reduce_sums=*/false);
+}
+
+void TrainSession::set_loss(StepResult& r, const StepOptions& so) const {
+  r.ce = r.ce_sum / double(r.targets);
+  r.z = n_sparse_ > 0 ? r.z_sum / double(r.real_tokens * n_sparse_) : 0.0;
+  r.loss = (so.objective ? r.objective_sum : r.ce) + (model_->aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
+           so.router_z_loss_coef * r.z;
+}
+
+StepResult TrainSession::forward_backward(const std::vector<MicroBatch>& global, const StepOptions& so,
+                                          bool reduce_sums) {
   Qwen3MoeModel& model = *model_;
   FsdpParams* fs = fsdp();
   const int rank = dist_->rank();
@@ -164,8 +181,9 @@ StepResult TrainSession::forward_backward(const std::vector<MicroBatch>& global,
     grads_pending_ = true;
     if (so.on_micro_batch) so.on_micro_batch(m, n, lp);
   }
-  // Metrics: the sums add up over ranks (dp, tp and sp ranks hold rows or tokens of their own).
-  if (dist_->distributed()) {
+  // Metrics: the sums add up over ranks (dp, tp and sp ranks hold rows or tokens of their own); reduced here,
+  // or (train_step) in optimizer_step's collective.
+  if (reduce_sums && dist_->distributed()) {
     const std::vector<double> all = comm::all_gather_doubles(*dist_->world(), {ce_sum, obj_sum, z_sum});
     ce_sum = obj_sum = z_sum = 0;
     for (int k = 0; k < dist_->world_size(); ++k) {
@@ -178,14 +196,11 @@ StepResult TrainSession::forward_backward(const std::vector<MicroBatch>& global,
   r.objective_sum = obj_sum;
   r.z_sum = z_sum;
   r.aux = aux_sum / double(n);
-  r.ce = ce_sum / double(r.targets);
-  r.z = n_sparse_ > 0 ? z_sum / double(r.real_tokens * n_sparse_) : 0.0;
-  r.loss = (so.objective ? obj_sum : r.ce) + (model.aux_enabled() ? so.aux_loss_coef * r.aux : 0.0) +
-           so.router_z_loss_coef * r.z;
+  set_loss(r, so);
   return r;
 }
 
-void TrainSession::optimizer_step(const StepOptions& so, StepResult& r) {
+void TrainSession::optimizer_step(const StepOptions& so, StepResult& r, bool reduce_sums) {
   if (!grads_pending_) MT_THROW("optimizer_step: no gradients; run forward_backward first");
   AdamW& opt = optimizer();
   Qwen3MoeModel& model = *model_;
@@ -250,17 +265,29 @@ void TrainSession::optimizer_step(const StepOptions& so, StepResult& r) {
     r.has_load = true;
     r.load = expert_load_stats(load);
   }
-  // Metrics: one collective per step, after the optimizer: every rank's communication time and memory (the
-  // loss sums were reduced by forward_backward); the slowest rank's wait and the largest peak are reported.
+  // Metrics: one collective per step, after the optimizer: every rank's communication time and memory, and with
+  // reduce_sums its loss sums (which forward_backward left local); the sums add up, the slowest rank's wait and
+  // the largest peak are reported.
   const double peak = double(device_ == Device::CUDA ? device_mem::cuda_peak_bytes() : peak_rss_bytes());
   r.peak_bytes_max_rank = peak;
   if (dist_->distributed()) {
     r.comm_wait_s = fs ? fs->take_comm_seconds() : 0;
-    const std::vector<double> all = comm::all_gather_doubles(*dist_->world(), {r.comm_wait_s, peak});
+    std::vector<double> mine{r.comm_wait_s, peak};
+    if (reduce_sums) mine.insert(mine.end(), {r.ce_sum, r.objective_sum, r.z_sum});
+    const size_t kv = mine.size();
+    const std::vector<double> all = comm::all_gather_doubles(*dist_->world(), mine);
+    if (reduce_sums) r.ce_sum = r.objective_sum = r.z_sum = 0;
     for (int k = 0; k < dist_->world_size(); ++k) {
-      r.comm_wait_max_s = std::max(r.comm_wait_max_s, all[2 * size_t(k)]);
-      r.peak_bytes_max_rank = std::max(r.peak_bytes_max_rank, all[2 * size_t(k) + 1]);
+      const double* v = all.data() + kv * size_t(k);
+      r.comm_wait_max_s = std::max(r.comm_wait_max_s, v[0]);
+      r.peak_bytes_max_rank = std::max(r.peak_bytes_max_rank, v[1]);
+      if (reduce_sums) {
+        r.ce_sum += v[2];
+        r.objective_sum += v[3];
+        r.z_sum += v[4];
+      }
     }
+    if (reduce_sums) set_loss(r, so);
     if (so.schedule_check_every > 0 && step % so.schedule_check_every == 0) {
       dist_->check_schedules();
       // HSDP drift detection at the same cadence: the replicas of every master-weight shard must still

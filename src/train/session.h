@@ -187,6 +187,11 @@ class TrainSession {
   int64_t steps_ = 0;
   int64_t n_sparse_ = 0;
   bool grads_pending_ = false;  // forward_backward ran since the last optimizer_step
+  // The halves with the loss sums' reduction in either: forward_backward's own collective, or train_step's one
+  // collective after the optimizer.
+  StepResult forward_backward(const std::vector<MicroBatch>& global, const StepOptions& so, bool reduce_sums);
+  void optimizer_step(const StepOptions& so, StepResult& r, bool reduce_sums);
+  void set_loss(StepResult& r, const StepOptions& so) const;  // ce, z and loss from the sums
 };
 
 }  // namespace mt
