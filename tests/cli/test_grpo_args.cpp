@@ -76,11 +76,24 @@ TEST(GrpoArgs, RulesOverSeveralOptionsNameWhatIsWrong) {
       {{"--reward", "math"}, "--reward math scores the responses to a prompt file"},
       {{"--n", "1"}, "--n 1; need >= 2"},
       {{"--stpes", "3"}, "unknown option --stpes; did you mean --steps?"},
+      {{"--true-on-policy", "--task", "extend"}, "--true-on-policy needs --temperature 1 (got 1.5)"},
   };
   for (const auto& [args, want] : cases) {
     const std::string got = testutil::grpo_args_error(args);
     EXPECT_NE(got.find(want), std::string::npos) << args[0] << ": " << got;
   }
+}
+
+// Under --true-on-policy the rollout's log-probs are the trainer's: the mismatch corrections are dropped (with a
+// log line), which also lets the on-policy update skip its old-log-prob forward.
+TEST(GrpoArgs, TrueOnPolicyDropsTheMismatchCorrections) {
+  const GrpoArgs with = testutil::parsed_grpo_args({"--true-on-policy", "--tis-cap", "2", "--token-mask", "0.5,2"});
+  EXPECT_TRUE(with.true_on_policy);
+  EXPECT_EQ(with.o.mismatch.tis_cap, 0);
+  EXPECT_EQ(with.o.mismatch.token_mask_high, 0);
+  const GrpoArgs without = testutil::parsed_grpo_args({"--tis-cap", "2", "--token-mask", "0.5,2"});
+  EXPECT_EQ(without.o.mismatch.tis_cap, 2);
+  EXPECT_EQ(without.o.mismatch.token_mask_high, 2);
 }
 
 TEST(GrpoArgs, HelpShowsTheTaskPresetsDefaults) {

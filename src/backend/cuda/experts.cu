@@ -31,7 +31,9 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/grouped_gemm.cuh"
+#include "backend/cuda/invariant.cuh"
 #include "backend/cuda/moe_dispatch.cuh"
+#include "core/determinism.h"
 #include "core/log.h"
 #include "core/streams.h"
 
@@ -191,6 +193,10 @@ std::string experts_grouped_unsupported(int64_t D, int64_t F, std::initializer_l
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_fwd");
+  if (batch_invariant()) {
+    experts_fwd_invariant(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
+    return;
+  }
   if (use_grouped(d.D, d.F, {&xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD}, "experts_fwd"))
     experts_fwd_grouped(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
   else
@@ -213,6 +219,23 @@ void experts_bwd(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offset
                           dw_down_EDF, accumulate_dw);
     if (after_dx) after_dx();
   }
+}
+
+// The batch-invariant mode's experts (invariant.cuh): both products on invariant_gemm_nt, grouped by the offsets.
+void experts_fwd_invariant(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                           const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
+  const char* op = "experts_fwd (batch-invariant)";
+  const auto [E, F, D] = check_expert_weights(w_gate_up_E2FD, w_down_EDF, op);
+  const int64_t R = check_fwd(xp_RD, gu_R2F, h_RF, yp_RD, op);
+  check_cuda(offsets_E1, DType::I64, "experts_fwd offsets_E1");
+  check_dispatch_plan_errors(op);
+  if (R == 0) return;
+  const int64_t* off = offsets_E1.data<int64_t>();
+  invariant_gemm_nt(op, R, 2 * F, D, xp_RD.raw(), D, w_gate_up_E2FD.raw(), D, DType::BF16, 1.0f, 0.0f, nullptr,
+                    gu_R2F.raw(), DType::BF16, 2 * F, E, off, 2 * F * D);
+  swiglu_fwd(gu_R2F, h_RF);
+  invariant_gemm_nt(op, R, D, F, h_RF.raw(), F, w_down_EDF.raw(), F, DType::BF16, 1.0f, 0.0f, nullptr, yp_RD.raw(),
+                    DType::BF16, D, E, off, D * F);
 }
 
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,

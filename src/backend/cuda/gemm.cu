@@ -11,7 +11,9 @@
 #include <string>
 
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/invariant.cuh"
 #include "core/cuda_graph.h"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -143,6 +145,10 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
            ": A or B is null");
   MT_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N), op, ": ",
            describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype), ": a leading dim is smaller than its row");
+  if (batch_invariant() && !trans_a && trans_b) {  // the forward's C = A B^T (invariant.cuh)
+    invariant_gemm_nt(op, M, N, K, A, lda, B, ldb, ab_dtype, alpha, beta, C_src, C, c_dtype, ldc);
+    return;
+  }
 
   const uint32_t align_a = alignment_of(A), align_b = alignment_of(B),
                  align_c = std::min(alignment_of(C), alignment_of(C_src));

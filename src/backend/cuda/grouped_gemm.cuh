@@ -87,6 +87,10 @@ void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tens
 // The grouped path: the grouped GEMMs above, no host synchronisation. Throws when unsupported.
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                          const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
+// The batch-invariant mode's forward (invariant.cuh): what experts_fwd runs while core/determinism.h's
+// batch_invariant() is on, whatever the path.
+void experts_fwd_invariant(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
+                           const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
 // after_dx (ops::experts_bwd) runs between the input gradient and the weight gradients.
 void experts_bwd_grouped(const Tensor& dyp_RD, const Tensor& xp_RD, const Tensor& offsets_E1,
                          const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF, const Tensor& gu_R2F,

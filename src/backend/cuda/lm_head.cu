@@ -34,6 +34,8 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/invariant.cuh"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -320,6 +322,8 @@ void run_rows(const Tensor& hn_TD, const Tensor& w_VD, int64_t chunk_rows, RowAr
       else
         lm_head_rows_kernel<1, M><<<unsigned(n), kRowThreads, 0, stream()>>>(logits, V, a);
       MT_CUDA_LAUNCH_CHECK(op.name);
+      // The batch-invariant mode: the log-probs by the sampler's row function (invariant.cuh), bit for bit its.
+      if (M == Mode::kLogprobs && batch_invariant()) invariant_logprobs(logits, V, n, V, a.labels + t0, a.logp + t0);
     }
     if constexpr (kGrads) {
       __nv_bfloat16* dhn = static_cast<__nv_bfloat16*>(dhn_TD->raw());

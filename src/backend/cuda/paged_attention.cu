@@ -22,7 +22,8 @@
 //    which stay on the device): about 4 blocks per multiprocessor; a split beyond a token's position writes
 //    an empty partial.
 //  - serial (any other head_dim <= 256, and the reference in bench/): one warp per (token, query head)
-//    walking the positions with an online softmax (the first version).
+//    walking the positions with an online softmax (attend_row_warp of invariant.cuh); also the kernel of the
+//    batch-invariant mode (core/determinism.h), whose training attention calls the same row function.
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
@@ -35,6 +36,8 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/invariant.cuh"
+#include "core/determinism.h"
 
 namespace mt::cuda {
 
@@ -53,46 +56,22 @@ __global__ void kv_write_kernel(const bf16* __restrict__ k, const bf16* __restri
   }
 }
 
+// One warp per (token, query head), through attend_row_warp (invariant.cuh): the training attention of the
+// batch-invariant mode runs the same function, so the two agree bit for bit.
 template <int PER_LANE>
 __global__ void paged_attention_kernel(const bf16* __restrict__ q, const bf16* __restrict__ kc,
                                        const bf16* __restrict__ vc, const int32_t* __restrict__ table, int64_t M,
                                        int64_t block_size, const int32_t* __restrict__ seq,
                                        const int32_t* __restrict__ pos, int64_t N, int64_t H, int64_t G, int64_t Hd,
                                        float scale, bf16* __restrict__ out) {
-  const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (token, head)
   if (item >= N * H) return;
   const int64_t n = item / H, h = item - n * H, g = h / (H / G);
-  float qv[PER_LANE], acc[PER_LANE];
-#pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) {
-    const int64_t j = lane + 32 * i;  // lanes past Hd (Hd < 32 * PER_LANE) hold zeros
-    qv[i] = j < Hd ? __bfloat162float(q[(n * H + h) * Hd + j]) : 0.0f;
-    acc[i] = 0.0f;
-  }
   const int32_t* row = table + int64_t(seq[n]) * M;
-  const int64_t last = pos[n];
-  float m = -INFINITY, sum = 0.0f;
-  for (int64_t p = 0; p <= last; ++p) {
-    const int64_t s = int64_t(row[p / block_size]) * block_size + p % block_size;
-    const bf16* kp = kc + (s * G + g) * Hd;
-    float d = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < Hd) d += qv[i] * __bfloat162float(kp[lane + 32 * i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    const float x = d * scale, mn = fmaxf(m, x), corr = expf(m - mn), e = expf(x - mn);
-    sum = sum * corr + e;
-    const bf16* vp = vc + (s * G + g) * Hd;
-#pragma unroll
-    for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < Hd) acc[i] = acc[i] * corr + e * __bfloat162float(vp[lane + 32 * i]);
-    m = mn;
-  }
-#pragma unroll
-  for (int i = 0; i < PER_LANE; ++i)
-    if (lane + 32 * i < Hd) out[(n * H + h) * Hd + lane + 32 * i] = __float2bfloat16_rn(acc[i] / sum);
+  attend_row_warp<PER_LANE>(
+      q + item * Hd, int64_t(pos[n]) + 1, Hd, scale, kc, vc,
+      [=](int64_t p) { return (int64_t(row[p / block_size]) * block_size + p % block_size) * G + g; },
+      out + item * Hd);
 }
 
 
@@ -646,7 +625,9 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
   const int64_t N = q_NHD.size(0), H = q_NHD.size(1), Hd = q_NHD.size(2), G = k_cache_SGD.size(1);
   if (Hd < 1 || Hd > 32 * kMaxPerLane)
     MT_THROW(op, ": head_dim ", Hd, " is not supported by the CUDA kernel (1 to ", 32 * kMaxPerLane, ")");
-  const PagedKernel which = paged_kernel_from_env();
+  // The batch-invariant mode (invariant.cuh) takes the serial kernel: no split of a token's positions, whatever
+  // the batch, and the training attention's own row function.
+  const PagedKernel which = batch_invariant() ? PagedKernel::serial : paged_kernel_from_env();
   if (which == PagedKernel::split && !split_supported(Hd))
     MT_THROW(op, ": MOETRAIN_PAGED_ATTENTION=split but head_dim ", Hd, " is not one of 16, 32, 64, 128, 256");
   if (which == PagedKernel::mma && !mma_supported(Hd))

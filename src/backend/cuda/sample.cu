@@ -32,7 +32,9 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
+#include "backend/cuda/invariant.cuh"
 #include "backend/cuda/sample.cuh"
+#include "core/determinism.h"
 #include "ops/philox.h"
 #include "ops/sampling.h"
 
@@ -428,6 +430,20 @@ __global__ void __launch_bounds__(kFinishThreads)
   if (threadIdx.x == 0) finish(b.t);
 }
 
+// The batch-invariant mode (core/determinism.h): the log-prob of each row sampled at temperature 1 (or greedily,
+// whose log-prob is at temperature 1 too) again, by row_logprob (invariant.cuh), the LM head's function in that
+// mode. A row at another temperature keeps the finish kernel's value.
+__global__ void __launch_bounds__(kRowLogprobThreads)
+    invariant_logprobs_kernel(const float* __restrict__ logits, const int64_t* __restrict__ rows, int64_t V,
+                              const int32_t* __restrict__ tokens, float* __restrict__ logprobs, bool all_truncated) {
+  const int64_t r = blockIdx.x;
+  const Row p = unpack(rows + r * kSampleRowWords);
+  const int32_t t = tokens[r];
+  if (!(row_kind(p, V, all_truncated) == kGreedy || p.T == 1.0f) || t < 0 || t >= V) return;  // the whole block
+  const float lp = row_logprob(logits + r * V, V, t);
+  if (threadIdx.x == 0) logprobs[r] = lp;
+}
+
 void sample(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Tensor& logprobs_R, bool all_truncated,
             const char* op) {
   check_cuda(logits_RV, DType::F32, op);
@@ -463,6 +479,11 @@ void sample(const Tensor& logits_RV, const Tensor& rows_R5, Tensor& tokens_R, Te
                                                                      all_truncated, parts, tokens_R.data<int32_t>(),
                                                                      logprobs_R.data<float>(), use_list);
   MT_CUDA_LAUNCH_CHECK(op);
+  if (batch_invariant()) {
+    invariant_logprobs_kernel<<<unsigned(R), kRowLogprobThreads, 0, stream()>>>(
+        x, rows_R5.data<int64_t>(), V, tokens_R.data<int32_t>(), logprobs_R.data<float>(), all_truncated);
+    MT_CUDA_LAUNCH_CHECK(op);
+  }
 }
 
 }  // namespace

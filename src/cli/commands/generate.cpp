@@ -135,8 +135,8 @@ int generate_main(const std::vector<std::string>& args) {
   opt.add("max-running", &eo.max_running, "sequences decoded together at most").at_least(1);
   bool true_on_policy = false;
   opt.add("true-on-policy", &true_on_policy,
-          "CPU: batch-invariant kernels: a sample's tokens and log-probs do not depend on the batch around it, and "
-          "equal the trainer's forward bit for bit (docs/rl.md)");
+          "batch-invariant kernels: a sample's tokens and log-probs do not depend on the batch around it, and (at "
+          "temperature 1) equal the trainer's forward bit for bit (docs/rl.md)");
   cli::add_device_options(opt, dev);
   cli::add_mesh_options(opt, mesh, {.replicate = false, .tp = false, .sp = false});
   if (!opt.parse(args)) {
@@ -153,12 +153,7 @@ int generate_main(const std::vector<std::string>& args) {
   }
   validate_sampling_params(base.sampling);
   const Device device = cli::apply_device_options(dev);
-  if (true_on_policy) {
-    if (device == Device::CUDA)
-      MT_THROW("generate: --true-on-policy runs on the CPU only (the CUDA kernels are not batch-invariant yet); "
-               "use --device cpu");
-    set_batch_invariant(true);
-  }
+  if (true_on_policy) set_batch_invariant(true);
   const int dp_shard = mesh.dp_shard, ep = mesh.ep;
 
   ModelConfig cfg = load_model_config(model_dir);

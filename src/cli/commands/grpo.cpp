@@ -77,12 +77,7 @@ int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks) {
   if (ga.deterministic) set_deterministic(true);
   if (ga.dev.threads > 0) ops::set_cpu_threads(int(ga.dev.threads));
   const Device device = resolve_device(ga.device_name);
-  if (ga.true_on_policy) {
-    if (device == Device::CUDA)
-      MT_THROW("grpo: --true-on-policy runs on the CPU only (the CUDA kernels are not batch-invariant yet); "
-               "use --device cpu");
-    set_batch_invariant(true);
-  }
+  if (ga.true_on_policy) set_batch_invariant(true);
 
   // Resume: the newest checkpoint of the run dir that verifies, checked against this command line.
   const rl::GrpoResumePoint rp = ga.resume.empty()

@@ -6,6 +6,7 @@
 
 #include "core/cli_args.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/options.h"
 #include "data/synthetic.h"
 #include "model/lora.h"
@@ -325,8 +326,8 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   opt.add("deterministic", &deterministic,
           "CUDA: the training kernels without float atomics (docs/cuda.md; the sampler's top-p is not covered)");
   opt.add("true-on-policy", &a.true_on_policy,
-          "CPU: batch-invariant kernels, so the rollout's log-probs equal the trainer's bit for bit (docs/rl.md; "
-          "slower: plain loops instead of BLAS)");
+          "batch-invariant kernels, so the rollout's log-probs equal the trainer's bit for bit (docs/rl.md; "
+          "slower; needs --temperature 1)");
   cli::add_mesh_options(opt, mesh);
   opt.add("comm-timeout-s", &comm_timeout_s, "seconds before a stuck collective is an error naming it").at_least(1);
   if (!opt.parse(args)) {
@@ -515,6 +516,19 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   for (const char* f : {"--clip-low", "--clip-high", "--dual-clip"})
     refines(f, o.loss.kind != rl::PolicyLoss::PolicyGradient,
             "clips the policy ratio; --loss pg has no ratio to clip (use --loss ppo or gspo, or drop it)");
+  if (a.true_on_policy) {
+    if (o.sampling.temperature != 1.0f)
+      MT_THROW("grpo: --true-on-policy needs --temperature 1 (got ", o.sampling.temperature,
+               "): the trainer divides the hidden state by T before the LM head and the sampler divides the logits, "
+               "which round differently, so the log-probs could not be equal");
+    // The rollout's log-probs are the trainer's: every ratio is 1, there is nothing for these to correct.
+    if (o.mismatch.tis_cap > 0 || o.mismatch.token_mask_high > 0 || o.mismatch.seq_mask_high > 0) {
+      log_info("grpo: --true-on-policy: the rollout's log-probs equal the trainer's bit for bit, so --tis-cap, "
+               "--token-mask and --seq-mask have nothing to correct; they are off");
+      o.mismatch.tis_cap = 0;
+      o.mismatch.token_mask_high = o.mismatch.seq_mask_high = 0;
+    }
+  }
   if (!from_file && eval_n > max_eval_problems(task.hi))
     MT_THROW("grpo: --eval-problems ", eval_n, " > the ", max_eval_problems(task.hi), " held-out pairs of the task");
   return true;

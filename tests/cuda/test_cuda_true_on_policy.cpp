@@ -1,0 +1,188 @@
+// The batch-invariant mode on the GPU (core/determinism.h, backend/cuda/invariant.cuh): the rollout engine's
+// log-probs equal the trainer's forward on the same tokens bit for bit, with the routing the trainer chooses
+// itself; a sample's tokens and log-probs do not depend on the requests around it (alone, or among 1 to 255
+// others), on the KV-cache block size or on CUDA graphs; the trainer's log-probs of a sample alone equal those in
+// a batch. Without the mode the same comparisons differ (checked too, so the tests can fail).
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "core/determinism.h"
+#include "cuda_test_util.h"
+#include "model/qwen3_moe.h"
+#include "rl/rollout_batch.h"
+#include "rollout/engine.h"
+#include "train/session.h"
+
+using namespace mt;
+using namespace mt::rl;
+
+namespace {
+
+// tiny (head_dim 16, a dense layer and a sparse one), and a wider one with head_dim 128 and 4 of 16 experts.
+ModelConfig config(int which) {
+  ModelConfig c = preset_model_config("tiny");
+  c.eos_token_id = -1;
+  c.mlp_only_layers = {0};
+  if (which == 1) {
+    c.vocab_size = 2048;
+    c.hidden_size = 256;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 128;
+    c.num_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.moe_intermediate_size = 128;
+    c.intermediate_size = 512;
+    c.num_hidden_layers = 3;
+  }
+  return c;
+}
+
+std::unique_ptr<TrainSession> cuda_session(const ModelConfig& c, uint64_t seed) {
+  SessionOptions so;
+  so.device = Device::CUDA;
+  so.weights = Weights::Frozen;
+  auto s = std::make_unique<TrainSession>(c, so);
+  s->init_weights(seed);
+  return s;
+}
+
+GenerateRequest request(const ModelConfig& c, int64_t i, int64_t n = 1) {
+  GenerateRequest r;
+  for (int64_t p = 0; p < 3 + (i * 7) % 23; ++p) r.prompt.push_back(int32_t((i * 131 + p * 17 + 3) % c.vocab_size));
+  r.max_new_tokens = 6 + (i * 5) % 11;
+  r.n = n;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = uint64_t(100 + i);
+  return r;
+}
+
+std::vector<RolloutSample> as_samples(const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& gen) {
+  std::vector<RolloutSample> out;
+  for (const GeneratedSample& g : gen)
+    out.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, RoutingRecord(), {}});
+  return out;
+}
+
+std::vector<std::vector<float>> trainer_logprobs(Qwen3MoeModel& m, const std::vector<RolloutSample>& samples,
+                                                 int64_t K) {
+  const PackedRollouts p = pack_rollouts(samples, K);
+  PassOptions po;
+  po.token_logprobs = true;
+  return response_values(p, m.forward(p.mb, po).logp);
+}
+
+// Tokens whose log-probs differ in any bit (the samples' tokens must match).
+int64_t differing(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b, int64_t* total) {
+  int64_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t j = 0; j < a[i].size(); ++j) {
+      ++*total;
+      d += std::bit_cast<uint32_t>(a[i][j]) != std::bit_cast<uint32_t>(b[i][j]);
+    }
+  return d;
+}
+
+// Rollout (12 samples of 6 prompts, graphs on) against the trainer's forward of the same tokens: the count of
+// tokens whose log-probs differ in any bit, and of all tokens.
+std::pair<int64_t, int64_t> rollout_vs_trainer(const ModelConfig& c, TrainSession& s) {
+  std::vector<GenerateRequest> reqs;
+  for (int64_t i = 0; i < 6; ++i) reqs.push_back(request(c, i, 2));
+  EngineOptions eo;
+  eo.kv_cache_bytes = 64 << 20;
+  eo.block_size = 4;
+  RolloutEngine engine(s.model(), eo);
+  const std::vector<RolloutSample> samples = as_samples(reqs, engine.generate(reqs));
+  std::vector<std::vector<float>> engine_lp;
+  for (const RolloutSample& x : samples) engine_lp.push_back(x.logprobs);
+  int64_t total = 0;
+  const int64_t d = differing(trainer_logprobs(s.model(), samples, c.num_experts_per_tok), engine_lp, &total);
+  return {d, total};
+}
+
+}  // namespace
+
+TEST(CudaTrueOnPolicy, RolloutLogprobsEqualTheTrainersBitForBit) {
+  MT_REQUIRE_GPU();
+  for (int which : {0, 1}) {
+    const ModelConfig c = config(which);
+    const std::unique_ptr<TrainSession> s = cuda_session(c, 21);
+    const auto [off_diff, off_total] = rollout_vs_trainer(c, *s);
+    std::pair<int64_t, int64_t> on;
+    {
+      BatchInvariantScope invariant(true);
+      on = rollout_vs_trainer(c, *s);
+    }
+    std::printf("config %d: rollout vs trainer, tokens with any differing bit: %lld of %lld without the mode, "
+                "%lld of %lld with it\n",
+                which, (long long)off_diff, (long long)off_total, (long long)on.first, (long long)on.second);
+    EXPECT_EQ(on.first, 0) << "config " << which;
+    EXPECT_GT(on.second, 50);
+    EXPECT_GT(off_diff, 0) << "config " << which << ": the default kernels should differ somewhere (else this test "
+                              "shows nothing)";
+  }
+}
+
+// One request's samples alone and among 1, 7, 63 and 255 others, at block sizes 1, 4 and 16, with and without CUDA
+// graphs: the same tokens and log-probs, bit for bit; and the trainer's log-probs of each sample alone equal those
+// of the whole batch.
+TEST(CudaTrueOnPolicy, ASampleDoesNotDependOnItsBatchCacheLayoutOrGraphs) {
+  MT_REQUIRE_GPU();
+  BatchInvariantScope invariant(true);
+  const ModelConfig c = config(1);
+  const std::unique_ptr<TrainSession> s = cuda_session(c, 5);
+  const GenerateRequest probe = request(c, 1000, 2);
+  std::vector<GeneratedSample> ref;
+  int runs = 0;
+  for (const int64_t others : {0, 1, 7, 63, 255})
+    for (const int32_t bs : {1, 4, 16})
+      for (const bool graphs : {false, true}) {
+        if (others > 7 && bs == 1) continue;  // block size 1 with hundreds of sequences: slow, nothing new
+        std::vector<GenerateRequest> reqs;
+        for (int64_t i = 0; i < others; ++i) reqs.push_back(request(c, i));
+        reqs.insert(reqs.begin() + others / 2, probe);  // in the middle of the batch
+        EngineOptions eo;
+        eo.kv_cache_bytes = 256 << 20;
+        eo.block_size = bs;
+        eo.cuda_graphs = graphs;
+        RolloutEngine engine(s->model(), eo);
+        const std::vector<GeneratedSample> gen = engine.generate(reqs);
+        std::vector<GeneratedSample> mine;
+        for (const GeneratedSample& g : gen)
+          if (g.prompt_index == others / 2) mine.push_back(g);
+        ASSERT_EQ(mine.size(), 2u);
+        ++runs;
+        if (ref.empty()) {
+          ref = mine;
+          continue;
+        }
+        for (size_t k = 0; k < 2; ++k) {
+          ASSERT_EQ(mine[k].tokens, ref[k].tokens) << others << " others, block " << bs << ", graphs " << graphs;
+          for (size_t j = 0; j < ref[k].logprobs.size(); ++j)
+            ASSERT_EQ(std::bit_cast<uint32_t>(mine[k].logprobs[j]), std::bit_cast<uint32_t>(ref[k].logprobs[j]))
+                << others << " others, block " << bs << ", graphs " << graphs << ": sample " << k << " token " << j;
+        }
+        if (others == 63 && bs == 16 && graphs) {
+          // The trainer: the batch's samples together (64 prompts' samples in one micro-batch) against each of the
+          // probe's samples alone.
+          const std::vector<RolloutSample> all = as_samples(reqs, gen);
+          const std::vector<std::vector<float>> together = trainer_logprobs(s->model(), all, c.num_experts_per_tok);
+          for (size_t i = 0; i < all.size(); ++i) {
+            if (gen[i].prompt_index != others / 2) continue;
+            const std::vector<float> alone = trainer_logprobs(s->model(), {all[i]}, c.num_experts_per_tok)[0];
+            for (size_t j = 0; j < alone.size(); ++j) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(alone[j]), std::bit_cast<uint32_t>(together[i][j])) << "token " << j;
+              ASSERT_EQ(std::bit_cast<uint32_t>(alone[j]), std::bit_cast<uint32_t>(all[i].logprobs[j]))
+                  << "trainer vs rollout, token " << j;
+            }
+          }
+        }
+      }
+  std::printf("true on-policy: one request's 2 samples identical over %d batches, block sizes and graph settings\n",
+              runs);
+  EXPECT_EQ(runs, 24);
+}
