@@ -15,6 +15,7 @@
 #include "model/qwen3_moe.h"
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
+#include "backend/cuda/invariant.h"
 #include "train/session.h"
 
 using namespace mt;
@@ -104,7 +105,66 @@ std::pair<int64_t, int64_t> rollout_vs_trainer(const ModelConfig& c, TrainSessio
   return {d, total};
 }
 
+#ifdef MT_HAVE_CUDA
+// C = A B_g^T by invariant_gemm_nt on the device (groups by `off`, host i64 [G + 1]; empty: one group) with
+// A [M, K] and B [G, N, K] of dtype dt, C f32.
+Tensor device_gemm(const Tensor& a, const Tensor& b, DType dt, const std::vector<int64_t>& off) {
+  const int64_t M = a.size(0), K = a.size(1), G = b.size(0), N = b.size(1);
+  const Tensor da = cudatest::to_cuda(a, dt), db = cudatest::to_cuda(b, dt);
+  Tensor c = Tensor::empty({M, N}, DType::F32, Device::CUDA), doff;
+  if (!off.empty()) {
+    doff = Tensor::empty({G + 1}, DType::I64);
+    for (int64_t g = 0; g <= G; ++g) doff.data<int64_t>()[g] = off[size_t(g)];
+    doff = doff.to(Device::CUDA);
+  }
+  cuda::invariant_gemm_nt("test", M, N, K, da.raw(), K, db.raw(), K, dt, 1.0f, 0.0f, nullptr, c.raw(), DType::F32, N,
+                          G, off.empty() ? nullptr : doff.data<int64_t>(), N * K);
+  return c.to(Device::CPU);
+}
+#endif  // MT_HAVE_CUDA
+
 }  // namespace
+
+#ifdef MT_HAVE_CUDA
+// The GEMM of the mode against an fp64 host product (bf16 and f32 operands; K not a multiple of 8 or 16, so the
+// edges and the unvectorised loads run; groups with no rows), and its row invariance: each row of a 300-row product
+// equals the same row computed alone, bit for bit.
+TEST(CudaTrueOnPolicy, InvariantGemmIsRightAndEachRowIsItsOwn) {
+  MT_REQUIRE_GPU();
+  Rng rng(7);
+  for (const DType dt : {DType::BF16, DType::F32})
+    for (const int64_t K : {64, 19, 200}) {
+      const int64_t M = 300, N = 70, G = 4;
+      const std::vector<int64_t> off = {0, 120, 120, 299, 300};  // group 1 has no rows
+      const Tensor a = cudatest::rand_bf16_exact({M, K}, rng), b = cudatest::rand_bf16_exact({G, N, K}, rng);
+      for (const bool grouped : {false, true}) {
+        const Tensor b1 = grouped ? b : b.rows(0, 1);
+        const Tensor c = device_gemm(a, b1, dt, grouped ? off : std::vector<int64_t>{});
+        double worst = 0;
+        for (int64_t r = 0; r < M; ++r) {
+          int64_t g = 0;
+          while (grouped && r >= off[size_t(g) + 1]) ++g;
+          for (int64_t n = 0; n < N; ++n) {
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k)
+              want += double(a.data<float>()[r * K + k]) * double(b.data<float>()[(g * N + n) * K + k]);
+            worst = std::max(worst, std::abs(double(c.data<float>()[r * N + n]) - want) / (1.0 + std::abs(want)));
+          }
+        }
+        EXPECT_LT(worst, 1e-5) << dtype_name(dt) << " K " << K << (grouped ? " grouped" : "");
+        for (const int64_t r : {int64_t(0), int64_t(37), int64_t(121), int64_t(299)}) {
+          int64_t g = 0;
+          while (grouped && r >= off[size_t(g) + 1]) ++g;
+          const Tensor alone = device_gemm(a.rows(r, 1), b.rows(grouped ? g : 0, 1), dt, {});
+          for (int64_t n = 0; n < N; ++n)
+            ASSERT_EQ(std::bit_cast<uint32_t>(alone.data<float>()[n]), std::bit_cast<uint32_t>(c.data<float>()[r * N + n]))
+                << dtype_name(dt) << " K " << K << (grouped ? " grouped" : "") << ": row " << r << " col " << n;
+        }
+      }
+    }
+}
+
+#endif  // MT_HAVE_CUDA
 
 TEST(CudaTrueOnPolicy, RolloutLogprobsEqualTheTrainersBitForBit) {
   MT_REQUIRE_GPU();
