@@ -325,8 +325,10 @@ void attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_T
   check_cuda(out_THHd, DType::BF16, {d.T, d.H, d.Hd}, "attention_fwd out_THHd");
   check_cuda(lse_TH, DType::F32, {d.T, d.H}, "attention_fwd lse_TH");
   if (d.T == 0) return;
-  if (batch_invariant()) {  // each query row as the paged decode attention computes it (invariant.cuh)
-    invariant_attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, doc_start_T);
+  if (batch_invariant()) {  // each query row as the paged decode attention computes it (invariant.cuh), the
+                            // statistics in the order this shape's backward reads
+    const bool bhs = !doc_start_T && attention_plan_info(B, S, d.H, d.G, d.Hd).stats == StatsLayout::BHS;
+    invariant_attention_fwd(q_THHd, k_TGHd, v_TGHd, B, S, out_THHd, lse_TH, doc_start_T, bhs);
     return;
   }
   if (doc_start_T) {  // packed rows: the reference kernels (cuDNN's ragged layout is not wired up yet)
@@ -359,8 +361,7 @@ void attention_bwd(const Tensor& dout_THHd, const Tensor& q_THHd, const Tensor& 
   check_cuda(dk_TGHd, DType::BF16, kv_shape, "attention_bwd dk_TGHd");
   check_cuda(dv_TGHd, DType::BF16, kv_shape, "attention_bwd dv_TGHd");
   if (d.T == 0) return;
-  if (doc_start_T || batch_invariant()) {  // the forward's statistics are [T, H]: packed rows' reference kernels,
-                                           // or the batch-invariant forward
+  if (doc_start_T) {  // packed rows: the forward ran the reference kernels with [T, H] statistics
     attention_ref_bwd(dout_THHd, q_THHd, k_TGHd, v_TGHd, out_THHd, lse_TH, B, S, dq_THHd, dk_TGHd, dv_TGHd,
                       StatsLayout::TH, doc_start_T);
     return;

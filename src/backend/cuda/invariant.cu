@@ -1,13 +1,16 @@
 // The batch-invariant kernels of invariant.cuh: the GEMM (bf16 on tensor cores through WMMA, f32 on CUDA cores),
 // the training attention over attend_row_warp, and the log-probs over row_logprob.
 //
-// GEMM: a block of 128 threads computes a BM x BN tile of C from BK = 32 wide slices of A and B in shared memory
-// (16-byte loads where the rows allow, zeros past the edges). bf16: each warp holds FM x FN 16x16 fp32 accumulator
-// fragments and runs one m16n16k16 MMA per fragment and 16 columns of K, in K order. f32: each thread holds 2 x 2
-// outputs (BM = BN = 32) and adds one fused multiply-add per k, in K order. Two bf16 tiles, 64 x 64 for many rows
-// per group and 16 x 64 for few (decode); as the tile only decides which rows a block takes, both give each element
-// the same operations. Groups (the experts): block x numbers the tiles of all groups in group order, each block
-// finds its group by walking the offsets (at most groups + M / BM blocks, the surplus exits).
+// GEMM: a block of 128 threads computes a BM x BN tile of C from BK wide slices of A and B in shared memory, the
+// next slices fetched into registers (16-byte loads where the rows allow, zeros past the edges) while the block
+// computes on these. bf16: each warp holds FM x FN 16x16 fp32 accumulator fragments and runs one m16n16k16 MMA per
+// fragment and 16 columns of K, in K order, none past K. f32: each thread holds 2 x 2 outputs (BM = BN = 32) and adds
+// one fused multiply-add per k, in K order. Two bf16 tiles, 64 x 64 (BK 64) for many rows per group and 16 x 64
+// (BK 128, more bytes in flight per block) for few (decode's experts); as the tile only decides which rows a block
+// takes and how far ahead it loads, both give each element the same operations. Groups (the experts): block x
+// numbers the tiles of all groups in group order, each block finds its group by walking the offsets (at most
+// groups + M / BM blocks, the surplus exits). Blocks sharing B's columns are neighbours in launch order, so B's
+// slice comes from HBM about once.
 #include <mma.h>
 
 #include <algorithm>
@@ -23,7 +26,6 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 128;
-constexpr int kBK = 32;
 constexpr int kPad = 8;  // bf16 elements of padding per shared row (a multiple of 8: WMMA's ldm rule)
 
 // The rows [r0, r1) of this block's tile, and its group g; false when the block has no tile.
@@ -66,27 +68,51 @@ __device__ __forceinline__ void store_c(float acc, float alpha, float beta, cons
   else static_cast<bf16*>(c)[i] = __float2bfloat16_rn(v);
 }
 
-// rows x kBK bf16 of src (row-major, ld) from (row0, k0) into dst [rows][kBK + kPad]; rows past `rows_valid` and
-// columns past K are zeros.
-template <int ROWS, bool VEC>
-__device__ __forceinline__ void load_tile(bf16 (*dst)[kBK + kPad], const bf16* __restrict__ src, int64_t ld,
-                                          int64_t row0, int64_t rows_valid, int64_t k0, int64_t K) {
-  constexpr int kVecs = ROWS * (kBK / 8);
-  for (int v = threadIdx.x; v < kVecs; v += kThreads) {
-    const int r = v / (kBK / 8), c = (v % (kBK / 8)) * 8;
-    const int64_t gk = k0 + c;
-    bf16* d = &dst[r][c];
-    if (r < rows_valid && VEC && gk + 8 <= K) {
-      *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld + gk);
-    } else {
+// A ROWS x BK slice of a row-major bf16 matrix in registers, 16 bytes per piece: what a thread fetches for the next
+// K step while the block computes on the current one (one slice in flight per thread, no barrier in between).
+template <int ROWS, int BK>
+struct Slice {
+  static constexpr int kPieces = ROWS * (BK / 8), kPerThread = (kPieces + kThreads - 1) / kThreads;
+  uint4 v[kPerThread];
+};
+
+// Fetches rows [row0, row0 + ROWS) x columns [k0, k0 + BK) of src (leading dim ld) into s; rows past rows_valid
+// and columns past K are zeros. VEC: 16-byte loads where the 8 columns are inside K (rows 16-byte aligned).
+template <int ROWS, int BK, bool VEC>
+__device__ __forceinline__ void fetch(Slice<ROWS, BK>& s, const bf16* __restrict__ src, int64_t ld, int64_t row0,
+                                      int64_t rows_valid, int64_t k0, int64_t K) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        d[i] = r < rows_valid && gk + i < K ? src[(row0 + r) * ld + gk + i] : __float2bfloat16_rn(0.0f);
+  for (int i = 0; i < Slice<ROWS, BK>::kPerThread; ++i) {
+    const int piece = threadIdx.x + i * kThreads;
+    if (piece >= Slice<ROWS, BK>::kPieces) break;
+    const int r = piece / (BK / 8), c = (piece % (BK / 8)) * 8;
+    const int64_t gk = k0 + c;
+    const bf16* p = src + (row0 + r) * ld + gk;
+    if (VEC && r < rows_valid && gk + 8 <= K) {
+      s.v[i] = *reinterpret_cast<const uint4*>(p);
+    } else {
+      __align__(16) bf16 e[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) e[k] = r < rows_valid && gk + k < K ? p[k] : __float2bfloat16_rn(0.0f);
+      s.v[i] = *reinterpret_cast<const uint4*>(e);
     }
   }
 }
 
-template <int BM, int BN, int WARPS_M, bool VEC>
+template <int ROWS, int BK>
+__device__ __forceinline__ void commit(bf16 (*dst)[BK + kPad], const Slice<ROWS, BK>& s) {
+#pragma unroll
+  for (int i = 0; i < Slice<ROWS, BK>::kPerThread; ++i) {
+    const int piece = threadIdx.x + i * kThreads;
+    if (piece >= Slice<ROWS, BK>::kPieces) break;
+    *reinterpret_cast<uint4*>(&dst[piece / (BK / 8)][(piece % (BK / 8)) * 8]) = s.v[i];
+  }
+}
+
+// The bf16 GEMM: a BM x BN tile per block of 4 warps, K in steps of BK through shared memory (the next step's
+// slices fetched into registers during this step's MMAs). Every tile shape runs, for each C element, one 16x16x16
+// MMA per 16 columns of K in order and none past K, so the shapes give the same bits.
+template <int BM, int BN, int BK, int WARPS_M, bool VEC>
 __global__ void __launch_bounds__(kThreads)
     gemm_bf16_kernel(int64_t M, int64_t N, int64_t K, const bf16* __restrict__ A, int64_t lda,
                      const bf16* __restrict__ B, int64_t ldb, int64_t b_stride, const int64_t* __restrict__ offsets,
@@ -94,12 +120,12 @@ __global__ void __launch_bounds__(kThreads)
   using namespace nvcuda;
   constexpr int WARPS_N = (kThreads / 32) / WARPS_M, FM = BM / (16 * WARPS_M), FN = BN / (16 * WARPS_N);
   static_assert(FM >= 1 && FN >= 1 && FM * 16 * WARPS_M == BM && FN * 16 * WARPS_N == BN, "tile shape");
-  __shared__ __align__(128) bf16 As[BM][kBK + kPad];
-  __shared__ __align__(128) bf16 Bs[BN][kBK + kPad];
+  __shared__ __align__(128) bf16 As[BM][BK + kPad];
+  __shared__ __align__(128) bf16 Bs[BN][BK + kPad];
   __shared__ __align__(128) float Cs[BM][BN + 4];
   int64_t r0, r1, g;
   if (!tile_rows<BM>(M, offsets, groups, r0, r1, g)) return;
-  const int64_t n0 = int64_t(blockIdx.y) * BN;
+  const int64_t n0 = int64_t(blockIdx.y) * BN, n_valid = min(int64_t(BN), N - n0);
   const bf16* Bg = B + g * b_stride;
   const int warp = threadIdx.x / 32, wm = warp % WARPS_M, wn = warp / WARPS_M;
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
@@ -107,18 +133,27 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < FM; ++i)
 #pragma unroll
     for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
-    load_tile<BM, VEC>(As, A, lda, r0, r1 - r0, k0, K);
-    load_tile<BN, VEC>(Bs, Bg, ldb, n0, min(int64_t(BN), N - n0), k0, K);
+  Slice<BM, BK> sa;
+  Slice<BN, BK> sb;
+  fetch<BM, BK, VEC>(sa, A, lda, r0, r1 - r0, 0, K);
+  fetch<BN, BK, VEC>(sb, Bg, ldb, n0, n_valid, 0, K);
+  for (int64_t k0 = 0; k0 < K; k0 += BK) {
+    commit<BM, BK>(As, sa);
+    commit<BN, BK>(Bs, sb);
     __syncthreads();
+    if (k0 + BK < K) {
+      fetch<BM, BK, VEC>(sa, A, lda, r0, r1 - r0, k0 + BK, K);
+      fetch<BN, BK, VEC>(sb, Bg, ldb, n0, n_valid, k0 + BK, K);
+    }
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
+    for (int kk = 0; kk < BK; kk += 16) {
+      if (k0 + kk >= K) break;  // the same for the whole block
       wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a[FM];
       wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b[FN];
 #pragma unroll
-      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &As[(wm * FM + i) * 16][kk], kBK + kPad);
+      for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &As[(wm * FM + i) * 16][kk], BK + kPad);
 #pragma unroll
-      for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &Bs[(wn * FN + j) * 16][kk], kBK + kPad);
+      for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &Bs[(wn * FN + j) * 16][kk], BK + kPad);
 #pragma unroll
       for (int i = 0; i < FM; ++i)
 #pragma unroll
@@ -179,15 +214,15 @@ __global__ void __launch_bounds__(256)
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int BM, int BN, int WARPS_M>
+template <int BM, int BN, int BK, int WARPS_M>
 void launch_bf16(dim3 grid, bool vec, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
                  int64_t ldb, int64_t b_stride, const int64_t* offsets, int64_t groups, float alpha, float beta,
                  const void* c_src, void* C, bool c_f32, int64_t ldc) {
   if (vec)
-    gemm_bf16_kernel<BM, BN, WARPS_M, true><<<grid, kThreads, 0, stream()>>>(M, N, K, A, lda, B, ldb, b_stride, offsets,
+    gemm_bf16_kernel<BM, BN, BK, WARPS_M, true><<<grid, kThreads, 0, stream()>>>(M, N, K, A, lda, B, ldb, b_stride, offsets,
                                                                               groups, alpha, beta, c_src, C, c_f32, ldc);
   else
-    gemm_bf16_kernel<BM, BN, WARPS_M, false><<<grid, kThreads, 0, stream()>>>(
+    gemm_bf16_kernel<BM, BN, BK, WARPS_M, false><<<grid, kThreads, 0, stream()>>>(
         M, N, K, A, lda, B, ldb, b_stride, offsets, groups, alpha, beta, c_src, C, c_f32, ldc);
 }
 
@@ -227,10 +262,10 @@ void invariant_gemm_nt(const char* op, int64_t M, int64_t N, int64_t K, const vo
   MT_CHECK(tiles <= INT_MAX && ny <= 65535, op, ": batch-invariant GEMM C[", M, ", ", N, "] exceeds the grid");
   const dim3 grid{unsigned(tiles), unsigned(ny)};
   if (small)
-    launch_bf16<16, 64, 1>(grid, vec, M, N, K, a, lda, b, ldb, b_group_stride, offsets, groups, alpha, beta, C_src, C,
+    launch_bf16<16, 64, 128, 1>(grid, vec, M, N, K, a, lda, b, ldb, b_group_stride, offsets, groups, alpha, beta, C_src, C,
                            c_f32, ldc);
   else
-    launch_bf16<64, 64, 2>(grid, vec, M, N, K, a, lda, b, ldb, b_group_stride, offsets, groups, alpha, beta, C_src, C,
+    launch_bf16<64, 64, 64, 2>(grid, vec, M, N, K, a, lda, b, ldb, b_group_stride, offsets, groups, alpha, beta, C_src, C,
                            c_f32, ldc);
   MT_CUDA_LAUNCH_CHECK(op);
 }
@@ -243,7 +278,7 @@ template <int PER_LANE>
 __global__ void __launch_bounds__(32 * kAttnWarps)
     attention_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, int64_t T,
                      int64_t S, int64_t H, int64_t G, int64_t Hd, float scale, const int32_t* __restrict__ first,
-                     bf16* __restrict__ out, float* __restrict__ lse) {
+                     bool lse_bhs, bf16* __restrict__ out, float* __restrict__ lse) {
   const int64_t item = int64_t(blockIdx.x) * kAttnWarps + threadIdx.x / 32;  // (token, head)
   if (item >= T * H) return;
   const int64_t t = item / H, h = item - t * H, g = h / (H / G), b = t / S, i = t - b * S;
@@ -251,7 +286,7 @@ __global__ void __launch_bounds__(32 * kAttnWarps)
   const int64_t base = b * S + j0;
   const float l = attend_row_warp<PER_LANE>(q + item * Hd, i - j0 + 1, Hd, scale, k, v,
                                             [=](int64_t p) { return (base + p) * G + g; }, out + item * Hd);
-  if (threadIdx.x % 32 == 0) lse[item] = l;
+  if (threadIdx.x % 32 == 0) lse[lse_bhs ? (b * H + h) * S + i : item] = l;
 }
 
 template <class L>
@@ -283,7 +318,7 @@ void invariant_logprobs(const float* x, int64_t ld, int64_t R, int64_t V, const 
 }
 
 void invariant_attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                             Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T) {
+                             Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T, bool lse_bhs) {
   const char* op = "attention_fwd (batch-invariant)";
   const int64_t T = q_THHd.size(0), H = q_THHd.size(1), Hd = q_THHd.size(2), G = k_TGHd.size(1);
   MT_CHECK(T == B * S, op, ": ", T, " tokens for B = ", B, " rows of S = ", S);
@@ -302,7 +337,7 @@ void invariant_attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const T
   auto* out = static_cast<bf16*>(out_THHd.raw());
   float* lse = lse_TH.data<float>();
 #define MT_INV_ATTN(PL) \
-  attention_kernel<PL><<<grid, 32 * kAttnWarps, 0, stream()>>>(q, k, v, T, S, H, G, Hd, scale, first, out, lse)
+  attention_kernel<PL><<<grid, 32 * kAttnWarps, 0, stream()>>>(q, k, v, T, S, H, G, Hd, scale, first, lse_bhs, out, lse)
   const int64_t per_lane = (Hd + 31) / 32;
   if (per_lane == 1) MT_INV_ATTN(1);
   else if (per_lane == 2) MT_INV_ATTN(2);

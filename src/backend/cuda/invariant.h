@@ -15,11 +15,12 @@ void invariant_gemm_nt(const char* op, int64_t M, int64_t N, int64_t K, const vo
                        int64_t ldb, DType ab_dtype, float alpha, float beta, const void* C_src, void* C, DType c_dtype,
                        int64_t ldc, int64_t groups = 1, const int64_t* offsets = nullptr, int64_t b_group_stride = 0);
 
-// Training attention in the mode: out [T, H, Hd] bf16 and lse [T, H] f32 ([T, H] order, natural log) of q [T, H,
-// Hd], k, v [T, G, Hd] (B rows of S tokens, causal, doc_start_T as ops.h's attention_fwd), each (token, head) by
-// attend_row_warp over keys first..i, as the paged decode attention computes it.
+// Training attention in the mode: out [T, H, Hd] bf16 and lse (T*H f32, natural log) of q [T, H, Hd], k, v [T, G,
+// Hd] (B rows of S tokens, causal, doc_start_T as ops.h's attention_fwd), each (token, head) by attend_row_warp over
+// keys first..i, as the paged decode attention computes it. lse in [T, H] order, or with lse_bhs in [B, H, S] order
+// (attention.cuh's StatsLayout: the order the shape's backward reads).
 void invariant_attention_fwd(const Tensor& q_THHd, const Tensor& k_TGHd, const Tensor& v_TGHd, int64_t B, int64_t S,
-                             Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T);
+                             Tensor& out_THHd, Tensor& lse_TH, const Tensor* doc_start_T, bool lse_bhs = false);
 
 // logp[r] = x[r, label[r]] - log sum_v exp(x[r, v]) by row_logprob for the rows whose label is in [0, V) (others are
 // left as they are): x f32 [R, V] with leading dim ld. Labels i64 (the LM head's) or i32 (the sampler's tokens).

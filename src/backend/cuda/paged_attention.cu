@@ -627,7 +627,8 @@ void paged_attention_fwd(const Tensor& q_NHD, const Tensor& k_cache_SGD, const T
     MT_THROW(op, ": head_dim ", Hd, " is not supported by the CUDA kernel (1 to ", 32 * kMaxPerLane, ")");
   // The batch-invariant mode (invariant.cuh) takes the serial kernel: no split of a token's positions, whatever
   // the batch, and the training attention's own row function.
-  const PagedKernel which = batch_invariant() ? PagedKernel::serial : paged_kernel_from_env();
+  const PagedKernel asked = paged_kernel_from_env();  // checked in either mode
+  const PagedKernel which = batch_invariant() ? PagedKernel::serial : asked;
   if (which == PagedKernel::split && !split_supported(Hd))
     MT_THROW(op, ": MOETRAIN_PAGED_ATTENTION=split but head_dim ", Hd, " is not one of 16, 32, 64, 128, 256");
   if (which == PagedKernel::mma && !mma_supported(Hd))
