@@ -28,12 +28,14 @@ class DeterministicScope {
   bool prev_;
 };
 
-// The batch-invariant switch (MOETRAIN_BATCH_INVARIANT=1, or set_batch_invariant), CPU backend: every GEMM
+// The batch-invariant switch (MOETRAIN_BATCH_INVARIANT=1, or set_batch_invariant). CPU backend: every GEMM
 // computes each output row from its own input row in one fixed order (no BLAS blocking, which depends on the
 // number of rows), and the training attention computes each query row as the paged decode attention does (fp64
-// dots, softmax and weighted sum, in key order). A token's log-prob then depends on its sequence alone, not on
-// the batch around it, and the rollout engine's log-probs equal the trainer's forward on the same tokens bit for
-// bit. Slower (plain loops): for checking on-policy RL and for tests. The CUDA backend does not read it yet.
+// dots, softmax and weighted sum, in key order). CUDA backend: the forward GEMMs, the experts, both attentions and
+// the log-prob reductions take the kernels of backend/cuda/invariant.cuh. A token's log-prob then depends on its
+// sequence alone, not on the batch around it, and the rollout engine's log-probs equal the trainer's forward on
+// the same tokens bit for bit. Slower: for on-policy RL without a rollout/trainer gap, and for tests. Set it
+// before the first op (read once from the environment otherwise).
 bool batch_invariant();
 void set_batch_invariant(bool on);
 

@@ -464,6 +464,10 @@ struct UpdatePhases {
   const bool mismatch_on = o.mismatch.tis_cap > 0 || o.mismatch.token_mask_high > 0 || o.mismatch.seq_mask_high > 0;
   const bool on_policy = !o.old_logprob_forward && o.epochs == 1 && std::min(o.mini_batches, kept_groups) == 1 &&
                          o.kl_reward_coef <= 0 && !mismatch_on;
+  // Off-policy with the rollout's log-probs exactly the trainer's (GrpoOptions::rollout_logprobs_exact): they are
+  // the old ones, and no forward runs before the update either. Either way the update measures the row metrics.
+  const bool rollout_old = !on_policy && !o.old_logprob_forward && o.rollout_logprobs_exact;
+  const bool in_update = on_policy || rollout_old;
   // The mismatch the replay removes: the same log-probs with the trainer's own routing, every
   // mismatch_every steps (an extra forward per micro-batch).
   const bool no_replay_check = o.replay_routing && o.mismatch_every > 0 && step % o.mismatch_every == 0;
@@ -485,7 +489,7 @@ struct UpdatePhases {
   void trainer_rows(const PackedRollouts& p, const std::vector<size_t>& which) {
     auto t = Clock::now();
     std::vector<std::vector<float>> old, ent;
-    if (!on_policy) {
+    if (!in_update) {
       const HeadRows lp = forward_rows(session, p.mb, po);
       old = response_values(p, lp.logp);
       ent = response_values(p, lp.entropy);
@@ -503,7 +507,9 @@ struct UpdatePhases {
     }
     for (size_t k = 0; k < which.size(); ++k) {
       Kept& x = kept[which[k]];
-      if (!on_policy) {
+      if (rollout_old) {
+        x.old_lp = x.s.logprobs;
+      } else if (!on_policy) {
         x.old_lp = old[k];
         x.entropy = ent[k];
       }
@@ -691,7 +697,7 @@ struct UpdatePhases {
               nr_sum += std::abs(dn);
               m.logprob_diff_max_no_replay = std::max(m.logprob_diff_max_no_replay, std::abs(dn));
             }
-            if (on_policy) continue;  // the objective measures the rest during the update
+            if (in_update) continue;  // the objective measures the rest during the update
             const double d = double(old[k][size_t(j)]) - double(x.s.logprobs[size_t(j)]);
             const double w = std::exp(d);
             dsum += std::abs(d);
@@ -776,12 +782,15 @@ struct UpdatePhases {
           batches.push_back(pad_rows(u.p.mb, dp, K));
           train_tokens += sequence_tokens(u.p);
         }
-        PolicyObjective obj(o.loss, on_policy);
+        // The row metrics: on-policy, or from the first epoch's passes with the rollout's log-probs as the old ones
+        // (the mismatch only from the first mini-batch, before the policy moves).
+        const bool measure = in_update && e == 0, first = measure && &mb == &minis.front();
+        PolicyObjective obj(o.loss, on_policy, measure);
         StepOptions so;
         so.lr = o.lr;
         so.objective = &obj;
         so.temperature = o.sampling.temperature;
-        so.token_entropy = on_policy;  // the entropy metric
+        so.token_entropy = measure;  // the entropy metric
         so.aux_loss_coef = o.aux_loss_coef;
         so.router_z_loss_coef = o.router_z_loss_coef;
         if (o.freeze_router) so.frozen = is_router_weight;
@@ -812,17 +821,21 @@ struct UpdatePhases {
         approx_kl += pm.approx_kl;
         ref_kl_sum_update += pm.ref_kl;
         trained += pm.tokens;
-        if (on_policy) {
-          if (pm.rows > 0) {
-            w_min = std::min(w_min, pm.weight_min);
-            w_max = std::max(w_max, pm.weight_max);
-          }
+        if (measure) {
           op_rows += pm.rows;
-          dsum += pm.diff_sum;
-          m.logprob_diff_max = std::max(m.logprob_diff_max, pm.diff_max);
-          wsum += pm.weight_sum;
           ent_sum += pm.row_entropy;
           ref_kl_sum += pm.row_ref_kl;
+          if (on_policy || first) {  // the mismatch, measured
+            if (pm.rows > 0) {
+              w_min = std::min(w_min, pm.weight_min);
+              w_max = std::max(w_max, pm.weight_max);
+            }
+            dsum += pm.diff_sum;
+            m.logprob_diff_max = std::max(m.logprob_diff_max, pm.diff_max);
+            wsum += pm.weight_sum;
+          } else {  // after the policy moved: the rollout's are the old log-probs, the weight 1
+            wsum += double(pm.rows);
+          }
         }
       }
     m.update_s = seconds_since(t);
@@ -867,13 +880,13 @@ struct UpdatePhases {
            ent_sum, ref_kl_sum, m.logprob_diff_max, w_min, w_max});
       pg_sum = kl_sum = approx_kl = ref_kl_sum_update = 0;
       clip_low = clip_high = clip_region = clip_dual = trained = c_tokens = c_clipped = 0;
-      if (on_policy) {  // else the rank's own sums below were over every sample already
+      if (in_update) {  // else the rank's own sums below were over every sample already
         op_rows = 0;
         dsum = wsum = ent_sum = ref_kl_sum = 0;
       }
       constexpr size_t kStride = 19;
       for (size_t k = 0; k < all.size(); k += kStride) {
-        if (on_policy) {
+        if (in_update) {
           op_rows += int64_t(all[k + 11]);
           dsum += all[k + 12];
           wsum += all[k + 13];
@@ -900,7 +913,7 @@ struct UpdatePhases {
     }
     // The rollout/trainer mismatch, entropy and reference KL over the kept samples' response tokens: from the
     // forward before the update, or on-policy from the update's own (every target row, on some rank).
-    const double measured = on_policy ? double(std::max<int64_t>(op_rows, 1)) : double(tokens_all);
+    const double measured = in_update ? double(std::max<int64_t>(op_rows, 1)) : double(tokens_all);
     m.logprob_diff_mean = dsum / measured;
     m.importance_weight_mean = wsum / measured;
     m.importance_weight_min = w_min;

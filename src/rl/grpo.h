@@ -89,6 +89,11 @@ struct GrpoOptions {
   // update's own log-probs, detached, as the old ones (PolicyObjective's on_policy): the same values the
   // trainer's forward before the update would give, without that forward. true: run it anyway (the A/B).
   bool old_logprob_forward = false;
+  // The rollout's log-probs are the trainer's, bit for bit (the batch-invariant mode, core/determinism.h:
+  // `--true-on-policy`): an update that is not on-policy (several epochs or mini-batches, the KL in the reward)
+  // takes them as its old log-probs too, with no forward before it; the entropy and reference-KL metrics come
+  // from the first epoch's update passes, the mismatch from its first mini-batch (0 by construction).
+  bool rollout_logprobs_exact = false;
   // PPO (grpo_step's `critic`): token rewards r_t are the process rewards of token_reward when set, else
   // the outcome reward on the last response token; GAE(gamma, lam) over them with the critic's values
   // (0 after the last token); advantages whitened (mean 0, std 1) over the step's trained tokens; the

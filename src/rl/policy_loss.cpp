@@ -210,7 +210,10 @@ double aggregation_norm(LossAggregation a, int64_t length, int64_t step_tokens, 
   return 0;
 }
 
-PolicyObjective::PolicyObjective(const PolicyLossConfig& c, bool on_policy) : cfg_(c), on_policy_(on_policy) {
+PolicyObjective::PolicyObjective(const PolicyLossConfig& c, bool on_policy) : PolicyObjective(c, on_policy, on_policy) {}
+
+PolicyObjective::PolicyObjective(const PolicyLossConfig& c, bool on_policy, bool measure_rows)
+    : cfg_(c), on_policy_(on_policy), measure_rows_(measure_rows) {
   validate(c);
 }
 
@@ -229,7 +232,7 @@ double PolicyObjective::coefficients(const TokenRows& rows, Tensor& dlogp, Tenso
   auto val = [&](int k, int64_t t) { return double(rows.values[size_t(k)].data<float>()[t]); };
   // The old log-prob of row t: the slot's, or on-policy the row's own (the slot then holds the engine's).
   auto old_of = [&](int64_t t) { return on_policy_ ? double(lp[t]) : val(kOldLogp, t); };
-  if (on_policy_) {
+  if (measure_rows_) {
     const bool has_ref = rows.values.size() > size_t(kRefLogp);
     for (int64_t t = 0; t < n; ++t) {
       if (lab[t] == -100) continue;

@@ -119,9 +119,13 @@ struct PolicyMetrics {
 // on_policy (one epoch of one mini-batch): the old log-prob is the current one, detached (the ratio is 1),
 // as when the trainer's forward before the update gave it; slot [1] then carries the rollout engine's
 // log-probs, for the mismatch metrics only. No forward before the update is needed.
+// measure_rows (default: on_policy): the row metrics of PolicyMetrics (the mismatch of the update's own
+// log-probs against slot [1], the entropy, the reference KL), also off-policy (the batch-invariant mode, where
+// slot [1] holds the rollout's log-probs, which are the trainer's: rl/grpo.cpp).
 class PolicyObjective : public TokenObjective {
  public:
   explicit PolicyObjective(const PolicyLossConfig& c, bool on_policy = false);
+  PolicyObjective(const PolicyLossConfig& c, bool on_policy, bool measure_rows);
   bool needs_entropy() const override { return cfg_.entropy_coef != 0; }
   double coefficients(const TokenRows& rows, Tensor& dlogp, Tensor* dentropy) const override;
   const PolicyMetrics& metrics() const { return metrics_; }
@@ -131,7 +135,7 @@ class PolicyObjective : public TokenObjective {
 
  private:
   PolicyLossConfig cfg_;
-  bool on_policy_ = false;
+  bool on_policy_ = false, measure_rows_ = false;
   mutable PolicyMetrics metrics_;
 };
 

@@ -139,6 +139,37 @@ TEST(GrpoCli, TrueOnPolicyMakesTheRolloutTrainerMismatchZero) {
   EXPECT_GT(without, 0.0) << "the test needs the default mode to differ";
 }
 
+// Off-policy under the batch-invariant mode (two epochs of two mini-batches): the rollout's log-probs are the old
+// ones and no forward runs before the update, and the run equals the one with that forward
+// (--old-logprob-forward on) in every step's loss and gradient norm, bit for bit: the forward's log-probs were the
+// rollout's. The entropy is still measured (during the first epoch), the mismatch is 0 in both.
+TEST(GrpoCli, TrueOnPolicyOffPolicyUpdateTakesTheRolloutsLogprobs) {
+  std::vector<std::vector<nlohmann::json>> runs;
+  for (const bool forward : {false, true}) {
+    const std::string out = tmp_path("grpocli", forward ? "top_fwd" : "top_skip");
+    const ShellRun r = sh(kMoetrainBin + " grpo --device cpu --model " + kGoldens +
+                          "/tiny --steps 3 --prompts-per-step 4 --n 4 --min-digits 1 --max-digits 2 --eval-problems 4 "
+                          "--dynamic-sampling off --temperature 1 --epochs 2 --mini-batches 2 --true-on-policy "
+                          "--old-logprob-forward " +
+                          (forward ? "on" : "off") + " --run-dir " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    runs.push_back(read_step_metrics(out + "/metrics.jsonl"));
+    ASSERT_EQ(runs.back().size(), 3u);
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json &skip = runs[0][i], &fwd = runs[1][i];
+    EXPECT_EQ(skip.at("loss").get<double>(), fwd.at("loss").get<double>()) << i;
+    EXPECT_EQ(skip.at("grad_norm").get<double>(), fwd.at("grad_norm").get<double>()) << i;
+    EXPECT_EQ(skip.at("logprob_tokens_per_s").get<double>(), 0.0) << "no forward before the update";
+    EXPECT_GT(fwd.at("logprob_tokens_per_s").get<double>(), 0.0);
+    EXPECT_EQ(skip.at("logprob_diff_max").get<double>(), 0.0);
+    EXPECT_EQ(fwd.at("logprob_diff_max").get<double>(), 0.0);
+    EXPECT_GT(skip.at("entropy").get<double>(), 0.0);
+    EXPECT_NEAR(skip.at("entropy").get<double>(), fwd.at("entropy").get<double>(),
+                0.05 * fwd.at("entropy").get<double>());
+  }
+}
+
 // Each --advantage value reaches the loop as itself (`process` once ran as `position`: the default's
 // per-position switch stayed on), and the run's first line names it; without it, the task's own (sharpen:
 // outcome, extend: position).

@@ -517,6 +517,7 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
     refines(f, o.loss.kind != rl::PolicyLoss::PolicyGradient,
             "clips the policy ratio; --loss pg has no ratio to clip (use --loss ppo or gspo, or drop it)");
   if (a.true_on_policy) {
+    o.rollout_logprobs_exact = true;
     if (o.sampling.temperature != 1.0f)
       MT_THROW("grpo: --true-on-policy needs --temperature 1 (got ", o.sampling.temperature,
                "): the trainer divides the hidden state by T before the LM head and the sampler divides the logits, "
