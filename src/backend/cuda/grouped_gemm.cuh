@@ -37,6 +37,7 @@ bool grouped_gemm_available();
 // from what the host knows, with no sync: a TN call (b_is_nk) with R <= kSmallRowsPerExpert * E rows
 // (on average at most one 64-row tile per expert) takes m64n256, anything else large. The NN product
 // (the backward's dh, dxp) always runs large.
+// The batch-invariant mode (core/determinism.h) takes large for every call, whatever the rows.
 // MOETRAIN_GROUPED_SMALL (read at every call, for A/B runs) overrides automatic for TN calls:
 // unset or "auto" as above, "0" large, "1" m64n256, "64x256" / "64x128" that tile.
 enum class RowsTile { automatic, large, m64n256, m64n128 };
@@ -87,8 +88,8 @@ void experts_bwd_reference(const Tensor& dyp_RD, const Tensor& xp_RD, const Tens
 // The grouped path: the grouped GEMMs above, no host synchronisation. Throws when unsupported.
 void experts_fwd_grouped(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                          const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
-// The batch-invariant mode's forward (invariant.cuh): what experts_fwd runs while core/determinism.h's
-// batch_invariant() is on, whatever the path.
+// The batch-invariant mode's forward on invariant.cuh's GEMM: what experts_fwd runs while core/determinism.h's
+// batch_invariant() is on and the grouped GEMMs cannot run (otherwise they run, at their one large tile).
 void experts_fwd_invariant(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD,
                            const Tensor& w_down_EDF, Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD);
 // after_dx (ops::experts_bwd) runs between the input gradient and the weight gradients.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/cuda/grouped_gemm.cuh"
+#include "core/determinism.h"
 #include "core/error.h"
 
 namespace mt::cuda {
@@ -44,6 +45,9 @@ RowsTile grouped_rows_tile(int64_t E, int64_t R, bool b_is_nk, RowsTile tile) {
     return tile;
   }
   if (!b_is_nk) return RowsTile::large;
+  // The batch-invariant mode (core/determinism.h): one tile for every row count, so a row's bits do not depend on
+  // how many rows its expert has.
+  if (batch_invariant()) return RowsTile::large;
   const RowsTile forced = tile_from_env();
   if (forced != RowsTile::automatic) return forced;
   return R <= kSmallRowsPerExpert * E ? RowsTile::m64n256 : RowsTile::large;

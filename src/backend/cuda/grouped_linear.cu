@@ -241,14 +241,15 @@ void grouped_linear_fwd(const Tensor& x_RK, const Tensor& offsets_E1, const Tens
   check_cuda(offsets_E1, DType::I64, "grouped_linear_fwd offsets_E1");
   const int64_t E = w_ENK.size(0), N = w_ENK.size(1), K = w_ENK.size(2), R = x_RK.size(0);
   if (R == 0 || N == 0) return;
+  if (alpha == 1.0f && !accumulate && cutlass_suits({&x_RK, &w_ENK, &y_RN}, {N, K})) {
+    // In the batch-invariant mode at the one large tile (grouped_rows_tile).
+    grouped_gemm_rows(op, E, offsets_E1.data<int64_t>(), R, N, K, bf16c(x_RK), bf16c(w_ENK), true,
+                      static_cast<__nv_bfloat16*>(y_RN.raw()));
+    return;
+  }
   if (batch_invariant() && x_RK.dtype() == w_ENK.dtype()) {  // invariant.cuh
     invariant_gemm_nt(op, R, N, K, x_RK.raw(), K, w_ENK.raw(), K, w_ENK.dtype(), alpha, accumulate ? 1.0f : 0.0f,
                       nullptr, y_RN.raw(), y_RN.dtype(), N, E, offsets_E1.data<int64_t>(), N * K);
-    return;
-  }
-  if (alpha == 1.0f && !accumulate && cutlass_suits({&x_RK, &w_ENK, &y_RN}, {N, K})) {
-    grouped_gemm_rows(op, E, offsets_E1.data<int64_t>(), R, N, K, bf16c(x_RK), bf16c(w_ENK), true,
-                      static_cast<__nv_bfloat16*>(y_RN.raw()));
     return;
   }
   launch_rows(x_RK, w_ENK, y_RN, offsets_E1, N, K, true, alpha, accumulate, op);

@@ -84,21 +84,38 @@ __device__ __forceinline__ float attend_row_warp(const __nv_bfloat16* __restrict
     acc[i] = 0.0f;
   }
   float m = -INFINITY, sum = 0.0f;
-  for (int64_t p = 0; p < n; ++p) {
+  // Key and value p + 1 are loaded while position p is computed (the loop is latency-bound otherwise); the
+  // arithmetic is the same.
+  __nv_bfloat16 kn[PER_LANE], vn[PER_LANE];
+  auto load = [&](int64_t p) {
     const int64_t s = row(p);
-    const __nv_bfloat16* kp = kc + s * Hd;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      const bool in = lane + 32 * i < Hd;
+      kn[i] = in ? kc[s * Hd + lane + 32 * i] : __nv_bfloat16();
+      vn[i] = in ? vc[s * Hd + lane + 32 * i] : __nv_bfloat16();
+    }
+  };
+  if (n > 0) load(0);
+  for (int64_t p = 0; p < n; ++p) {
+    float kv[PER_LANE], vv[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      kv[i] = __bfloat162float(kn[i]);
+      vv[i] = __bfloat162float(vn[i]);
+    }
+    if (p + 1 < n) load(p + 1);
     float d = 0.0f;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < Hd) d = __fmaf_rn(qv[i], __bfloat162float(kp[lane + 32 * i]), d);
+      if (lane + 32 * i < Hd) d = __fmaf_rn(qv[i], kv[i], d);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) d = __fadd_rn(d, __shfl_xor_sync(0xffffffffu, d, o));
     const float x = __fmul_rn(d, scale), mn = fmaxf(m, x), corr = expf(__fsub_rn(m, mn)), e = expf(__fsub_rn(x, mn));
     sum = __fmaf_rn(sum, corr, e);
-    const __nv_bfloat16* vp = vc + s * Hd;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i)
-      if (lane + 32 * i < Hd) acc[i] = __fmaf_rn(e, __bfloat162float(vp[lane + 32 * i]), __fmul_rn(acc[i], corr));
+      if (lane + 32 * i < Hd) acc[i] = __fmaf_rn(e, vv[i], __fmul_rn(acc[i], corr));
     m = mn;
   }
 #pragma unroll
