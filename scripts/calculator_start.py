@@ -21,10 +21,15 @@ ap.add_argument("--rate", type=float, default=0.2)
 ap.add_argument("--device", default="auto")
 ap.add_argument("--lr", type=float, default=1e-4)
 ap.add_argument("--seed", type=int, default=99)
+ap.add_argument("--min-digits", type=int, default=1)
+ap.add_argument("--max-digits", type=int, default=3)
+ap.add_argument("--copy-steps", type=int, default=0,
+                help="steps first that teach reading the answer from the tool's result, with the call itself out of "
+                     "the loss (the call rate stays where it was)")
 a = ap.parse_args()
 
 model = mt.Model(mt.tasks.task_start("sharpen", a.device), device=a.device)
-task = mt.tasks.Addition(lo=1, hi=3, seed=a.seed)
+task = mt.tasks.Addition(lo=a.min_digits, hi=a.max_digits, seed=a.seed)
 call = model.encode("?") + [model.eos_token_id]
 
 
@@ -37,27 +42,47 @@ def rates():
     return float(np.mean(calls)), float(np.mean(direct)) if direct else 0.0
 
 
+def copy_rate():
+    """After a call and the tool's result: the share of sampled answers (T = 1) that read it right."""
+    ctx = [list(p) + call + list(p) + list(ans) + list(p) for p, ans in probe_answers]
+    out = model.sampler.sample(ctx, n=4, max_new_tokens=5, temperature=1.0, seed=2)
+    return float(np.mean([s.tokens.tolist() == list(ans) for (_, ans), g in zip(probe_answers, out) for s in g]))
+
+
+def mixture(call_loss):
+    """A quarter of the batch the call, the tool's result (no loss on it) and the answer read from it, the rest
+    plain answers; without call_loss, the call's own tokens are out of the loss and every row is a call."""
+    batch = []
+    for k, (p, ans, _) in enumerate(task.train(32)):
+        if k % 4 and call_loss:
+            batch.append(mt.Datum(p, list(ans)))
+        else:
+            obs = list(p) + list(ans) + list(p)
+            batch.append(mt.Datum(p, call + obs + list(ans),
+                                  mask=[int(call_loss)] * len(call) + [0] * len(obs) + [1] * len(ans)))
+    return batch
+
+
 probe_problems = task.train(64)
 probe = [p for p, _, _ in probe_problems]
 probe_answers = [(p, a) for p, a, _ in probe_problems]
 history = [rates()]
+copy_before = copy_rate()
+for _ in range(a.copy_steps):
+    model.trainer.forward_backward(mixture(call_loss=False))
+    model.trainer.optim_step(mt.AdamParams(learning_rate=a.lr, weight_decay=0.0))
+copy_mid = copy_rate()
 steps = 0
 while history[-1][0] < a.rate and steps < 300:
-    problems = task.train(32)
-    batch = []
-    for k, (p, ans, _) in enumerate(problems):
-        if k % 4:
-            batch.append(mt.Datum(p, list(ans)))
-        else:  # the call, the tool's result (no loss on it: mask 0), the answer read from it
-            obs = list(p) + list(ans) + list(p)
-            batch.append(mt.Datum(p, call + obs + list(ans), mask=[1] * len(call) + [0] * len(obs) + [1] * len(ans)))
-    model.trainer.forward_backward(batch)
+    model.trainer.forward_backward(mixture(call_loss=True))
     model.trainer.optim_step(mt.AdamParams(learning_rate=a.lr, weight_decay=0.0))
     steps += 1
     history.append(rates())
 # A checkpoint directory (HF weights and the routing bias the demo's aux-loss-free balancing keeps beside them;
 # an HF export would drop the bias and route otherwise): `--model` takes it.
 ckpt = model.trainer.save_state(a.out)
-print(json.dumps({"script": "calculator_start", "model": ckpt, "steps": steps, "call_rate_before": history[0][0],
-                  "call_rate_after": history[-1][0], "direct_right_before": history[0][1],
-                  "direct_right_after": history[-1][1]}))
+print(json.dumps({"script": "calculator_start", "model": ckpt, "copy_steps": a.copy_steps, "steps": steps,
+                  "call_rate_before": history[0][0], "call_rate_after": history[-1][0],
+                  "direct_right_before": history[0][1], "direct_right_after": history[-1][1],
+                  "copy_right_before": copy_before, "copy_right_after_copy_steps": copy_mid,
+                  "copy_right_after": copy_rate()}))

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/cuda_graph.h"
+#include "cuda_session_util.h"
 #include "cuda_test_util.h"
 #include "model/qwen3_moe.h"
 #include "rollout/engine.h"
@@ -24,16 +25,6 @@ ModelConfig graph_config() {
   c.mlp_only_layers = {0};  // a dense layer and a sparse one
   c.eos_token_id = -1;
   return c;
-}
-
-// A frozen CUDA session of c with random weights (seed).
-std::unique_ptr<TrainSession> cuda_session(const ModelConfig& c, uint64_t seed) {
-  SessionOptions so;
-  so.device = Device::CUDA;
-  so.weights = Weights::Frozen;
-  auto s = std::make_unique<TrainSession>(c, so);
-  s->init_weights(seed);
-  return s;
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -72,7 +63,7 @@ void fill_step(const CachedBatch& in, int64_t B, int64_t step, int64_t width) {
 TEST(CudaGraphs, DecodeReplayEqualsTheEagerPassBitwise) {
   MT_REQUIRE_GPU();
   const ModelConfig c = graph_config();
-  const std::unique_ptr<TrainSession> s = cuda_session(c, 3);
+  const std::unique_ptr<TrainSession> s = cudatest::frozen_cuda_session(c, 3);
   Qwen3MoeModel& m = s->model();
   ASSERT_TRUE(m.capturable_cached());
   m.begin_inference();
@@ -149,7 +140,7 @@ TEST(CudaGraphs, DecodeReplayEqualsTheEagerPassBitwise) {
 TEST(CudaGraphs, AnEmptyDecodeStepRunsOnTheGpu) {
   MT_REQUIRE_GPU();
   const ModelConfig c = graph_config();
-  const std::unique_ptr<TrainSession> s = cuda_session(c, 5);
+  const std::unique_ptr<TrainSession> s = cudatest::frozen_cuda_session(c, 5);
   Qwen3MoeModel& m = s->model();
   m.begin_inference();
   KvCache cache = KvCache::allocate(c, Device::CUDA, 8, 8);
@@ -183,7 +174,7 @@ TEST(CudaGraphs, AnEmptyDecodeStepRunsOnTheGpu) {
 TEST(CudaGraphs, EngineWithGraphsGeneratesWhatItDoesWithout) {
   MT_REQUIRE_GPU();
   const ModelConfig c = graph_config();
-  const std::unique_ptr<TrainSession> s = cuda_session(c, 4);
+  const std::unique_ptr<TrainSession> s = cudatest::frozen_cuda_session(c, 4);
   std::vector<GenerateRequest> reqs;
   for (int64_t i = 0; i < 6; ++i) {
     GenerateRequest r;

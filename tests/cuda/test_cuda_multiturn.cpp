@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "cuda_session_util.h"
 #include "cuda_test_util.h"
 #include "model/qwen3_moe.h"
 #include "rollout/engine.h"
@@ -34,11 +35,8 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST(CudaMultiTurn, GraphsOnGiveTheTokensOfGraphsOff) {
   MT_REQUIRE_GPU();
   const ModelConfig c = multiturn_config();
-  SessionOptions so;
-  so.device = Device::CUDA;
-  so.weights = Weights::Frozen;
-  TrainSession s(c, so);
-  s.init_weights(21);
+  const std::unique_ptr<TrainSession> session = cudatest::frozen_cuda_session(c, 21);
+  TrainSession& s = *session;
   std::vector<GenerateRequest> reqs;
   for (int64_t i = 0; i < 6; ++i) {
     GenerateRequest r;

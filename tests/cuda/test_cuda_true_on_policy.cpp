@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/determinism.h"
+#include "cuda_session_util.h"
 #include "cuda_test_util.h"
 #include "model/qwen3_moe.h"
 #include "rl/rollout_batch.h"
@@ -41,15 +42,6 @@ ModelConfig config(int which) {
     c.num_hidden_layers = 3;
   }
   return c;
-}
-
-std::unique_ptr<TrainSession> cuda_session(const ModelConfig& c, uint64_t seed) {
-  SessionOptions so;
-  so.device = Device::CUDA;
-  so.weights = Weights::Frozen;
-  auto s = std::make_unique<TrainSession>(c, so);
-  s->init_weights(seed);
-  return s;
 }
 
 GenerateRequest request(const ModelConfig& c, int64_t i, int64_t n = 1) {
@@ -170,7 +162,7 @@ TEST(CudaTrueOnPolicy, RolloutLogprobsEqualTheTrainersBitForBit) {
   MT_REQUIRE_GPU();
   for (int which : {0, 1}) {
     const ModelConfig c = config(which);
-    const std::unique_ptr<TrainSession> s = cuda_session(c, 21);
+    const std::unique_ptr<TrainSession> s = cudatest::frozen_cuda_session(c, 21);
     const auto [off_diff, off_total] = rollout_vs_trainer(c, *s);
     std::pair<int64_t, int64_t> on;
     {
@@ -194,7 +186,7 @@ TEST(CudaTrueOnPolicy, ASampleDoesNotDependOnItsBatchCacheLayoutOrGraphs) {
   MT_REQUIRE_GPU();
   BatchInvariantScope invariant(true);
   const ModelConfig c = config(1);
-  const std::unique_ptr<TrainSession> s = cuda_session(c, 5);
+  const std::unique_ptr<TrainSession> s = cudatest::frozen_cuda_session(c, 5);
   const GenerateRequest probe = request(c, 1000, 2);
   std::vector<GeneratedSample> ref;
   int runs = 0;
