@@ -129,6 +129,10 @@ struct Model {
   bool engine_routing = false;  // the engine records the routing
   std::optional<AdamWConfig> adam;
   int64_t generate_calls = 0;
+  // Under tp or sp the sampler runs on a one-device copy of the whole weights (rl::TpGenerator), gathered again
+  // when the weights changed since (weights_version: optim_step, set_parameters and load_state count it up).
+  std::unique_ptr<rl::TpGenerator> tp_copy;
+  int64_t weights_version = 0, tp_copy_version = -1;
 
   TrainSession& s() { return *session; }
 };
@@ -155,12 +159,11 @@ std::shared_ptr<Model> make_model(const std::string& path, const std::string& de
     if (key == "dp_replicate") so.dist.mesh.dp_replicate = value;
     else if (key == "dp_shard") so.dist.mesh.dp_shard = value;
     else if (key == "ep") so.dist.mesh.ep = value;
-    else if (key == "tp" || key == "sp")
-      throw nb::value_error(str("Model: mesh ", key, " is not supported from Python (the sampler runs on whole "
-                                "weights); use dp_replicate, dp_shard and ep, or `moetrain grpo --", key, "`")
-                                .c_str());
+    else if (key == "tp") so.dist.mesh.tp = value;
+    else if (key == "sp") so.dist.mesh.sp = value;
     else
-      throw nb::value_error(str("Model: mesh key '", key, "' is unknown; use dp_replicate, dp_shard, ep").c_str());
+      throw nb::value_error(
+          str("Model: mesh key '", key, "' is unknown; use dp_replicate, dp_shard, ep, tp, sp").c_str());
   }
   {
     nb::gil_scoped_release release;
@@ -202,7 +205,18 @@ std::shared_ptr<Model> make_model(const std::string& path, const std::string& de
 // The sampler's engine, with a KV budget for these requests (grown when a call needs more), recording the routing
 // once a call asks for it (host bytes per token and layer: routing_record.h).
 RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs, bool routing) {
-  const int64_t need = RolloutEngine::kv_bytes_needed(m.s().model(), reqs, 16);
+  const DeviceMesh& mesh = m.s().dist().mesh();
+  const bool copy = mesh.size(Axis::Tp) > 1 || mesh.size(Axis::Sp) > 1;
+  if (copy && !m.tp_copy) {
+    m.tp_copy = std::make_unique<rl::TpGenerator>(m.s());
+    m.engine.reset();  // built on the copy below
+  }
+  if (copy && m.tp_copy_version != m.weights_version) {  // collective: every rank samples (SPMD)
+    m.tp_copy->refresh();
+    m.tp_copy_version = m.weights_version;
+  }
+  Qwen3MoeModel& model = copy ? m.tp_copy->model() : m.s().model();
+  const int64_t need = RolloutEngine::kv_bytes_needed(model, reqs, 16);
   if (!m.engine || need > m.engine_kv || (routing && !m.engine_routing)) {
     m.engine.reset();
     EngineOptions eo;
@@ -210,8 +224,8 @@ RolloutEngine& engine_for(Model& m, const std::vector<GenerateRequest>& reqs, bo
     eo.record_routing = routing || m.engine_routing;
     m.engine_routing = eo.record_routing;
     eo.on_step = [](const EngineProgress&) { SigintGuard::poll(); };
-    eo.lockstep = m.s().dist().ep();
-    m.engine = std::make_unique<RolloutEngine>(m.s().model(), eo);
+    eo.lockstep = copy ? nullptr : m.s().dist().ep();  // the copy holds every expert
+    m.engine = std::make_unique<RolloutEngine>(model, eo);
     m.engine_kv = eo.kv_cache_bytes;
   }
   return *m.engine;
@@ -227,6 +241,10 @@ nb::list sample(Model& m, const std::vector<std::vector<int32_t>>& prompts, int6
   if (!(top_p > 0 && top_p <= 1)) throw nb::value_error(str("sample: top_p = ", top_p, "; need in (0, 1]").c_str());
   if (top_k < 0) throw nb::value_error(str("sample: top_k = ", top_k, "; need >= 0 (0: off)").c_str());
   if (!(min_p >= 0 && min_p <= 1)) throw nb::value_error(str("sample: min_p = ", min_p, "; need in [0, 1]").c_str());
+  const DeviceMesh& mesh = m.s().dist().mesh();
+  if (routing && (mesh.size(Axis::Tp) > 1 || mesh.size(Axis::Sp) > 1))
+    throw nb::value_error("sample: routing=True under tp or sp: the trainer cannot replay a routing record there "
+                          "(it routes itself); sample without it");
   std::vector<GenerateRequest> reqs;
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerateRequest r;
@@ -630,6 +648,7 @@ nb::dict optim_step(Model& m, double lr, double beta1, double beta2, double eps,
     so.lr = lr;
     m.s().optimizer_step(so, r);
   }
+  ++m.weights_version;
   nb::dict out;
   out["grad_norm"] = r.opt.grad_norm;
   out["clip_scale"] = r.opt.clip_scale;
@@ -660,6 +679,7 @@ void set_parameters(Model& m, nb::ndarray<float, nb::ndim<1>, nb::c_contig, nb::
   std::copy_n(values.data(), p.numel(), host.data<float>());
   p.copy_from(host.to(p.device()));
   if (!m.s().lora()) m.s().refresh_compute_weights();
+  ++m.weights_version;
 }
 
 // ---- state ----
@@ -707,6 +727,7 @@ void load_state(Model& m, const std::string& ckpt) {
   }
   m.s().set_steps_done(st.value("step", int64_t(0)));
   m.s().discard_grads();
+  ++m.weights_version;
 }
 
 std::string export_hf(Model& m, const std::string& dir, bool merge, const std::string& dtype) {

@@ -11,6 +11,8 @@ lp0 = [r["logprobs"].tolist() for r in m.trainer.forward(batch)]  # before any s
 r = m.trainer.forward_backward(batch)
 s = m.trainer.optim_step(mt.AdamParams(learning_rate=1e-3))
 lp = m.trainer.forward(batch)
+after = m.sampler.sample([[1, 2, 3], [4, 5, 6, 7]], n=2, max_new_tokens=5, seed=3)  # the stepped weights
 print(json.dumps({"rank": m.rank, "world": m.world_size, "loss": r["loss"], "grad_norm": s["grad_norm"],
                   "tokens": [x.tokens.tolist() for g in out for x in g], "lp": float(sum(x["logprobs"].sum() for x in lp)), "lp0": lp0,
-                  "sample_lp": [x.logprobs.tolist() for g in out for x in g]}), flush=True)
+                  "sample_lp": [x.logprobs.tolist() for g in out for x in g],
+                  "sample_lp_after": [x.logprobs.tolist() for g in after for x in g]}), flush=True)

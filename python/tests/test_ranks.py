@@ -21,7 +21,7 @@ def run(cmd, env=None):
 
 
 @pytest.mark.skipif(not os.path.exists(BIN), reason=f"no moetrain binary at {BIN} (set MOETRAIN_BIN)")
-@pytest.mark.parametrize("mesh", [{"dp_shard": 2}, {"ep": 2}])
+@pytest.mark.parametrize("mesh", [{"dp_shard": 2}, {"ep": 2}, {"tp": 2}, {"sp": 2}])
 def test_launched_ranks_equal_one_process(mesh):
     script = str(HERE / "mesh_script.py")
     one = run([sys.executable, script, "{}"])[0]
@@ -33,6 +33,10 @@ def test_launched_ranks_equal_one_process(mesh):
         assert r["loss"] == pytest.approx(one["loss"], rel=1e-6)
         assert r["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         assert r["lp"] == pytest.approx(one["lp"], rel=1e-5)
+        # After the step the sampler reads the new weights (under tp and sp a copy gathered again).
+        for a, b in zip(r["sample_lp_after"], one["sample_lp_after"]):
+            assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+        assert r["sample_lp_after"] != r["sample_lp"]
 
 
 TORCHRUN = os.environ.get("TORCHRUN") or shutil.which("torchrun")
