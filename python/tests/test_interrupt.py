@@ -5,8 +5,11 @@ import subprocess
 import sys
 import time
 
+# Each script starts with Python's own SIGINT handler whatever it inherited (a runner that starts the tests in the
+# background hands them SIGINT ignored, and the call then puts that back, as it should).
 SCRIPT = r"""
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import moetrain as mt
 m = mt.Model("tiny", device="cpu", seed=1)
 what = sys.argv[1]
@@ -56,7 +59,8 @@ def test_ctrl_c_stops_forward_backward():
 
 
 GRPO_SCRIPT = r"""
-import json, os, sys
+import json, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import moetrain as mt
 d, tok = sys.argv[1], sys.argv[2]
 mt.Model("tiny", device="cpu", seed=3, tokenizer=tok).trainer.export_hf(d + "/model", dtype="f32")
