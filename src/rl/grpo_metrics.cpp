@@ -117,6 +117,7 @@ std::string recipe_text(const GrpoOptions& o, bool ppo, bool process, bool per_p
                             : "process",
              ", aggregation ", aggregation, o.dynamic_sampling ? ", dynamic sampling" : "",
              with_reference ? ", reference model" : "",
+             o.rollout_logprobs_exact ? ", true on-policy (batch-invariant kernels)" : "",
              with_critic ? ", PPO: critic lr " + std::to_string(o.critic_lr) + ", gamma " + std::to_string(o.gamma) +
                                ", lam " + std::to_string(o.lam) + ", value clip " + std::to_string(o.value_clip)
                          : std::string());

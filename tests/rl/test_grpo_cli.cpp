@@ -127,6 +127,7 @@ TEST(GrpoCli, TrueOnPolicyMakesTheRolloutTrainerMismatchZero) {
                           "--dynamic-sampling off --temperature 1 --run-dir " +
                           out + (on ? " --true-on-policy" : ""));
     ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_EQ(r.out.find("true on-policy (batch-invariant kernels)") != std::string::npos, on) << r.out;
     const std::vector<nlohmann::json> steps = read_step_metrics(out + "/metrics.jsonl");
     ASSERT_EQ(steps.size(), 3u);
     for (const nlohmann::json& j : steps) {
