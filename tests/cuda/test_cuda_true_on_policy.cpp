@@ -2,7 +2,7 @@
 // log-probs equal the trainer's forward on the same tokens bit for bit, with the routing the trainer chooses
 // itself; a sample's tokens and log-probs do not depend on the requests around it (alone, or among 1 to 255
 // others), on the KV-cache block size or on CUDA graphs; the trainer's log-probs of a sample alone equal those in
-// a batch. Without the mode the same comparisons differ (checked too, so the tests can fail).
+// a batch. Without the mode the rollout and the trainer differ (checked too, so that test can fail).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -10,13 +10,13 @@
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/invariant.h"
 #include "core/determinism.h"
 #include "cuda_session_util.h"
 #include "cuda_test_util.h"
 #include "model/qwen3_moe.h"
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
-#include "backend/cuda/invariant.h"
 #include "train/session.h"
 
 using namespace mt;
