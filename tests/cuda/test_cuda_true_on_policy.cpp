@@ -15,6 +15,7 @@
 #include "cuda_session_util.h"
 #include "cuda_test_util.h"
 #include "model/qwen3_moe.h"
+#include "rl/rl_test_util.h"
 #include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
@@ -54,21 +55,6 @@ GenerateRequest request(const ModelConfig& c, int64_t i, int64_t n = 1) {
   return r;
 }
 
-std::vector<RolloutSample> as_samples(const std::vector<GenerateRequest>& reqs, const std::vector<GeneratedSample>& gen) {
-  std::vector<RolloutSample> out;
-  for (const GeneratedSample& g : gen)
-    out.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, RoutingRecord(), {}});
-  return out;
-}
-
-std::vector<std::vector<float>> trainer_logprobs(Qwen3MoeModel& m, const std::vector<RolloutSample>& samples,
-                                                 int64_t K) {
-  const PackedRollouts p = pack_rollouts(samples, K);
-  PassOptions po;
-  po.token_logprobs = true;
-  return response_values(p, m.forward(p.mb, po).logp);
-}
-
 // Tokens whose log-probs differ in any bit (the samples' tokens must match).
 int64_t differing(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b, int64_t* total) {
   int64_t d = 0;
@@ -89,11 +75,11 @@ std::pair<int64_t, int64_t> rollout_vs_trainer(const ModelConfig& c, TrainSessio
   eo.kv_cache_bytes = 64 << 20;
   eo.block_size = 4;
   RolloutEngine engine(s.model(), eo);
-  const std::vector<RolloutSample> samples = as_samples(reqs, engine.generate(reqs));
+  const std::vector<RolloutSample> samples = rltest::rollout_samples(reqs, engine.generate(reqs), false);
   std::vector<std::vector<float>> engine_lp;
   for (const RolloutSample& x : samples) engine_lp.push_back(x.logprobs);
   int64_t total = 0;
-  const int64_t d = differing(trainer_logprobs(s.model(), samples, c.num_experts_per_tok), engine_lp, &total);
+  const int64_t d = differing(rltest::trainer_logprobs(s.model(), samples), engine_lp, &total);
   return {d, total};
 }
 
@@ -221,11 +207,11 @@ TEST(CudaTrueOnPolicy, ASampleDoesNotDependOnItsBatchCacheLayoutOrGraphs) {
         if (others == 63 && bs == 16 && graphs) {
           // The trainer: the batch's samples together (64 prompts' samples in one micro-batch) against each of the
           // probe's samples alone.
-          const std::vector<RolloutSample> all = as_samples(reqs, gen);
-          const std::vector<std::vector<float>> together = trainer_logprobs(s->model(), all, c.num_experts_per_tok);
+          const std::vector<RolloutSample> all = rltest::rollout_samples(reqs, gen, false);
+          const std::vector<std::vector<float>> together = rltest::trainer_logprobs(s->model(), all);
           for (size_t i = 0; i < all.size(); ++i) {
             if (gen[i].prompt_index != others / 2) continue;
-            const std::vector<float> alone = trainer_logprobs(s->model(), {all[i]}, c.num_experts_per_tok)[0];
+            const std::vector<float> alone = rltest::trainer_logprobs(s->model(), {all[i]})[0];
             for (size_t j = 0; j < alone.size(); ++j) {
               ASSERT_EQ(std::bit_cast<uint32_t>(alone[j]), std::bit_cast<uint32_t>(together[i][j])) << "token " << j;
               ASSERT_EQ(std::bit_cast<uint32_t>(alone[j]), std::bit_cast<uint32_t>(all[i].logprobs[j]))

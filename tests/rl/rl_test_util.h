@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/qwen3_moe.h"
 #include "rl/grpo.h"
 #include "rl/rewards/rewards.h"
+#include "rl/rollout_batch.h"
 #include "rollout/engine.h"
 #include "train/session.h"
 
@@ -96,6 +98,25 @@ inline void expect_error(const std::function<void()>& f, const std::string& need
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+// The engine's samples as the trainer takes them: each with its request's prompt, its routing record kept (replay)
+// or dropped (the trainer routes itself).
+inline std::vector<rl::RolloutSample> rollout_samples(const std::vector<GenerateRequest>& reqs,
+                                                      const std::vector<GeneratedSample>& gen, bool keep_routing) {
+  std::vector<rl::RolloutSample> out;
+  for (const GeneratedSample& g : gen)
+    out.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs,
+                   keep_routing ? g.routing : RoutingRecord(), {}});
+  return out;
+}
+
+// The trainer's log-probs of the samples' response tokens: one forward of them packed into one micro-batch.
+inline std::vector<std::vector<float>> trainer_logprobs(Qwen3MoeModel& m, const std::vector<rl::RolloutSample>& samples) {
+  const rl::PackedRollouts p = rl::pack_rollouts(samples, m.config().num_experts_per_tok);
+  PassOptions po;
+  po.token_logprobs = true;
+  return rl::response_values(p, m.forward(p.mb, po).logp);
 }
 
 }  // namespace mt::rltest

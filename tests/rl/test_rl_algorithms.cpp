@@ -449,13 +449,8 @@ TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
   eo.block_size = 4;
   RolloutEngine engine(m, eo);
   const std::vector<GeneratedSample> gen = engine.generate(reqs);
-  std::vector<RolloutSample> samples;
-  for (const GeneratedSample& g : gen)
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, RoutingRecord(), {}});
-  const PackedRollouts p = pack_rollouts(samples, c.num_experts_per_tok);
-  PassOptions po;
-  po.token_logprobs = true;
-  const std::vector<std::vector<float>> trainer = response_values(p, m.forward(p.mb, po).logp);
+  const std::vector<RolloutSample> samples = rltest::rollout_samples(reqs, gen, false);
+  const std::vector<std::vector<float>> trainer = rltest::trainer_logprobs(m, samples);
   int64_t tokens = 0;
   for (size_t i = 0; i < samples.size(); ++i)
     for (size_t j = 0; j < samples[i].logprobs.size(); ++j, ++tokens)
@@ -464,8 +459,7 @@ TEST(RlRolloutBatch, BatchInvariantModeGivesTheEnginesLogprobsBitForBit) {
   EXPECT_EQ(tokens, 42);
   // The trainer's log-probs of one sample alone (a batch of 1, its own length) are those it had in the batch.
   for (size_t i = 0; i < samples.size(); ++i) {
-    const PackedRollouts one = pack_rollouts({samples[i]}, c.num_experts_per_tok);
-    const std::vector<float> alone = response_values(one, m.forward(one.mb, po).logp)[0];
+    const std::vector<float> alone = rltest::trainer_logprobs(m, {samples[i]})[0];
     for (size_t j = 0; j < alone.size(); ++j)
       ASSERT_EQ(std::bit_cast<uint32_t>(alone[j]), std::bit_cast<uint32_t>(trainer[i][j])) << "sample " << i;
   }
@@ -495,10 +489,7 @@ TEST(RlRolloutBatch, PackedRolloutsGiveTheEnginesLogprobsInTheTrainer) {
   eo.block_size = 4;
   eo.record_routing = true;
   RolloutEngine engine(m, eo);
-  const std::vector<GeneratedSample> gen = engine.generate(reqs);
-  std::vector<RolloutSample> samples;
-  for (const GeneratedSample& g : gen)
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
+  const std::vector<RolloutSample> samples = rltest::rollout_samples(reqs, engine.generate(reqs), true);
   PackedRollouts p = pack_rollouts(samples, c.num_experts_per_tok);
   ASSERT_EQ(p.mb.input_ids.size(0), 6);
   PassOptions po;

@@ -59,10 +59,7 @@ std::vector<RolloutSample> sample_at(Qwen3MoeModel& m, float T) {
   eo.block_size = 4;
   eo.record_routing = true;
   RolloutEngine engine(m, eo);
-  std::vector<RolloutSample> samples;
-  for (const GeneratedSample& g : engine.generate(reqs))
-    samples.push_back({reqs[size_t(g.prompt_index)].prompt, g.tokens, g.logprobs, g.routing, {}});
-  return samples;
+  return rltest::rollout_samples(reqs, engine.generate(reqs), true);
 }
 
 double worst_logprob_gap(Qwen3MoeModel& m, const std::vector<RolloutSample>& samples, double T) {
