@@ -50,7 +50,7 @@
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/invariant.cuh"
+#include "backend/cuda/invariant.h"
 #include "core/determinism.h"
 #include "core/log.h"
 

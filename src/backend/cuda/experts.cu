@@ -31,7 +31,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
 #include "backend/cuda/grouped_gemm.cuh"
-#include "backend/cuda/invariant.cuh"
+#include "backend/cuda/invariant.h"
 #include "backend/cuda/moe_dispatch.cuh"
 #include "core/determinism.h"
 #include "core/log.h"

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "backend/cuda/gemm.cuh"
-#include "backend/cuda/invariant.cuh"
+#include "backend/cuda/invariant.h"
 #include "core/cuda_graph.h"
 #include "core/determinism.h"
 

@@ -18,7 +18,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/grouped_gemm.cuh"
-#include "backend/cuda/invariant.cuh"
+#include "backend/cuda/invariant.h"
 #include "core/determinism.h"
 
 namespace mt::cuda {

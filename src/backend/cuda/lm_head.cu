@@ -34,7 +34,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/gemm.cuh"
-#include "backend/cuda/invariant.cuh"
+#include "backend/cuda/invariant.h"
 #include "core/determinism.h"
 
 namespace mt::cuda {
