@@ -3,7 +3,7 @@ forward_backward(batch, loss=fn). The function receives the per-token log-probs 
 gradient per token; the engine back-propagates them. The gradient is checked against central finite differences
 of the loss along the gradient's direction.
 
-    python examples/python/dpo_loss.py [--model tiny] [--steps 20]
+    python examples/python/dpo_loss.py [--model tiny] [--steps 20] [--device cpu]
 """
 import argparse, json
 
@@ -15,9 +15,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="tiny")
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--beta", type=float, default=0.5)
+ap.add_argument("--device", default="cpu", help="cpu (fp32: the finite differences are exact to ~1e-5) or cuda")
 a = ap.parse_args()
 
-model = mt.Model(a.model, device="cpu", seed=1)
+model = mt.Model(a.model, device=a.device, seed=1)
 rng = np.random.default_rng(0)
 pairs = [(rng.integers(1, 200, 5).tolist(), rng.integers(1, 200, 4).tolist(), rng.integers(1, 200, 4).tolist())
          for _ in range(4)]

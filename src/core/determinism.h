@@ -31,7 +31,8 @@ class DeterministicScope {
 // The batch-invariant switch (MOETRAIN_BATCH_INVARIANT=1, or set_batch_invariant). CPU backend: every GEMM
 // computes each output row from its own input row in one fixed order (no BLAS blocking, which depends on the
 // number of rows), and the training attention computes each query row as the paged decode attention does (fp64
-// dots, softmax and weighted sum, in key order). CUDA backend: the forward GEMMs, the experts, both attentions and
+// dots, softmax and weighted sum, in key order). CUDA backend: the forward GEMMs run one cuBLASLt algorithm for every row
+// count (backend/cuda/gemm.cu), the experts their usual tiles (which give the same bits), and both attentions and
 // the log-prob reductions take the kernels of backend/cuda/invariant.cuh. A token's log-prob then depends on its
 // sequence alone, not on the batch around it, and the rollout engine's log-probs equal the trainer's forward on
 // the same tokens bit for bit. Slower: for on-policy RL without a rollout/trainer gap, and for tests. Set it

@@ -15,6 +15,8 @@
 // forced by MOETRAIN_GROUPED_SMALL against cpu::experts_fwd.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #ifdef MT_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -161,6 +163,11 @@ TEST_P(CudaGroupedGemmSmall, RowsTilesMatchCpuAndLargeTile) {
       const double vs_large = rel_l2(got, large);
       ::testing::Test::RecordProperty("rel_l2_" + name + "_vs_large", str(vs_large));
       EXPECT_LE(vs_large, kTol) << name << " vs large";
+      // Every tile sums each element over K in the same order (BK 64, wgmma k16 steps, no split): the same bits.
+      int64_t bits = 0;
+      for (int64_t i = 0; i < R * N; ++i)
+        bits += std::bit_cast<uint32_t>(got.data<float>()[i]) != std::bit_cast<uint32_t>(large.data<float>()[i]);
+      EXPECT_EQ(bits, 0) << name << " vs large: elements that differ in any bit, of " << R * N;
     }
   }
 }

@@ -193,7 +193,7 @@ std::string experts_grouped_unsupported(int64_t D, int64_t F, std::initializer_l
 void experts_fwd(const Tensor& xp_RD, const Tensor& offsets_E1, const Tensor& w_gate_up_E2FD, const Tensor& w_down_EDF,
                  Tensor& gu_R2F, Tensor& h_RF, Tensor& yp_RD) {
   const auto d = check_expert_weights(w_gate_up_E2FD, w_down_EDF, "experts_fwd");
-  if (batch_invariant()) {  // the grouped GEMMs at their one large tile (grouped_rows_tile), else invariant.cuh's
+  if (batch_invariant()) {  // the grouped GEMMs (their tiles give the same bits: grouped_rows_tile), else invariant.cuh's
     if (experts_grouped_unsupported(d.D, d.F, {&xp_RD, &w_gate_up_E2FD, &w_down_EDF, &gu_R2F, &h_RF, &yp_RD}).empty())
       experts_fwd_grouped(xp_RD, offsets_E1, w_gate_up_E2FD, w_down_EDF, gu_R2F, h_RF, yp_RD);
     else

@@ -6,6 +6,7 @@
 // (m, n, k) = (N, M, K), its "A" is our B and its "B" is our A, with the transpose flags carried over.
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -34,8 +35,18 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// trans_a, trans_b, M, N, K, lda, ldb, ldc, c dtype, alignment of A, B, C, operand dtype
-using PlanKey = std::array<int64_t, 13>;
+void destroy(Plan& p) {
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.c);
+  cublasLtMatmulDescDestroy(p.desc);
+}
+
+// trans_a, trans_b, M, N, K, lda, ldb, ldc, c dtype, alignment of A, B, C, operand dtype, pinned (the
+// batch-invariant mode's algorithm, below)
+using PlanKey = std::array<int64_t, 14>;
+// N, K, c dtype, operand dtype: the batch-invariant mode's algorithm serves every M (and leading dims) of these.
+using PinKey = std::array<int64_t, 4>;
 
 // Per-expert GEMMs see a new row count almost every step, so the cache is bounded: past this many
 // entries it is emptied and refilled (a heuristic query costs tens of microseconds).
@@ -45,13 +56,9 @@ class PlanCache {
  public:
   std::mutex mu;
   std::map<PlanKey, Plan> plans;
+  std::map<PinKey, cublasLtMatmulAlgo_t> pinned;  // never cleared: the same M-free choice every time
   void clear() {
-    for (auto& [key, p] : plans) {
-      cublasLtMatrixLayoutDestroy(p.a);
-      cublasLtMatrixLayoutDestroy(p.b);
-      cublasLtMatrixLayoutDestroy(p.c);
-      cublasLtMatmulDescDestroy(p.desc);
-    }
+    for (auto& [key, p] : plans) destroy(p);
     plans.clear();
   }
 };
@@ -67,9 +74,13 @@ std::string describe(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K
              trans_b ? "B^T" : "B", " with K = ", K, ", lda ", lda, ", ldb ", ldb);
 }
 
+// With pinned, the plan runs that algorithm (checked for this M) instead of the heuristic's choice for this M.
+// With unsplit, the heuristic's first algorithm that runs with no split of K (split-K 1, no reduction) is taken:
+// each element of C is then one CTA's sum over K in the algorithm's fixed order.
 Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                int64_t lda, int64_t ldb, int64_t ldc, cudaDataType_t ab_type, cudaDataType_t c_type, uint32_t align_a,
-               uint32_t align_b, uint32_t align_c) {
+               uint32_t align_b, uint32_t align_c, const cublasLtMatmulAlgo_t* pinned = nullptr,
+               bool unsplit = false) {
   const std::string ctx = str(op, ": ", what);
   Plan p;
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -84,6 +95,18 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
   MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.a, ab_type, a_rows, a_cols, ldb));
   MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.b, ab_type, b_rows, b_cols, lda));
   MT_CUBLAS_CHECK(ctx, cublasLtMatrixLayoutCreate(&p.c, c_type, uint64_t(N), uint64_t(M), ldc));
+  if (pinned) {
+    cublasLtMatmulHeuristicResult_t check{};
+    const cublasStatus_t st = cublasLtMatmulAlgoCheck(cublaslt(), p.desc, p.a, p.b, p.c, p.c, pinned, &check);
+    if (st != CUBLAS_STATUS_SUCCESS || check.workspaceSize > cublaslt_workspace_bytes()) {
+      destroy(p);
+      MT_THROW(ctx, ": the batch-invariant mode's cuBLASLt algorithm for this N and K cannot run M = ", M,
+               " (check status ", int(st), ", workspace ", check.workspaceSize,
+               " bytes); MOETRAIN_INVARIANT_GEMM=wmma runs the mode's own GEMM instead");
+    }
+    p.algo = *pinned;
+    return p;
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceCreate(&pref));
@@ -100,21 +123,63 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
                                                             sizeof(align_c)));
   MT_CUBLAS_CHECK(ctx, cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c,
                                                             sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, 16> results{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(cublaslt(), p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt(), p.desc, p.a, p.b, p.c, p.c, pref,
+                                                           unsplit ? int(results.size()) : 1, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.c);
-    cublasLtMatmulDescDestroy(p.desc);
+    destroy(p);
     MT_THROW(ctx, ": cuBLASLt has no algorithm for it (heuristic status ", int(st), ", ", found,
              " results; pointer alignment A ", align_a, ", B ", align_b, ", C ", align_c, " bytes)");
   }
-  p.algo = result.algo;
-  return p;
+  if (!unsplit) {
+    p.algo = results[0].algo;
+    return p;
+  }
+  for (int i = 0; i < found; ++i) {
+    cublasLtMatmulAlgo_t algo = results[size_t(i)].algo;
+    const uint32_t one = 1, none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none, sizeof(none)) !=
+            CUBLAS_STATUS_SUCCESS)
+      continue;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(cublaslt(), p.desc, p.a, p.b, p.c, p.c, &algo, &check) == CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= cublaslt_workspace_bytes()) {
+      p.algo = algo;
+      return p;
+    }
+  }
+  destroy(p);
+  MT_THROW(ctx, ": none of cuBLASLt's ", found, " algorithms for it runs without splitting K (the batch-invariant "
+           "mode needs one); MOETRAIN_INVARIANT_GEMM=wmma runs the mode's own GEMM instead");
+}
+
+// The batch-invariant mode's dense forward GEMM (C = A B^T): "cublaslt" (the default) runs one cuBLASLt algorithm
+// for every M of an (N, K) shape, chosen once at kPinRows rows with K unsplit, so a row's bits do not depend on how
+// many rows share the call; "wmma" runs invariant.cuh's own kernel. MOETRAIN_INVARIANT_GEMM, read at every call.
+bool invariant_gemm_on_cublaslt() {
+  const char* v = std::getenv("MOETRAIN_INVARIANT_GEMM");
+  if (!v || !*v || std::string(v) == "cublaslt") return true;
+  if (std::string(v) == "wmma") return false;
+  MT_THROW("MOETRAIN_INVARIANT_GEMM is '", v, "'; allowed: cublaslt (the default) or wmma");
+}
+
+// The row count the mode's algorithm is chosen at (MOETRAIN_INVARIANT_GEMM_ROWS, default 1024; read once): the
+// choice serves every M, decode batches and training micro-batches alike.
+int64_t pin_rows() {
+  static const int64_t rows = [] {
+    const char* v = std::getenv("MOETRAIN_INVARIANT_GEMM_ROWS");
+    if (!v || !*v) return int64_t(1024);
+    char* end = nullptr;
+    const long long r = std::strtoll(v, &end, 10);
+    MT_CHECK(end && *end == 0 && r >= 1 && r <= (1 << 24), "MOETRAIN_INVARIANT_GEMM_ROWS is '", v,
+             "'; allowed: an integer in [1, 16777216]");
+    return int64_t(r);
+  }();
+  return rows;
 }
 
 // The GEMM for both operand types: A and B are ab_dtype (bf16, or f32 with CUBLAS_COMPUTE_32F, which
@@ -145,17 +210,23 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
            ": A or B is null");
   MT_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N), op, ": ",
            describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype), ": a leading dim is smaller than its row");
-  if (batch_invariant() && !trans_a && trans_b) {  // the forward's C = A B^T (invariant.cuh)
-    invariant_gemm_nt(op, M, N, K, A, lda, B, ldb, ab_dtype, alpha, beta, C_src, C, c_dtype, ldc);
-    return;
+  uint32_t align_a = alignment_of(A), align_b = alignment_of(B),
+           align_c = std::min(alignment_of(C), alignment_of(C_src));
+  // The batch-invariant mode's forward C = A B^T: one algorithm for every M (pinned above), at 16-byte alignment;
+  // operands less aligned than that, or MOETRAIN_INVARIANT_GEMM=wmma, take invariant.cuh's kernel.
+  bool pinned = false;
+  if (batch_invariant() && !trans_a && trans_b) {
+    if (!invariant_gemm_on_cublaslt() || std::min({align_a, align_b, align_c}) < 16) {
+      invariant_gemm_nt(op, M, N, K, A, lda, B, ldb, ab_dtype, alpha, beta, C_src, C, c_dtype, ldc);
+      return;
+    }
+    pinned = true;
+    align_a = align_b = align_c = 16;
   }
-
-  const uint32_t align_a = alignment_of(A), align_b = alignment_of(B),
-                 align_c = std::min(alignment_of(C), alignment_of(C_src));
   const cudaDataType_t c_type = c_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const cudaDataType_t ab_type = ab_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   const PlanKey key{trans_a, trans_b, M,       N,       K,       lda, ldb, ldc, int64_t(c_dtype), align_a, align_b,
-                    align_c, int64_t(ab_dtype)};
+                    align_c, int64_t(ab_dtype), pinned};
   // The lock is held through the (asynchronous, cheap) matmul call so that no other thread can clear
   // the cache while its descriptors are in use.
   PlanCache& cache = plan_cache();
@@ -165,9 +236,22 @@ void gemm_any(const char* op, bool trans_a, bool trans_b, int64_t M, int64_t N, 
     if (cache.plans.size() >= kMaxPlans) cache.clear();
     const std::string what = describe(trans_a, trans_b, M, N, K, lda, ldb, ldc, c_dtype) +
                              (ab_dtype == DType::F32 ? " (f32 operands)" : "");
+    const cublasLtMatmulAlgo_t* algo = nullptr;
+    if (pinned) {
+      const PinKey pin{N, K, int64_t(c_dtype), int64_t(ab_dtype)};
+      auto p = cache.pinned.find(pin);
+      if (p == cache.pinned.end()) {
+        const int64_t R = pin_rows();
+        Plan ref = make_plan(op, describe(false, true, R, N, K, lda, ldb, ldc, c_dtype) + " (batch-invariant choice)",
+                             false, true, R, N, K, lda, ldb, ldc, ab_type, c_type, 16, 16, 16, nullptr, true);
+        p = cache.pinned.emplace(pin, ref.algo).first;
+        destroy(ref);
+      }
+      algo = &p->second;
+    }
     it = cache.plans
              .emplace(key, make_plan(op, what, trans_a, trans_b, M, N, K, lda, ldb, ldc, ab_type, c_type, align_a,
-                                     align_b, align_c))
+                                     align_b, align_c, algo))
              .first;
   }
   const Plan& plan = it->second;

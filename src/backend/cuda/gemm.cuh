@@ -4,7 +4,8 @@
 // gemm() promises: row-major C[M,N] = alpha * op(A) @ op(B) + beta * C with A, B bf16, f32 accumulation
 // (CUBLAS_COMPUTE_32F) and C bf16 or f32, on mt::cuda::stream(), without host synchronisation. Matmul
 // descriptors and the heuristic's algorithm are cached per (shape, transposes, leading dims, C dtype,
-// pointer alignment), so a repeated shape costs one cublasLtMatmul call.
+// pointer alignment), so a repeated shape costs one cublasLtMatmul call. In the batch-invariant mode
+// (core/determinism.h) C = A B^T runs one algorithm, K unsplit, for every M of its (N, K) (gemm.cu).
 #pragma once
 #include <cstdint>
 

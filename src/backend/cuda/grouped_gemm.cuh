@@ -37,7 +37,7 @@ bool grouped_gemm_available();
 // from what the host knows, with no sync: a TN call (b_is_nk) with R <= kSmallRowsPerExpert * E rows
 // (on average at most one 64-row tile per expert) takes m64n256, anything else large. The NN product
 // (the backward's dh, dxp) always runs large.
-// The batch-invariant mode (core/determinism.h) takes large for every call, whatever the rows.
+// The tiles compute the same bits (the same K order, no split-K), so the batch-invariant mode takes them too.
 // MOETRAIN_GROUPED_SMALL (read at every call, for A/B runs) overrides automatic for TN calls:
 // unset or "auto" as above, "0" large, "1" m64n256, "64x256" / "64x128" that tile.
 enum class RowsTile { automatic, large, m64n256, m64n128 };

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "backend/cuda/grouped_gemm.cuh"
-#include "core/determinism.h"
 #include "core/error.h"
 
 namespace mt::cuda {
@@ -45,9 +44,9 @@ RowsTile grouped_rows_tile(int64_t E, int64_t R, bool b_is_nk, RowsTile tile) {
     return tile;
   }
   if (!b_is_nk) return RowsTile::large;
-  // The batch-invariant mode (core/determinism.h): one tile for every row count, so a row's bits do not depend on
-  // how many rows its expert has.
-  if (batch_invariant()) return RowsTile::large;
+  // The batch-invariant mode (core/determinism.h) needs no tile of its own: every tile sums an element over K in
+  // the same order (BK 64 in wgmma k16 steps, no split-K) and rounds it once, so the tiles give the same bits
+  // (CudaGroupedGemmSmall.RowsTilesMatchCpuAndLargeTile checks it).
   const RowsTile forced = tile_from_env();
   if (forced != RowsTile::automatic) return forced;
   return R <= kSmallRowsPerExpert * E ? RowsTile::m64n256 : RowsTile::large;
