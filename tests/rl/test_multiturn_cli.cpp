@@ -25,7 +25,18 @@ TEST(MultiTurnCli, BuiltinEnvironmentsSizeTheirTurnsAndResponse) {
   const GrpoArgs b = testutil::parsed_grpo_args({"--env", "builtin:calculator", "--max-turns", "3", "--turn-credit", "per-turn",
                              "--max-observation-tokens", "30", "--reward-on-error", "stop"});
   EXPECT_EQ(b.env_builtin, "calculator");
-  EXPECT_EQ(b.o.max_new_tokens, 3 * 5 + 2 * 30);
+  // The calculator's own defaults: 4-digit operands (turns of max_answer_tokens(4) = 6), 150 steps.
+  EXPECT_EQ(b.task.lo, 4);
+  EXPECT_EQ(b.task.hi, 4);
+  EXPECT_EQ(b.steps, 150);
+  EXPECT_EQ(b.o.max_new_tokens, 3 * 6 + 2 * 30);
+  const GrpoArgs c = testutil::parsed_grpo_args({"--env", "builtin:calculator", "--max-digits", "3", "--steps", "20"});
+  EXPECT_EQ(c.task.lo, 1);
+  EXPECT_EQ(c.task.hi, 3);
+  EXPECT_EQ(c.steps, 20);
+  const GrpoArgs d = testutil::parsed_grpo_args({"--env", "builtin:calculator", "--model", "M"});
+  EXPECT_EQ(d.task.hi, 3);  // a model of the user's: the task's defaults
+  EXPECT_EQ(d.steps, 1500);
   EXPECT_EQ(b.o.multi_turn.credit, rl::TurnCredit::PerTurn);
   EXPECT_TRUE(b.o.multi_turn.stop_on_error);
 }

@@ -96,8 +96,9 @@ int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks) {
              "); raise --steps or --max-steps");
 
   if (ga.model_dir.empty()) {
-    ga.model_dir = ga.from_file ? std::string(rl::addition::kDemoModel)
-                                : rl::addition::ensure_task_start(ga.preset, ga.device_name);
+    ga.model_dir = ga.from_file                        ? std::string(rl::addition::kDemoModel)
+                   : ga.env_builtin == "calculator" ? rl::addition::ensure_calculator_start(ga.device_name)
+                                                    : rl::addition::ensure_task_start(ga.preset, ga.device_name);
   }
   // A preset (--model qwen3-30b-a3b) starts from its random init at --seed: a model of any size without a
   // directory (a benchmark, or LoRA on a base no file holds here).
@@ -263,11 +264,6 @@ int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks) {
                        env_eval.empty() ? std::string()
                                         : str("; greedy episodes before: success ", 100 * env_before.success, "%"))
                  : std::string());
-    if (ga.env_builtin == "calculator" && !ga.model_given)
-      log_info("grpo: env builtin:calculator from the task's start, which never calls the tool: no episode calls, so "
-               "GRPO has nothing to reinforce. Make a start that calls sometimes and reads the result: python "
-               "scripts/calculator_start.py --out DIR --min-digits 4 --max-digits 4 --copy-steps 600 --lr 3e-4, then "
-               "--model DIR/checkpoint-N --min-digits 4 --max-digits 4 (docs/rl.md, the calculator)");
     const rl::PromptFn draw = [&](int64_t count) { return source->draw(count); };
     const rl::RewardFn reward_fn = [&](const std::vector<GenerateRequest>&, const std::vector<GeneratedSample>& g) {
       return source->rewards(g);

@@ -125,7 +125,8 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   opt.add("env", &a.env_spec,
           "episodes of several turns against an environment, which gives the rewards: builtin:retry (a wrong answer "
           "is asked again: 1 right at once, 0.5 at the second try), builtin:calculator (a '?' answer calls a tool "
-          "that shows the sum), both on the built-in task's problems; or program:\"CMD ARGS\" (a JSON-lines "
+          "that shows the sum; from its own start, runs/calculator-start, made when absent, on 4-digit operands, "
+          "150 steps unless told), both on the built-in task's problems; or program:\"CMD ARGS\" (a JSON-lines "
           "process, docs/rl.md \"Environments\") on --prompts")
       .var("builtin:NAME|program:CMD");
   opt.add("max-turns", &o.multi_turn.max_turns, "--env: model turns per episode").at_least(1);
@@ -353,6 +354,12 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
         MT_THROW("grpo: --env ", a.env_spec,
                  " draws the built-in task's addition problems; drop --prompts (or use "
                  "--env program:CMD with it)");
+      // The calculator's own recipe (docs/rl.md): operands where a direct answer fails and the tool pays, from
+      // its own start (rl::addition::ensure_calculator_start, made when absent), 150 steps.
+      if (a.env_builtin == "calculator" && !opt.given("model")) {
+        if (!opt.given("min-digits") && !opt.given("max-digits")) task.lo = task.hi = rl::addition::kCalculatorDigits;
+        if (!opt.given("steps")) steps = 150;
+      }
     } else if (a.env_spec == "python") {
       if (!a.python_env)
         MT_THROW("grpo: --env python is the Python API's (moetrain.rl.GRPO(...).run(env=...)); on the command line "

@@ -17,6 +17,10 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/device_select.h"
+#include "data/char_tokenizer.h"
+#include "model/hf_checkpoint.h"
+#include "rl/grpo_checkpoint.h"
 #include "train/checkpoint.h"
 #include "train/train_config.h"
 #include "train/trainer.h"
@@ -124,6 +128,151 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
   run_training(tc);
   const std::string dir = present();
   if (dir.empty()) MT_THROW("grpo: training the starting model left no checkpoint in ", t.start);
+  return dir;
+}
+
+namespace {
+
+MicroBatch start_batch(const std::vector<CalculatorRow>& rows) {
+  int64_t S = 0;
+  for (const CalculatorRow& r : rows) S = std::max(S, int64_t(r.prompt.size() + r.response.size()));
+  const int64_t R = int64_t(rows.size());
+  Tensor ids = Tensor::zeros({R, S}, DType::I64), labels = Tensor::empty({R, S}, DType::I64);
+  for (int64_t i = 0; i < R * S; ++i) labels.data<int64_t>()[i] = -100;
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t s = 0;
+    for (int64_t id : rows[size_t(r)].prompt) ids.data<int64_t>()[r * S + s++] = id;
+    for (size_t t = 0; t < rows[size_t(r)].response.size(); ++t, ++s) {
+      ids.data<int64_t>()[r * S + s] = rows[size_t(r)].response[t];
+      if (rows[size_t(r)].in_loss[t]) labels.data<int64_t>()[r * S + s] = rows[size_t(r)].response[t];
+    }
+  }
+  return MicroBatch{ids, labels};
+}
+
+}  // namespace
+
+// A call and what the tool appends after it (builtin_envs.cpp's calculator): "?" <eos>, then <bos>A+B= + the sum
+// reversed + <eos> + <bos>A+B=; then the answer read from it.
+CalculatorRow calculator_call_row(const Problem& p, bool call_in_loss) {
+  CalculatorRow r;
+  r.prompt = p.prompt_ids;
+  const std::vector<int64_t> call = {CharTokenizer{}.char_id('?'), CharTokenizer::kEos};
+  r.response = call;
+  r.in_loss.assign(call.size(), call_in_loss ? 1 : 0);
+  for (const std::vector<int64_t>* part : {&p.prompt_ids, &p.answer_ids, &p.prompt_ids}) {
+    r.response.insert(r.response.end(), part->begin(), part->end());
+    r.in_loss.insert(r.in_loss.end(), part->size(), 0);
+  }
+  r.response.insert(r.response.end(), p.answer_ids.begin(), p.answer_ids.end());
+  r.in_loss.insert(r.in_loss.end(), p.answer_ids.size(), 1);
+  return r;
+}
+
+std::string ensure_calculator_start(const std::string& device_name) {
+  auto present = []() -> std::string {
+    const std::string dir = start_checkpoint(kCalculatorStartRun);
+    return !dir.empty() && fs::exists(dir + "/config.json") ? dir : "";
+  };
+  if (std::string dir = present(); !dir.empty()) return dir;
+  if (comm::detect_dist_env().world_size > 1)
+    MT_THROW("grpo: the calculator's start ", kCalculatorStartRun, " is absent; under moetrain launch make it first, "
+             "in one process (moetrain grpo --env builtin:calculator --steps 1)");
+  CalculatorStartOptions o;
+  o.base = ensure_task_start(task_preset("sharpen"), device_name);
+  o.run_dir = kCalculatorStartRun;
+  o.device = device_name;
+  FileLock lock(std::string(kCalculatorStartRun) + ".lock");
+  if (std::string dir = present(); !dir.empty()) return dir;
+  log_info("grpo: ", kCalculatorStartRun, " is absent: teaching ", o.base, " to call the calculator and read its "
+           "result (", kCalculatorCopySteps, " steps reading the result, then calls in the mixture until ",
+           100 * kCalculatorCallRate, "% of sampled first answers are calls)");
+  return make_calculator_start(o);
+}
+
+std::string make_calculator_start(const CalculatorStartOptions& o) {
+  const std::string& base = o.base;
+  const auto t0 = Clock::now();
+  const ModelConfig cfg = load_model_config(base);
+  SessionOptions so;
+  so.device = resolve_device(o.device);
+  TrainSession session(cfg, so);
+  session.load(base);
+  AdamWConfig ac;
+  ac.weight_decay = 0;
+  session.make_optimizer(ac, false);
+  Task task;
+  task.lo = task.hi = kCalculatorDigits;
+  task.longest = false;
+  Rng rng{99};
+  constexpr int64_t kRows = 32, kProbe = 64;
+  constexpr double kLr = 3e-4;
+  std::vector<Problem> probe;
+  for (int64_t i = 0; i < kProbe; ++i) probe.push_back(task.train(rng));
+  EngineOptions eo;
+  eo.kv_cache_bytes = int64_t(64) << 20;
+  RolloutEngine engine(session.model(), eo);
+  const int32_t call0 = int32_t(CharTokenizer{}.char_id('?')), eos = int32_t(CharTokenizer::kEos);
+  auto call_rate = [&] {  // the share of sampled first answers (T = 1) that are calls
+    std::vector<GenerateRequest> reqs;
+    for (const Problem& p : probe) {
+      GenerateRequest r;
+      r.prompt = ids32(p.prompt_ids);
+      r.n = 4;
+      r.max_new_tokens = 5;
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = 1;
+      reqs.push_back(r);
+    }
+    int64_t calls = 0, all = 0;
+    for (const GeneratedSample& g : engine.generate(reqs)) {
+      ++all;
+      calls += g.tokens.size() >= 2 && g.tokens[0] == call0 && g.tokens[1] == eos;
+    }
+    return double(calls) / double(all);
+  };
+  auto step = [&](bool mixture) {
+    std::vector<CalculatorRow> rows;
+    for (int64_t k = 0; k < kRows; ++k) {
+      const Problem p = task.train(rng);
+      if (mixture && k % 4 != 0) {
+        CalculatorRow r;
+        r.prompt = p.prompt_ids;
+        r.response = p.answer_ids;
+        r.in_loss.assign(p.answer_ids.size(), 1);
+        rows.push_back(std::move(r));
+      } else {
+        rows.push_back(calculator_call_row(p, mixture));
+      }
+    }
+    StepOptions st;
+    st.lr = kLr;
+    return session.train_step({start_batch(rows)}, st);
+  };
+  int64_t steps = 0;
+  for (; steps < o.copy_steps; ++steps) {
+    const StepResult r = step(false);
+    if ((steps + 1) % 100 == 0)
+      log_info("grpo: calculator start: step ", steps + 1, "/", o.copy_steps, " reading the result, loss ",
+               r.loss, " | ", std::round(seconds_since(t0)), " s");
+  }
+  double rate = call_rate();
+  const double rate_before = rate;
+  for (int64_t m = 0; rate < o.call_rate && m < o.max_mixture_steps; ++m, ++steps) {
+    const StepResult r = step(true);
+    rate = call_rate();
+    if ((m + 1) % 10 == 0)
+      log_info("grpo: calculator start: mixture step ", m + 1, " loss ", r.loss, ", sampled call rate ", rate, " | ",
+               std::round(seconds_since(t0)), " s");
+  }
+  if (rate < o.call_rate)
+    log_info("grpo: warning: calculator start: the sampled call rate reached only ", rate, " (wanted ", o.call_rate,
+             ") in ", o.max_mixture_steps, " mixture steps; GRPO starts from it all the same");
+  nlohmann::json st = {{"format", "moetrain-calculator-start-1"}, {"step", steps}, {"model", base},
+                       {"call_rate_before", rate_before}, {"call_rate_after", rate}};
+  const std::string dir = save_grpo_checkpoint(o.run_dir, steps, session, nullptr, "", st, 0);
+  log_info("grpo: calculator start ", dir, " made in ", std::round(seconds_since(t0)), " s (", steps,
+           " steps; sampled call rate ", rate_before, " -> ", rate, ")");
   return dir;
 }
 

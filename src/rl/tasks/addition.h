@@ -46,6 +46,36 @@ TaskPreset task_preset(const std::string& name);  // "sharpen" | "extend"; else 
 // would, under a lock file beside it, so runs started together make it once), then its newest checkpoint.
 std::string ensure_task_start(const TaskPreset& t, const std::string& device_name);
 
+// The start of `grpo --env builtin:calculator` (rl/env/builtin_envs.h): a model that sometimes calls the tool and
+// can read its result, made when absent (under a lock, as ensure_task_start) in kCalculatorStartRun from the
+// sharpen task's start, on kCalculatorDigits-digit problems (where a direct answer never succeeds, so a call
+// pays): supervised steps of 32 rows at lr 3e-4 (AdamW 0.9 / 0.95, no decay, clip 1), first kCalculatorCopySteps
+// whose every row is a call ("?" <eos>), the tool's result (no loss on either) and the answer read from it; then
+// a mixture, a quarter of the rows such a call with the call in the loss and the rest plain answers, until the
+// sampled first answers (T = 1, 64 problems x 4) are calls kCalculatorCallRate of the time (at most 300 steps).
+// GRPO then learns when calling pays. Returns the start's checkpoint directory.
+constexpr const char* kCalculatorStartRun = "runs/calculator-start";
+constexpr int kCalculatorDigits = 4;
+constexpr int64_t kCalculatorCopySteps = 600;
+constexpr double kCalculatorCallRate = 0.2;
+std::string ensure_calculator_start(const std::string& device_name);
+
+// The making itself, from `base` into `run_dir` (its checkpoint-N; returned), with the recipe's numbers as
+// options (ensure_calculator_start passes the ones above).
+struct CalculatorStartOptions {
+  std::string base, run_dir, device = "cpu";
+  int64_t copy_steps = kCalculatorCopySteps, max_mixture_steps = 300;
+  double call_rate = kCalculatorCallRate;
+};
+std::string make_calculator_start(const CalculatorStartOptions& o);
+// One training row of the start: prompt + "?" <eos> + the tool's result as the calculator environment appends it
+// + the answer; in_loss marks the tokens in the loss (the answer; the call too with call_in_loss).
+struct CalculatorRow {
+  std::vector<int64_t> prompt, response;
+  std::vector<uint8_t> in_loss;
+};
+CalculatorRow calculator_call_row(const Problem& p, bool call_in_loss);
+
 // The task's problems: training never draws a held-out pair (synthetic.h's split), evaluation only those.
 // Operands have a digit count uniform in [lo, hi]; longest: at least one operand has `hi` digits (the
 // problems a model trained on shorter ones fails).
