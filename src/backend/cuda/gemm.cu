@@ -158,7 +158,7 @@ Plan make_plan(const char* op, const std::string& what, bool trans_a, bool trans
 }
 
 // The batch-invariant mode's dense forward GEMM (C = A B^T): "cublaslt" (the default) runs one cuBLASLt algorithm
-// for every M of an (N, K) shape, chosen once at kPinRows rows with K unsplit, so a row's bits do not depend on how
+// for every M of an (N, K) shape, chosen once at pin_rows() rows with K unsplit, so a row's bits do not depend on how
 // many rows share the call; "wmma" runs invariant.cuh's own kernel. MOETRAIN_INVARIANT_GEMM, read at every call.
 bool invariant_gemm_on_cublaslt() {
   const char* v = std::getenv("MOETRAIN_INVARIANT_GEMM");
