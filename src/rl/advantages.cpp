@@ -78,7 +78,7 @@ std::vector<std::vector<double>> process_advantages(const std::vector<std::vecto
 }
 
 std::vector<std::vector<double>> turn_advantages(const std::vector<std::vector<double>>& r, int64_t G,
-                                                 bool normalize_std, double eps) {
+                                                 bool normalize_std, double eps, bool by_turn) {
   check_step_groups(r, G, "turn_advantages");
   std::vector<std::vector<double>> ret(r.size()), a(r.size());
   for (size_t i = 0; i < r.size(); ++i) {
@@ -86,6 +86,7 @@ std::vector<std::vector<double>> turn_advantages(const std::vector<std::vector<d
     double later = 0;
     for (size_t k = r[i].size(); k-- > 0;) ret[i][k] = later += r[i][k];
   }
+  if (by_turn) return position_advantages(ret, G, normalize_std, eps);
   for (size_t g = 0; g < r.size(); g += size_t(G)) {
     std::vector<double> pooled;
     for (size_t i = g; i < g + size_t(G); ++i) pooled.insert(pooled.end(), ret[i].begin(), ret[i].end());

@@ -42,8 +42,12 @@ std::vector<std::vector<double>> position_advantages(const std::vector<std::vect
 // A_{i,k} = (R_{i,k} - mean_g) / (std_g + eps), mean and unbiased std over the group's returns pooled (every
 // turn of every sample counted once, whatever its length; no division when normalize_std is false or the
 // group has a single turn in all). One advantage per turn, which the caller gives every token of the turn.
+// by_turn (--turn-credit per-turn-index): turn k's return against the group's turns k alone (the samples that
+// reached turn k: a second try against the other second tries), as position_advantages does per position;
+// a turn that no other sample of the group reached gets 0.
 std::vector<std::vector<double>> turn_advantages(const std::vector<std::vector<double>>& turn_rewards,
-                                                 int64_t group_size, bool normalize_std, double eps = 1e-6);
+                                                 int64_t group_size, bool normalize_std, double eps = 1e-6,
+                                                 bool by_turn = false);
 // Per group: whether every step reward of every sample is the same value (all normalised rewards 0).
 std::vector<bool> constant_step_groups(const std::vector<std::vector<double>>& step_rewards, int64_t group_size);
 

@@ -611,8 +611,9 @@ struct UpdatePhases {
       const std::vector<std::vector<double>> adv = o.per_position ? position_advantages(steps, n, o.normalize_std)
                                                                   : process_advantages(steps, n, o.normalize_std);
       for (size_t i = 0; i < kept.size(); ++i) kept[i].advantage = adv[i];
-    } else if (o.env && o.multi_turn.credit == TurnCredit::PerTurn) {
-      // Each turn's return against the group's turns; the KL in the reward joins the turn it falls in.
+    } else if (o.env && per_turn_credit(o.multi_turn.credit)) {
+      // Each turn's return against the group's turns (of its index with per-turn-index); the KL in the reward
+      // joins the turn it falls in.
       std::vector<std::vector<double>> turn_r;
       for (size_t i = 0; i < kept.size(); ++i) {
         std::vector<double> r = kept[i].turn_rewards;
@@ -621,7 +622,8 @@ struct UpdatePhases {
           r[std::min(size_t(kept[i].token_turn[j]), r.size() - 1)] += kl_pen[i][j];
         turn_r.push_back(std::move(r));
       }
-      const std::vector<std::vector<double>> adv = turn_advantages(turn_r, n, o.normalize_std);
+      const std::vector<std::vector<double>> adv =
+          turn_advantages(turn_r, n, o.normalize_std, 1e-6, o.multi_turn.credit == TurnCredit::PerTurnIndex);
       for (size_t i = 0; i < kept.size(); ++i) {
         kept[i].advantage.clear();
         for (int64_t k : kept[i].token_turn)
@@ -993,7 +995,7 @@ void validate(const GrpoOptions& o) {
     validate(o.multi_turn);
     if (!o.codec.decode || !o.codec.encode)
       MT_THROW("grpo: an environment needs a turn codec (GrpoOptions::codec: decode and encode)");
-    if (o.multi_turn.credit == TurnCredit::PerTurn && o.overlong_penalty > 0)
+    if (per_turn_credit(o.multi_turn.credit) && o.overlong_penalty > 0)
       MT_THROW("grpo: overlong_penalty ", o.overlong_penalty,
                " shapes the episode's reward, which per-turn credit does not train on (it takes the turns' "
                "rewards); use final credit or no penalty");
@@ -1259,7 +1261,7 @@ GrpoMetrics grpo_step(TrainSession& session, RolloutEngine& engine, const Prompt
         rewards[i] += soft_overlong_penalty(int64_t(gen[i].tokens.size()), o.max_new_tokens, o.overlong_buffer,
                                             o.overlong_penalty);
     std::vector<bool> constant;
-    if (o.env && o.multi_turn.credit == TurnCredit::PerTurn) {
+    if (o.env && per_turn_credit(o.multi_turn.credit)) {
       // Per-turn credit: a group carries a gradient when its turns' returns (turn_advantages) differ.
       std::vector<std::vector<double>> returns;
       for (const EpisodeResult& e : episode_round.episodes) {

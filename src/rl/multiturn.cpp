@@ -12,7 +12,21 @@ namespace mt::rl {
 TurnCredit parse_turn_credit(const std::string& s) {
   if (s == "final") return TurnCredit::Final;
   if (s == "per-turn") return TurnCredit::PerTurn;
-  MT_THROW("--turn-credit '", s, "' is unknown; use final (the last turn's reward for every turn) or per-turn");
+  if (s == "per-turn-index") return TurnCredit::PerTurnIndex;
+  MT_THROW("--turn-credit '", s, "' is unknown; use final (the last turn's reward for every turn), per-turn (each "
+           "turn's return against the group's turns) or per-turn-index (against the group's turns of its index)");
+}
+
+const char* turn_credit_name(TurnCredit c) {
+  switch (c) {
+    case TurnCredit::Final:
+      return "final";
+    case TurnCredit::PerTurn:
+      return "per-turn";
+    case TurnCredit::PerTurnIndex:
+      return "per-turn-index";
+  }
+  return "?";
 }
 
 void validate(const MultiTurnOptions& o) {

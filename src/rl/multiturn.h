@@ -10,7 +10,9 @@
 // Rewards: each env step's reward is its turn's. The episode's reward, by default (TurnCredit::Final), is
 // the reward of its last step, given to every model token of the episode (GRPO's outcome advantages over
 // the group's episodes); TurnCredit::PerTurn gives each turn's tokens the return of its turn (the sum of the
-// rewards of that step and the later ones) normalised over the group's turns (advantages.h turn_advantages).
+// rewards of that step and the later ones) normalised over the group's turns (advantages.h turn_advantages);
+// TurnCredit::PerTurnIndex normalises turn k's return over the group's turns k only (a second try against the
+// other second tries).
 // The error policy (--reward-on-error): an env error (a failed init or step, results of the wrong count)
 // zeroes the episode's every turn reward and ends it (counted in the round's errors, the first message
 // logged), or with stop_on_error throws naming the episode.
@@ -26,8 +28,12 @@
 
 namespace mt::rl {
 
-enum class TurnCredit { Final, PerTurn };
-TurnCredit parse_turn_credit(const std::string& s);  // "final" | "per-turn"; else an error naming both
+enum class TurnCredit { Final, PerTurn, PerTurnIndex };
+// "final" | "per-turn" | "per-turn-index"; else an error naming them.
+TurnCredit parse_turn_credit(const std::string& s);
+const char* turn_credit_name(TurnCredit c);
+// Whether the advantages come from the turns' returns (per-turn and per-turn-index), not the episode's reward.
+inline bool per_turn_credit(TurnCredit c) { return c != TurnCredit::Final; }
 
 struct MultiTurnOptions {
   int64_t max_turns = 2;                // model turns per episode (>= 1)

@@ -253,6 +253,30 @@ TEST(MultiTurnAdvantages, PerTurnReturnsNormalisedOverTheGroupsTurns) {
   expect_error([] { turn_advantages({{1}, {}}, 2, true); }, "sample 1 has no step reward");
 }
 
+TEST(MultiTurnAdvantages, PerTurnIndexNormalisesEachTurnOverTheGroupsSameTurn) {
+  // Group of 3 under retry's rewards: right at once (1), right at the second try (0, 0.5), wrong twice (0, 0);
+  // and a second group of 3 where only one sample reached a second turn.
+  const std::vector<std::vector<double>> r = {{1}, {0, 0.5}, {0, 0}, {0, 1}, {1}, {1}};
+  const std::vector<std::vector<double>> a = turn_advantages(r, 3, true, 1e-6, true);
+  // Turn 0 returns 1, 0.5, 0: mean 0.5, unbiased std 0.5; turn 1 returns 0.5, 0: mean 0.25, std sqrt(0.125).
+  const double s0 = 0.5 + 1e-6, s1 = std::sqrt(0.125) + 1e-6;
+  EXPECT_NEAR(a[0][0], 0.5 / s0, 1e-9);
+  EXPECT_NEAR(a[1][0], 0.0, 1e-9);
+  EXPECT_NEAR(a[2][0], -0.5 / s0, 1e-9);
+  EXPECT_NEAR(a[1][1], 0.25 / s1, 1e-9);  // the right second try against the other second try only
+  EXPECT_NEAR(a[2][1], -0.25 / s1, 1e-9);
+  // Second group, turn 0 returns 1, 1, 1: equal, so 0; its one turn 1 has no other to compare with: 0.
+  EXPECT_NEAR(a[3][0], 0.0, 1e-9);
+  EXPECT_NEAR(a[4][0], 0.0, 1e-9);
+  EXPECT_NEAR(a[5][0], 0.0, 1e-9);
+  EXPECT_EQ(a[3][1], 0.0);
+  // The pooled form differs: there the right second try's turns are compared with every turn of the group.
+  const std::vector<std::vector<double>> pooled = turn_advantages({{1}, {0, 0.5}, {0, 0}}, 3, true);
+  EXPECT_GT(std::abs(pooled[1][1] - a[1][1]), 0.1);
+  EXPECT_EQ(parse_turn_credit("per-turn-index"), TurnCredit::PerTurnIndex);
+  EXPECT_STREQ(turn_credit_name(TurnCredit::PerTurnIndex), "per-turn-index");
+}
+
 // run_episodes on the tiny model (no EOS: a turn ends at max_turn_tokens) against the scripted environment.
 TEST(MultiTurnEpisodes, TurnsObservationsRewardsAndClose) {
   Rig r = make_rig(7);

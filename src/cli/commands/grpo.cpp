@@ -260,7 +260,7 @@ int grpo_main(const std::vector<std::string>& args, const GrpoHooks& hooks) {
              rl::recipe_text(ga.o, ga.ppo, ga.process, ga.per_position, ga.aggregation_name, reference != nullptr,
                              critic != nullptr),
              env ? str(", env ", ga.env_spec, ": up to ", ga.o.multi_turn.max_turns, " turns, turn credit ",
-                       ga.o.multi_turn.credit == rl::TurnCredit::PerTurn ? "per-turn" : "final",
+                       rl::turn_credit_name(ga.o.multi_turn.credit),
                        env_eval.empty() ? std::string()
                                         : str("; greedy episodes before: success ", 100 * env_before.success, "%"))
                  : std::string());

@@ -141,10 +141,11 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
   opt.custom(
          "turn-credit", cli::Kind::Text,
          "--env: final, the episode's last reward for every turn's tokens; per-turn, each turn's tokens the sum "
-         "of the rewards from that turn on, normalised over the group's turns",
+         "of the rewards from that turn on, normalised over the group's turns; per-turn-index, the same sums "
+         "normalised over the group's turns of the same index (a second try against the other second tries)",
          [&](const std::string& v) { o.multi_turn.credit = rl::parse_turn_credit(v); },
-         [&] { return std::string(o.multi_turn.credit == rl::TurnCredit::PerTurn ? "per-turn" : "final"); })
-      .one_of({"final", "per-turn"});
+         [&] { return std::string(rl::turn_credit_name(o.multi_turn.credit)); })
+      .one_of({"final", "per-turn", "per-turn-index"});
 
   opt.group("algorithm");
   opt.custom(
@@ -380,7 +381,7 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
     if (!advantage_given.empty() && advantage_given != "outcome")
       MT_THROW("grpo: --advantage ", advantage_given,
                " with --env: the advantages come from the environment's "
-               "rewards (--turn-credit final or per-turn)");
+               "rewards (--turn-credit final, per-turn or per-turn-index)");
     if (!baseline.empty()) MT_THROW("grpo: --baseline sft compares single-turn runs; drop --env");
     process = per_position = false;
   } else {
