@@ -15,11 +15,11 @@
 
 #include "comm/dist_env.h"
 #include "core/clock.h"
+#include "core/device_select.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/device_select.h"
 #include "data/char_tokenizer.h"
-#include "model/hf_checkpoint.h"
+#include "model/config.h"
 #include "rl/grpo_checkpoint.h"
 #include "train/checkpoint.h"
 #include "train/train_config.h"
