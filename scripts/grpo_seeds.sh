@@ -3,8 +3,8 @@
 # how robust a GRPO recipe is across seeds (docs/rl.md quotes what it measured): the gain in held-out exact
 # match (min / median / max) and how many runs gained at least GAIN points; with --env, the gain in the greedy
 # episodes' success (the env line), the single-turn exact match beside it, and the sampled episodes' environment
-# metrics at step 1 and over the last 10 steps (env_sampled: the learning a high greedy start hides). The task's starting model is
-# made by the first run that needs it (the others wait for it: a lock file beside it).
+# metrics at step 1 and over the last 10 steps (env_sampled: the learning a high greedy start hides). The task's
+# starting model is made by the first run that needs it (the others wait for it: a lock file beside it).
 # usage: scripts/grpo_seeds.sh [BUILD_DIR] [SEEDS] [-- extra grpo arguments]
 #   BUILD_DIR defaults to build, SEEDS to "1 2 3 4 5"; JOBS (default 1) runs that many at once (on 2 CPU
 #   cores 2; on one GPU keep 1: processes sharing a GPU time-slice it and run slower than one after
