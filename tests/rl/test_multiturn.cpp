@@ -476,7 +476,7 @@ TEST(MultiTurnBuiltin, CalculatorStartRowsAreAnEpisodesTokens) {
   const size_t answer_at = want.size();
   want.insert(want.end(), p.answer_ids.begin(), p.answer_ids.end());
   for (const bool call_in_loss : {false, true}) {
-    const addition::CalculatorRow r = addition::calculator_call_row(p, call_in_loss);
+    const addition::SupervisedRow r = addition::calculator_call_row(p, call_in_loss);
     std::vector<int64_t> got = r.prompt;
     got.insert(got.end(), r.response.begin(), r.response.end());
     EXPECT_EQ(got, want);

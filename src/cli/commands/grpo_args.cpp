@@ -359,7 +359,7 @@ bool parse_grpo_args(const std::vector<std::string>& args, GrpoArgs& a, std::str
       // its own start (rl::addition::ensure_calculator_start, made when absent), 150 steps.
       if (a.env_builtin == "calculator" && !opt.given("model")) {
         if (!opt.given("min-digits") && !opt.given("max-digits")) task.lo = task.hi = rl::addition::kCalculatorDigits;
-        if (!opt.given("steps")) steps = 150;
+        if (!opt.given("steps")) steps = rl::addition::kCalculatorSteps;
       }
     } else if (a.env_spec == "python") {
       if (!a.python_env)

@@ -131,11 +131,11 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
   return dir;
 }
 
-namespace {
-
-MicroBatch start_batch(const std::vector<CalculatorRow>& rows) {
-  int64_t S = 0;
-  for (const CalculatorRow& r : rows) S = std::max(S, int64_t(r.prompt.size() + r.response.size()));
+MicroBatch supervised_batch(const std::vector<SupervisedRow>& rows, int64_t S) {
+  int64_t longest = 0;
+  for (const SupervisedRow& r : rows) longest = std::max(longest, int64_t(r.prompt.size() + r.response.size()));
+  if (S == 0) S = longest;
+  MT_CHECK(S >= longest, "supervised_batch: width ", S, " < the longest row's ", longest, " tokens");
   const int64_t R = int64_t(rows.size());
   Tensor ids = Tensor::zeros({R, S}, DType::I64), labels = Tensor::empty({R, S}, DType::I64);
   for (int64_t i = 0; i < R * S; ++i) labels.data<int64_t>()[i] = -100;
@@ -150,12 +150,18 @@ MicroBatch start_batch(const std::vector<CalculatorRow>& rows) {
   return MicroBatch{ids, labels};
 }
 
-}  // namespace
+SupervisedRow answer_row(const Problem& p) {
+  SupervisedRow r;
+  r.prompt = p.prompt_ids;
+  r.response = p.answer_ids;
+  r.in_loss.assign(p.answer_ids.size(), 1);
+  return r;
+}
 
 // A call and what the tool appends after it (builtin_envs.cpp's calculator): "?" <eos>, then <bos>A+B= + the sum
 // reversed + <eos> + <bos>A+B=; then the answer read from it.
-CalculatorRow calculator_call_row(const Problem& p, bool call_in_loss) {
-  CalculatorRow r;
+SupervisedRow calculator_call_row(const Problem& p, bool call_in_loss) {
+  SupervisedRow r;
   r.prompt = p.prompt_ids;
   const std::vector<int64_t> call = {CharTokenizer{}.char_id('?'), CharTokenizer::kEos};
   r.response = call;
@@ -232,22 +238,14 @@ std::string make_calculator_start(const CalculatorStartOptions& o) {
     return double(calls) / double(all);
   };
   auto step = [&](bool mixture) {
-    std::vector<CalculatorRow> rows;
+    std::vector<SupervisedRow> rows;
     for (int64_t k = 0; k < kRows; ++k) {
       const Problem p = task.train(rng);
-      if (mixture && k % 4 != 0) {
-        CalculatorRow r;
-        r.prompt = p.prompt_ids;
-        r.response = p.answer_ids;
-        r.in_loss.assign(p.answer_ids.size(), 1);
-        rows.push_back(std::move(r));
-      } else {
-        rows.push_back(calculator_call_row(p, mixture));
-      }
+      rows.push_back(mixture && k % 4 != 0 ? answer_row(p) : calculator_call_row(p, mixture));
     }
     StepOptions st;
     st.lr = kLr;
-    return session.train_step({start_batch(rows)}, st);
+    return session.train_step({supervised_batch(rows)}, st);
   };
   int64_t steps = 0;
   for (; steps < o.copy_steps; ++steps) {
@@ -344,19 +342,9 @@ std::vector<double> answer_token_rewards(const Problem& p, const std::vector<int
 
 // One SFT micro-batch of `rows` problems: prompt -100, answer tokens as targets (HF labels).
 MicroBatch sft_batch(const Task& task, Rng& rng, int64_t rows) {
-  const int64_t S = max_problem_tokens(task.hi);
-  Tensor ids = Tensor::zeros({rows, S}, DType::I64), labels = Tensor::empty({rows, S}, DType::I64);
-  for (int64_t i = 0; i < rows * S; ++i) labels.data<int64_t>()[i] = -100;
-  for (int64_t r = 0; r < rows; ++r) {
-    const Problem p = task.train(rng);
-    int64_t s = 0;
-    for (int64_t id : p.prompt_ids) ids.data<int64_t>()[r * S + s++] = id;
-    for (int64_t id : p.answer_ids) {
-      ids.data<int64_t>()[r * S + s] = labels.data<int64_t>()[r * S + s] = id;
-      ++s;
-    }
-  }
-  return MicroBatch{ids, labels};
+  std::vector<SupervisedRow> r;
+  for (int64_t i = 0; i < rows; ++i) r.push_back(answer_row(task.train(rng)));
+  return supervised_batch(r, max_problem_tokens(task.hi));
 }
 
 int64_t sft_baseline(TrainSession& session, const Task& task, uint64_t seed, int64_t rows, double budget_s,

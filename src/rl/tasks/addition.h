@@ -56,6 +56,7 @@ std::string ensure_task_start(const TaskPreset& t, const std::string& device_nam
 // GRPO then learns when calling pays. Returns the start's checkpoint directory.
 constexpr const char* kCalculatorStartRun = "runs/calculator-start";
 constexpr int kCalculatorDigits = 4;
+constexpr int64_t kCalculatorSteps = 150;  // grpo's steps on it unless --steps says otherwise
 constexpr int64_t kCalculatorCopySteps = 600;
 constexpr double kCalculatorCallRate = 0.2;
 std::string ensure_calculator_start(const std::string& device_name);
@@ -68,13 +69,19 @@ struct CalculatorStartOptions {
   double call_rate = kCalculatorCallRate;
 };
 std::string make_calculator_start(const CalculatorStartOptions& o);
-// One training row of the start: prompt + "?" <eos> + the tool's result as the calculator environment appends it
-// + the answer; in_loss marks the tokens in the loss (the answer; the call too with call_in_loss).
-struct CalculatorRow {
+// One supervised row: a prompt, then a response whose in_loss tokens are targets.
+struct SupervisedRow {
   std::vector<int64_t> prompt, response;
   std::vector<uint8_t> in_loss;
 };
-CalculatorRow calculator_call_row(const Problem& p, bool call_in_loss);
+// The rows as one micro-batch of width S (>= every row's length; 0: the longest row's): ids padded with 0, labels
+// -100 but the in_loss response tokens (HF labels).
+MicroBatch supervised_batch(const std::vector<SupervisedRow>& rows, int64_t S = 0);
+// A problem's prompt and its answer, every answer token in the loss.
+SupervisedRow answer_row(const Problem& p);
+// One training row of the calculator's start: prompt + "?" <eos> + the tool's result as the calculator environment
+// appends it + the answer; the loss on the answer (and on the call too with call_in_loss).
+SupervisedRow calculator_call_row(const Problem& p, bool call_in_loss);
 
 // The task's problems: training never draws a held-out pair (synthetic.h's split), evaluation only those.
 // Operands have a digit count uniform in [lo, hi]; longest: at least one operand has `hi` digits (the
